@@ -1,0 +1,356 @@
+"""ModelConfig: the architecture of a decoder-only LLM, read from a Hugging Face config.json.
+
+Torch-free on purpose: the engine builds its modules from it, and the planner derives
+parameter counts, KV-cache bytes and FLOPs from the very same object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+import json
+from pathlib import Path
+from typing import Any
+
+from engine.errors import InputError
+
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "mixtral",
+    "qwen2_moe",
+    "qwen3_moe",
+    "deepseek_v3",
+    "gpt_oss",
+    "gemma2",
+    "gemma3",
+    "gemma3_text",
+)
+
+KV_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int
+    num_shared_experts: int = 0
+    shared_expert_intermediate_size: int = 0
+    router_bias: bool = False  # gpt-oss routers have a bias; DeepSeek has a score-correction bias
+    expert_bias: bool = False  # gpt-oss experts carry biases on gate/up and down
+
+
+@dataclass(frozen=True)
+class MLAConfig:
+    """DeepSeek multi-head latent attention: the KV cache holds one compressed latent per token."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int  # dense MLP width (0 when every layer is MoE)
+    vocab_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool = False
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    attention_bias: bool = False  # Qwen2: bias on q/k/v; gpt-oss: on q/k/v/o
+    qk_norm: bool = False  # Qwen3: RMSNorm on q and k per head
+    norms_per_layer: int = 2  # Gemma 2/3 add post-attention and post-MLP norms
+    attention_sinks: bool = False  # gpt-oss: one learned sink logit per head
+    # Per layer: the attention window in tokens, or None for full attention.
+    layer_windows: tuple[int | None, ...] = ()
+    # Per layer: whether the MLP is routed experts (True) or dense (False).
+    layer_is_moe: tuple[bool, ...] = ()
+    moe: MoEConfig | None = None
+    mla: MLAConfig | None = None
+    torch_dtype: str = "bfloat16"
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    name: str = ""
+    hf_config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise InputError(name, value, "must be a positive integer")
+        if self.num_attention_heads % self.num_kv_heads:
+            raise InputError(
+                "num_key_value_heads",
+                self.num_kv_heads,
+                f"must divide num_attention_heads={self.num_attention_heads}",
+            )
+        if len(self.layer_windows) != self.num_layers or len(self.layer_is_moe) != self.num_layers:
+            raise InputError("num_hidden_layers", self.num_layers, "per-layer attributes must list every layer")
+        if any(self.layer_is_moe) and self.moe is None:
+            raise InputError("num_experts", None, "MoE layers need an expert count and top-k")
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict[str, Any], name: str = "") -> ModelConfig:
+        """Build from the parsed contents of an HF config.json."""
+        if not isinstance(cfg, dict):
+            raise InputError("config.json", type(cfg).__name__, "must be a JSON object")
+        if "text_config" in cfg:  # multimodal wrappers (Gemma 3): the decoder lives in text_config
+            cfg = {**cfg, **cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
+        model_type = cfg.get("model_type")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise InputError("model_type", model_type, f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+
+        def need(key: str) -> Any:
+            if key not in cfg:
+                raise InputError(key, None, f"missing from config.json of {name or model_type}")
+            return cfg[key]
+
+        num_layers = int(need("num_hidden_layers"))
+        hidden = int(need("hidden_size"))
+        num_heads = int(need("num_attention_heads"))
+        num_kv_heads = int(cfg.get("num_key_value_heads") or num_heads)
+        head_dim = int(cfg.get("head_dim") or hidden // num_heads)
+        if model_type == "deepseek_v3":  # MLA: a query/key head spans the no-RoPE and RoPE parts
+            head_dim = int(need("qk_nope_head_dim")) + int(need("qk_rope_head_dim"))
+        rope = cfg.get("rope_parameters") or {}  # transformers 5 folds rope_theta into rope_parameters
+        rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
+        eos = cfg.get("eos_token_id")
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+
+        moe, layer_is_moe = _parse_moe(cfg, model_type, num_layers)
+        return cls(
+            model_type=model_type,
+            num_layers=num_layers,
+            hidden_size=hidden,
+            num_attention_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            intermediate_size=int(cfg.get("intermediate_size") or 0) if not all(layer_is_moe) else 0,
+            vocab_size=int(need("vocab_size")),
+            max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type.startswith("gemma"))),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            rope_scaling=rope_scaling,
+            attention_bias=bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe"))),
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"),
+            norms_per_layer=4 if model_type.startswith("gemma") else 2,
+            attention_sinks=model_type == "gpt_oss",
+            layer_windows=_parse_windows(cfg, model_type, num_layers),
+            layer_is_moe=layer_is_moe,
+            moe=moe,
+            mla=_parse_mla(need) if model_type == "deepseek_v3" else None,
+            torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=eos_ids,
+            name=name,
+            hf_config=cfg,
+        )
+
+    @classmethod
+    def from_json_file(cls, path: str | Path, name: str = "") -> ModelConfig:
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            cfg = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise InputError("model", str(path), "no such file (expected a config.json or a folder holding one)") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise InputError("config.json", str(path), f"is not valid JSON ({exc})") from None
+        return cls.from_hf_config(cfg, name=name or path.parent.name)
+
+    # ------------------------------------------------------------------ parameters
+
+    @property
+    def is_moe(self) -> bool:
+        return self.moe is not None and any(self.layer_is_moe)
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.layer_is_moe)
+
+    def attention_params_per_layer(self) -> int:
+        h = self.hidden_size
+        if self.mla is not None:
+            m, n = self.mla, self.num_attention_heads
+            qk_dim = m.qk_nope_head_dim + m.qk_rope_head_dim
+            q = h * n * qk_dim if m.q_lora_rank is None else h * m.q_lora_rank + m.q_lora_rank + m.q_lora_rank * n * qk_dim
+            kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank + m.kv_lora_rank * n * (m.qk_nope_head_dim + m.v_head_dim)
+            return q + kv + n * m.v_head_dim * h
+        q_dim = self.num_attention_heads * self.head_dim
+        kv_dim = self.num_kv_heads * self.head_dim
+        params = h * q_dim + 2 * h * kv_dim + q_dim * h
+        if self.attention_bias:
+            params += q_dim + 2 * kv_dim + (h if self.model_type == "gpt_oss" else 0)
+        if self.qk_norm:
+            params += 2 * self.head_dim
+        if self.attention_sinks:
+            params += self.num_attention_heads
+        return params
+
+    def expert_params(self) -> int:
+        """Parameters of one routed expert (gated MLP)."""
+        assert self.moe is not None
+        h, i = self.hidden_size, self.moe.expert_intermediate_size
+        return 3 * h * i + ((2 * i + h) if self.moe.expert_bias else 0)
+
+    def _moe_layer_params(self, experts: int) -> int:
+        assert self.moe is not None
+        m, h = self.moe, self.hidden_size
+        router = h * m.num_experts + (m.num_experts if m.router_bias else 0)
+        shared = m.num_shared_experts * 3 * h * m.shared_expert_intermediate_size
+        return router + experts * self.expert_params() + shared
+
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden_size * self.intermediate_size
+
+    def _params(self, experts_per_moe_layer: int) -> int:
+        per_layer_fixed = self.attention_params_per_layer() + self.norms_per_layer * self.hidden_size
+        total = self.num_layers * per_layer_fixed
+        for is_moe in self.layer_is_moe:
+            total += self._moe_layer_params(experts_per_moe_layer) if is_moe else self.dense_mlp_params()
+        return total + self.embedding_params + self.lm_head_params + self.hidden_size  # + final norm
+
+    @property
+    def embedding_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    @property
+    def lm_head_params(self) -> int:
+        return 0 if self.tie_word_embeddings else self.vocab_size * self.hidden_size
+
+    @property
+    def total_params(self) -> int:
+        return self._params(self.moe.num_experts if self.moe else 0)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters touched per token: routed experts count top-k; embeddings included."""
+        return self._params(self.moe.top_k if self.moe else 0)
+
+    # ------------------------------------------------------------------ KV cache
+
+    def kv_elements_per_token_per_layer(self) -> int:
+        if self.mla is not None:  # the compressed latent plus the decoupled RoPE key
+            return self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
+        return 2 * self.num_kv_heads * self.head_dim
+
+    def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
+        """KV bytes one token occupies across all layers while it is inside every window."""
+        return self.num_layers * self.kv_elements_per_token_per_layer() * _kv_bytes(kv_dtype)
+
+    def kv_bytes_for_sequence(self, num_tokens: int, kv_dtype: str = "bf16") -> int:
+        """KV bytes a sequence of num_tokens holds; windowed layers keep only their window."""
+        per_layer = self.kv_elements_per_token_per_layer() * _kv_bytes(kv_dtype)
+        return sum(min(num_tokens, w) if w else num_tokens for w in self.layer_windows) * per_layer
+
+    @property
+    def num_full_attention_layers(self) -> int:
+        return sum(1 for w in self.layer_windows if w is None)
+
+    # ------------------------------------------------------------------ FLOPs
+
+    def matmul_flops_per_token(self) -> int:
+        """Forward FLOPs of the weight matmuls for one token (2 per multiply-add), LM head included."""
+        matmul_params = self.active_params - self.embedding_params + (self.embedding_params if self.tie_word_embeddings else 0)
+        return 2 * matmul_params
+
+    def attention_flops_per_token(self, context_len: int) -> int:
+        """Score and value FLOPs for one query token attending to context_len tokens."""
+        if self.mla is not None:  # absorbed form: scores over the latent + rope dims, values over the latent
+            m = self.mla
+            per_position = 2 * self.num_attention_heads * (m.kv_lora_rank + m.qk_rope_head_dim + m.kv_lora_rank)
+        else:
+            per_position = 4 * self.num_attention_heads * self.head_dim
+        return sum(per_position * (min(context_len, w) if w else context_len) for w in self.layer_windows)
+
+    def flops_per_token(self, context_len: int) -> int:
+        return self.matmul_flops_per_token() + self.attention_flops_per_token(context_len)
+
+
+def _kv_bytes(kv_dtype: str) -> int:
+    if kv_dtype not in KV_DTYPE_BYTES:
+        raise InputError("kv_dtype", kv_dtype, f"allowed: {', '.join(KV_DTYPE_BYTES)}")
+    return KV_DTYPE_BYTES[kv_dtype]
+
+
+def _parse_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tuple[int | None, ...]:
+    window = cfg.get("sliding_window")
+    layer_types = cfg.get("layer_types")
+    if layer_types:
+        if len(layer_types) != num_layers:
+            raise InputError("layer_types", f"{len(layer_types)} entries", f"must list all {num_layers} layers")
+        return tuple(int(window) if t == "sliding_attention" else None for t in layer_types)
+    if not window:
+        return (None,) * num_layers
+    window = int(window)
+    if model_type == "gemma2":  # even layers are local, odd layers global
+        return tuple(window if i % 2 == 0 else None for i in range(num_layers))
+    if model_type in ("gemma3", "gemma3_text"):  # every pattern-th layer is global
+        pattern = int(cfg.get("sliding_window_pattern", 6))
+        return tuple(window if (i + 1) % pattern else None for i in range(num_layers))
+    if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
+        if not cfg.get("use_sliding_window", False):
+            return (None,) * num_layers
+        first = int(cfg.get("max_window_layers", num_layers))
+        return tuple(window if i >= first else None for i in range(num_layers))
+    return (window,) * num_layers  # Mistral: every layer windowed
+
+
+def _parse_moe(cfg: dict[str, Any], model_type: str, num_layers: int) -> tuple[MoEConfig | None, tuple[bool, ...]]:
+    num_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+    if not num_experts:
+        return None, (False,) * num_layers
+    top_k = int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0)
+    if not 1 <= top_k <= int(num_experts):
+        raise InputError("num_experts_per_tok", top_k, f"must be between 1 and num_experts={num_experts}")
+    if model_type == "deepseek_v3":
+        first_dense = int(cfg.get("first_k_dense_replace", 0))
+        freq = int(cfg.get("moe_layer_freq", 1))
+        is_moe = tuple(i >= first_dense and i % freq == 0 for i in range(num_layers))
+        shared, shared_size = int(cfg.get("n_shared_experts") or 0), int(cfg.get("moe_intermediate_size") or 0)
+    elif model_type in ("qwen2_moe", "qwen3_moe"):
+        step = int(cfg.get("decoder_sparse_step", 1))
+        dense_layers = set(cfg.get("mlp_only_layers") or [])
+        is_moe = tuple(i not in dense_layers and (i + 1) % step == 0 for i in range(num_layers))
+        shared_size = int(cfg.get("shared_expert_intermediate_size") or 0)
+        shared = 1 if shared_size else 0
+    else:  # mixtral, gpt_oss: every layer routed
+        is_moe = (True,) * num_layers
+        shared, shared_size = 0, 0
+    expert_size = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size"))
+    moe = MoEConfig(
+        num_experts=int(num_experts),
+        top_k=top_k,
+        expert_intermediate_size=expert_size,
+        num_shared_experts=shared,
+        shared_expert_intermediate_size=shared_size,
+        router_bias=model_type in ("gpt_oss", "deepseek_v3"),
+        expert_bias=model_type == "gpt_oss",
+    )
+    return moe, is_moe
+
+
+def _parse_mla(need: Callable[[str], Any]) -> MLAConfig:
+    return MLAConfig(
+        q_lora_rank=need("q_lora_rank"),
+        kv_lora_rank=int(need("kv_lora_rank")),
+        qk_nope_head_dim=int(need("qk_nope_head_dim")),
+        qk_rope_head_dim=int(need("qk_rope_head_dim")),
+        v_head_dim=int(need("v_head_dim")),
+    )

@@ -1,0 +1,25 @@
+"""The one error type for bad input, shared by the engine, the planner, the CLI and the dashboard."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+import difflib
+
+
+class InputError(ValueError):
+    """Bad input from a user: the message names the field, the value and what is allowed.
+
+    Front ends print the message alone (no traceback) and exit non-zero.
+    """
+
+    def __init__(self, field: str, value: object, allowed: str) -> None:
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"{field}={value!r} is invalid: {allowed}")
+
+
+def unknown_name_error(field: str, value: str, known: Iterable[str]) -> InputError:
+    """An InputError for an unknown catalog name that suggests the closest known names."""
+    known = sorted(known)
+    close = difflib.get_close_matches(value.lower(), known, n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}?" if close else f"known names: {', '.join(known)}"
+    return InputError(field, value, f"unknown name; {hint}")

@@ -1,0 +1,342 @@
+"""`serveplan`: one console command, one subcommand per capability.
+
+Bad input never produces a traceback: InputError and pydantic ValidationError become a
+one-line message naming the flag, the value and what is allowed, and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+import json
+from pathlib import Path
+import sys
+from typing import get_args
+
+from pydantic import BaseModel, ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from engine.catalog import catalog, resolve_model
+from engine.errors import InputError
+from planner.hardware import get_hardware, hardware_catalog
+from planner.memory import MemoryPlan, plan_memory
+from planner.specs import SLO, Deployment, Dtype, EngineKnobs, HardwareProfile
+
+DTYPES = list(get_args(Dtype))
+# Deployment field -> the flag that sets it, so validation errors name what the user typed.
+FLAG_OF_FIELD = {
+    "tensor_parallel": "--tp",
+    "pipeline_parallel": "--pp",
+    "expert_parallel": "--ep",
+    "replicas": "--replicas",
+    "weight_dtype": "--weight-dtype",
+    "kv_dtype": "--kv-dtype",
+    "block_size_tokens": "--block-size",
+    "max_num_batched_tokens": "--max-num-batched-tokens",
+    "max_num_seqs": "--max-num-seqs",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+}
+
+# Piped output (scripts, CI logs) gets a wide fixed width instead of rich's 80-column default.
+console = Console(width=None if sys.stdout.isatty() else 160)
+
+
+# --------------------------------------------------------------------------- shared flags
+
+
+def add_deployment_args(p: argparse.ArgumentParser) -> None:
+    """The deployment flags every planning subcommand shares (memory, simulate, plan, ...)."""
+    p.add_argument("--model", default="llama-3.1-8b", help="catalog name (see `serveplan models list`) or path to a config.json / checkpoint folder")
+    p.add_argument("--hw", default="h100-sxm", help="hardware profile name (see `serveplan hw list`) or a YAML file")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages per replica")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (MoE models)")
+    p.add_argument("--replicas", type=int, default=1, help="data-parallel replicas")
+    p.add_argument("--weight-dtype", default="bf16", choices=DTYPES, help="weight storage format")
+    p.add_argument("--kv-dtype", default="bf16", choices=DTYPES, help="KV-cache storage format")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per engine step")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of device memory the engine may use (0-1]")
+    p.add_argument("--no-chunked-prefill", action="store_true", help="prefill whole prompts in one step")
+    p.add_argument("--no-prefix-caching", action="store_true", help="do not share KV blocks of equal prefixes")
+
+
+def deployment_from_args(args: argparse.Namespace) -> Deployment:
+    knobs = EngineKnobs(
+        block_size_tokens=args.block_size,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        enable_chunked_prefill=not args.no_chunked_prefill,
+        enable_prefix_caching=not args.no_prefix_caching,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    )
+    return Deployment(
+        hardware=args.hw,
+        tensor_parallel=args.tp,
+        pipeline_parallel=args.pp,
+        expert_parallel=args.ep,
+        replicas=args.replicas,
+        weight_dtype=args.weight_dtype,
+        kv_dtype=args.kv_dtype,
+        knobs=knobs,
+    )
+
+
+def print_json(model: BaseModel | list | dict) -> None:
+    data = model.model_dump(mode="json") if isinstance(model, BaseModel) else model
+    print(json.dumps(data, indent=2, sort_keys=False))
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def cmd_memory(args: argparse.Namespace) -> None:
+    model = resolve_model(args.model)
+    dep = deployment_from_args(args)
+    plan = plan_memory(model, get_hardware(args.hw), dep, args.context)
+    if args.json:
+        print_json(plan)
+    else:
+        render_memory(plan)
+    if not plan.fits:
+        raise SystemExit(1)
+
+
+def render_memory(plan: MemoryPlan) -> None:
+    title = (
+        f"{plan.model} on {plan.hardware}  tp={plan.tensor_parallel} pp={plan.pipeline_parallel} "
+        f"ep={plan.expert_parallel}  weights {plan.weight_dtype}, KV {plan.kv_dtype}, context {plan.context_tokens:,} tokens"
+    )
+    t = Table(title=title, show_header=True, header_style="bold")
+    t.add_column("per GPU (worst pipeline stage)")
+    t.add_column("GiB", justify="right")
+    rows = [
+        ("device memory", plan.device_memory_gib),
+        ("usable (x gpu_memory_utilization)", plan.usable_memory_gib),
+        ("weights: transformer layers", plan.weights.transformer_layers_gib),
+        ("weights: embedding", plan.weights.embedding_gib),
+        ("weights: LM head", plan.weights.lm_head_gib),
+        ("activation reserve", plan.activation_reserve_gib),
+        ("runtime overhead", plan.runtime_overhead_gib),
+        ("KV cache", plan.kv_cache_gib),
+    ]
+    for label, gib in rows:
+        t.add_row(label, f"{gib:,.2f}")
+    console.print(t)
+    kv = Table(show_header=False)
+    kv.add_column("KV cache")
+    kv.add_column("value", justify="right")
+    kv.add_row("KV bytes per token (model, all layers)", f"{plan.kv_bytes_per_token_model:,}")
+    kv.add_row("KV bytes per token per GPU", f"{plan.kv_bytes_per_token_per_gpu:,}")
+    kv.add_row(f"KV bytes per block per GPU ({plan.block_size_tokens} tokens)", f"{plan.kv_bytes_per_block_per_gpu:,}")
+    kv.add_row("KV blocks / tokens per replica", f"{plan.kv_cache_blocks:,} / {plan.kv_cache_tokens:,}")
+    kv.add_row(f"max concurrent sequences of {plan.context_tokens:,} tokens", f"{plan.max_concurrent_sequences:,}")
+    if plan.max_concurrent_sequences_window_aware is not None:
+        kv.add_row("  ... if out-of-window blocks were freed", f"{plan.max_concurrent_sequences_window_aware:,}")
+    kv.add_row("engine limit max_num_seqs", f"{plan.max_num_seqs:,}")
+    console.print(kv)
+    style = "bold green" if plan.fits else "bold red"
+    console.print(plan.reason, style=style)
+    console.print("Assumptions:", style="dim")
+    for note in plan.assumptions:
+        console.print(f"  - {note}", style="dim")
+
+
+# --------------------------------------------------------------------------- catalogs
+
+
+def cmd_hw_list(args: argparse.Namespace) -> None:
+    profiles = hardware_catalog()
+    if args.json:
+        print_json([p.model_dump(mode="json") for p in profiles.values()])
+        return
+    t = Table(title=f"{len(profiles)} hardware profiles (dense peaks; * = derived or estimated, see `hw show`)")
+    for col in ("name", "device", "memory GiB", "bandwidth GB/s", "bf16 TFLOPS", "fp8 TFLOPS", "scale-up GB/s", "US$/hour"):
+        t.add_column(col, justify="left" if col in ("name", "device") else "right", no_wrap=True)
+    for p in profiles.values():
+        t.add_row(
+            p.name,
+            p.display_name,
+            _fmt(p, "memory_gib", p.memory_gib),
+            _fmt(p, "memory_bandwidth_gb_s", p.memory_bandwidth_gb_s),
+            _fmt(p, "peak_tflops.bf16", p.peak_tflops.bf16),
+            _fmt(p, "peak_tflops.fp8", p.peak_tflops.fp8),
+            _fmt(p, "scale_up.bandwidth_gb_s", p.scale_up.bandwidth_gb_s if p.scale_up else None),
+            _fmt(p, "price_usd_per_hour", p.price_usd_per_hour),
+        )
+    console.print(t)
+
+
+def _fmt(p: HardwareProfile, field: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    mark = "*" if field in p.provenance else ""
+    return f"{value:,.4g}{mark}"
+
+
+def cmd_hw_show(args: argparse.Namespace) -> None:
+    profile = get_hardware(args.name)
+    if args.json:
+        print_json(profile)
+        return
+    t = Table(title=f"{profile.display_name} ({profile.name})", show_header=False)
+    t.add_column("field")
+    t.add_column("value")
+    t.add_column("provenance", style="dim")
+    for field, value in _flatten(profile.model_dump(exclude={"provenance", "sources"})):
+        t.add_row(field, str(value), profile.provenance.get(field, ""))
+    console.print(t)
+    console.print("Sources:", style="bold")
+    for src in profile.sources:
+        console.print(f"  - {src}")
+
+
+def _flatten(data: dict, prefix: str = "") -> list[tuple[str, object]]:
+    rows: list[tuple[str, object]] = []
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, dict):
+            rows.extend(_flatten(value, path + "."))
+        elif value is not None:
+            rows.append((path, value))
+    return rows
+
+
+def cmd_models_list(args: argparse.Namespace) -> None:
+    rows = []
+    for name in catalog():
+        m = resolve_model(name)
+        rows.append(
+            {
+                "name": name,
+                "model_type": m.model_type,
+                "layers": m.num_layers,
+                "hidden": m.hidden_size,
+                "heads": f"{m.num_attention_heads}/{m.num_kv_heads}",
+                "total_params_b": round(m.total_params / 1e9, 3),
+                "active_params_b": round(m.active_params / 1e9, 3),
+                "kv_bytes_per_token_bf16": m.kv_bytes_per_token("bf16"),
+                "max_context": m.max_position_embeddings,
+            }
+        )
+    if args.json:
+        print_json(rows)
+        return
+    t = Table(title=f"{len(rows)} catalog models (parameters counted from config.json)")
+    for col in rows[0]:
+        t.add_column(col, justify="left" if col in ("name", "model_type", "heads") else "right")
+    for r in rows:
+        t.add_row(*(f"{v:,}" if isinstance(v, int) else str(v) for v in r.values()))
+    console.print(t)
+
+
+def cmd_models_show(args: argparse.Namespace) -> None:
+    m = resolve_model(args.name)
+    entry = catalog().get(m.name)
+    info = {
+        "name": m.name,
+        "model_type": m.model_type,
+        "num_layers": m.num_layers,
+        "hidden_size": m.hidden_size,
+        "num_attention_heads": m.num_attention_heads,
+        "num_kv_heads": m.num_kv_heads,
+        "head_dim": m.head_dim,
+        "intermediate_size": m.intermediate_size,
+        "vocab_size": m.vocab_size,
+        "max_position_embeddings": m.max_position_embeddings,
+        "tie_word_embeddings": m.tie_word_embeddings,
+        "moe": None if m.moe is None else vars(m.moe) | {"moe_layers": m.num_moe_layers},
+        "mla": None if m.mla is None else vars(m.mla),
+        "windowed_layers": sum(1 for w in m.layer_windows if w),
+        "total_params": m.total_params,
+        "active_params": m.active_params,
+        "kv_bytes_per_token_bf16": m.kv_bytes_per_token("bf16"),
+        "flops_per_token_at_4k_context": m.flops_per_token(4096),
+    }
+    if entry is not None:
+        info |= {"hf_repo": entry.hf_repo, "published_total_params_b": entry.published_total_params_b, "config_source": entry.source}
+    if args.json:
+        print_json(info)
+        return
+    t = Table(title=m.name or args.name, show_header=False)
+    t.add_column("field")
+    t.add_column("value", justify="right")
+    for key, value in info.items():
+        t.add_row(key, f"{value:,}" if isinstance(value, int) and not isinstance(value, bool) else str(value))
+    console.print(t)
+
+
+def cmd_schema(args: argparse.Namespace) -> None:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for model in (HardwareProfile, Deployment, SLO, MemoryPlan):
+        path = out / f"{model.__name__}.schema.json"
+        path.write_text(json.dumps(model.model_json_schema(), indent=2) + "\n")
+        print(path)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="serveplan", description="Capacity planning for LLM inference.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("memory", help="does a model fit: per-GPU memory breakdown and KV-cache capacity")
+    add_deployment_args(p)
+    p.add_argument("--context", type=int, default=8192, help="tokens per sequence (prompt + output) for max concurrency")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_memory)
+
+    hw = sub.add_parser("hw", help="hardware profile catalog").add_subparsers(dest="hw_command", required=True, metavar="ACTION")
+    p = hw.add_parser("list", help="all profiles")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_hw_list)
+    p = hw.add_parser("show", help="one profile with the provenance of each figure")
+    p.add_argument("name")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_hw_show)
+
+    models = sub.add_parser("models", help="model catalog").add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    p = models.add_parser("list", help="all catalog models")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models_list)
+    p = models.add_parser("show", help="one model's architecture and derived sizes")
+    p.add_argument("name", help="catalog name or path to a config.json / checkpoint folder")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_models_show)
+
+    p = sub.add_parser("schema", help="export the JSON Schema of the specs")
+    p.add_argument("--out", default="docs/schemas", help="output folder")
+    p.set_defaults(func=cmd_schema)
+    return parser
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        field = str(err["loc"][-1]) if err["loc"] else "input"
+        flag = FLAG_OF_FIELD.get(field, field)
+        lines.append(f"{flag}={err.get('input')!r} is invalid: {err['msg']}")
+    return "; ".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except InputError as exc:
+        print(f"serveplan: error: {exc}", file=sys.stderr)
+        return 2
+    except ValidationError as exc:
+        print(f"serveplan: error: {format_validation_error(exc)}", file=sys.stderr)
+        return 2
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,54 @@
+"""The hardware catalog: YAML profiles under hwprofiles/, validated against HardwareProfile at load."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from pydantic import ValidationError
+import yaml
+
+from engine.errors import InputError, unknown_name_error
+from hwprofiles import PROFILE_DIR
+from planner.specs import HardwareProfile
+
+
+def load_profile_file(path: str | Path) -> HardwareProfile:
+    """Read and validate one profile; any defect is an InputError naming the file and field."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise InputError("hardware", str(path), "no such profile file") from None
+    except yaml.YAMLError as exc:
+        raise InputError("hardware", str(path), f"malformed YAML ({exc})".replace("\n", " ")) from None
+    if not isinstance(data, dict):
+        raise InputError("hardware", str(path), "a profile must be a YAML mapping of fields")
+    try:
+        return HardwareProfile.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "profile"
+        raise InputError(f"{path.name}: {where}", first.get("input"), first["msg"]) from None
+
+
+@cache
+def hardware_catalog() -> dict[str, HardwareProfile]:
+    profiles = {}
+    for path in sorted(PROFILE_DIR.glob("*.yaml")):
+        profile = load_profile_file(path)
+        if profile.name != path.stem:
+            raise InputError(f"{path.name}: name", profile.name, f"must equal the file name {path.stem!r}")
+        profiles[profile.name] = profile
+    return profiles
+
+
+def get_hardware(name_or_path: str) -> HardwareProfile:
+    """A profile by short name, or from a YAML file path for hardware outside the catalog."""
+    profiles = hardware_catalog()
+    key = name_or_path.strip().lower()
+    if key in profiles:
+        return profiles[key]
+    if key.endswith((".yaml", ".yml")):
+        return load_profile_file(name_or_path)
+    raise unknown_name_error("hardware", name_or_path, profiles)
