@@ -10,8 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.core.scheduler import Policy, SchedulerConfig
 from engine.errors import InputError
 
 SUPPORTED_MODEL_TYPES = (
@@ -281,6 +284,51 @@ class ModelConfig:
 
     def flops_per_token(self, context_len: int) -> int:
         return self.matmul_flops_per_token() + self.attention_flops_per_token(context_len)
+
+
+class SpeculativeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["ngram", "draft", "self"] = Field(description="Proposer: n-gram lookup, draft model or early-exit self-draft")
+    num_speculative_tokens: int = Field(ge=1, le=16, description="Draft tokens proposed per step (k)")
+    draft_model: str | None = Field(None, description="Catalog name or path of the draft model, for method='draft'")
+    acceptance_rate: float | None = Field(
+        None, gt=0, le=1, description="Per-position acceptance probability when no measured profile is given"
+    )
+
+
+class EngineKnobs(BaseModel):
+    """Engine settings that change scheduling and memory: one definition for engine and simulator."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    block_size_tokens: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block")
+    max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per engine step (prefill + decode + speculative)")
+    max_num_seqs: int = Field(256, ge=1, description="Most requests running at once")
+    enable_chunked_prefill: bool = Field(True, description="Split long prompts across steps to fit the token budget")
+    enable_prefix_caching: bool = Field(True, description="Share KV blocks of equal prefixes across requests")
+    policy: Policy = Field("fcfs", description="Admission and preemption order: first come first served, or by priority")
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Share of device memory the engine may use for weights, activations and KV cache"
+    )
+    speculative: SpeculativeSettings | None = None
+
+    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        try:
+            return SchedulerConfig(
+                max_num_batched_tokens=self.max_num_batched_tokens,
+                max_num_seqs=self.max_num_seqs,
+                max_model_len=max_model_len,
+                block_size=self.block_size_tokens,
+                enable_chunked_prefill=self.enable_chunked_prefill,
+                enable_prefix_caching=self.enable_prefix_caching,
+                policy=self.policy,
+                num_speculative_tokens=self.speculative.num_speculative_tokens if self.speculative else 0,
+            )
+        except ValueError as exc:  # the scheduler's own checks name the field and value already
+            field_name, _, rest = str(exc).partition("=")
+            value, _, allowed = rest.partition(" is invalid: ")
+            raise InputError(field_name, value, allowed) from None
 
 
 def _kv_bytes(kv_dtype: str) -> int:

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.config import EngineKnobs
+
 Dtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
 """Numeric formats for weights, KV cache and compute."""
 
@@ -140,29 +142,6 @@ _COMPUTE_FALLBACK: dict[str, tuple[str, ...]] = {
 
 
 # --------------------------------------------------------------------------- deployment
-
-
-class SpeculativeSettings(Spec):
-    method: Literal["ngram", "draft", "self"] = Field(description="Proposer: n-gram lookup, draft model or early-exit self-draft")
-    num_speculative_tokens: int = Field(ge=1, le=16, description="Draft tokens proposed per step (k)")
-    draft_model: str | None = Field(None, description="Catalog name or path of the draft model, for method='draft'")
-    acceptance_rate: float | None = Field(
-        None, gt=0, le=1, description="Per-position acceptance probability when no measured profile is given"
-    )
-
-
-class EngineKnobs(Spec):
-    """Engine settings that change scheduling and memory, shared by engine and simulator."""
-
-    block_size_tokens: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block")
-    max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per engine step (prefill + decode + speculative)")
-    max_num_seqs: int = Field(256, ge=1, description="Most requests running at once")
-    enable_chunked_prefill: bool = Field(True, description="Split long prompts across steps to fit the token budget")
-    enable_prefix_caching: bool = Field(True, description="Share KV blocks of equal prefixes across requests")
-    gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="Share of device memory the engine may use for weights, activations and KV cache"
-    )
-    speculative: SpeculativeSettings | None = None
 
 
 class Deployment(Spec):

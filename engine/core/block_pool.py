@@ -1,0 +1,109 @@
+"""KV block bookkeeping: reference counts, the free queue (LRU eviction order) and the
+prefix-cache map from block hash to block. Block ids only; the tensors live in the runner."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from engine.core.request import BlockHash, Request
+
+
+@dataclass(eq=False)
+class KVCacheBlock:
+    block_id: int
+    ref_cnt: int = 0
+    # Set while the block is full and registered in the prefix cache, even at ref_cnt 0:
+    # a freed block keeps its KV until it is evicted, so a later request can still hit it.
+    block_hash: BlockHash | None = None
+
+
+class BlockPool:
+    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks={num_blocks} is invalid: must be >= 1")
+        self.num_blocks = num_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
+        # Every block with ref_cnt 0, head = next to be reused. OrderedDict gives O(1) removal
+        # from the middle when a cache hit revives a free block.
+        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by requests (cached but free blocks count as free)."""
+        return 1.0 - len(self.free_queue) / self.num_blocks
+
+    def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
+        if n > len(self.free_queue):
+            raise ValueError(f"cannot allocate {n} blocks: only {len(self.free_queue)} free")
+        out = []
+        for _ in range(n):
+            _, block = self.free_queue.popitem(last=False)
+            if block.block_hash is not None:
+                self._evict(block, block.block_hash)
+            block.ref_cnt = 1
+            out.append(block)
+        return out
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        return self.cached_block_hash_to_block.get(block_hash)
+
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        for block in blocks:
+            if block.ref_cnt == 0:
+                del self.free_queue[block.block_id]
+            block.ref_cnt += 1
+
+    def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Callers pass a request's blocks tail first, so its tail is evicted before its head
+        (the head is the part other requests are likeliest to share)."""
+        for block in blocks:
+            if block.ref_cnt <= 0:
+                raise RuntimeError(f"double free of block {block.block_id} (ref_cnt={block.ref_cnt})")
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                self.free_queue[block.block_id] = block
+                if block.block_hash is None:
+                    # Nothing worth keeping: reuse it before evicting any cached block.
+                    self.free_queue.move_to_end(block.block_id, last=False)
+
+    def cache_full_blocks(
+        self, request: Request, blocks: Sequence[KVCacheBlock], num_cached_blocks: int, num_full_blocks: int
+    ) -> None:
+        """Register blocks[num_cached_blocks:num_full_blocks] under request.block_hashes."""
+        if not self.enable_caching:
+            return
+        for i in range(num_cached_blocks, num_full_blocks):
+            block, block_hash = blocks[i], request.block_hashes[i]
+            if block.block_hash is not None:
+                raise RuntimeError(f"block {block.block_id} is already cached")
+            # Two requests that filled the same content independently: the first copy serves
+            # hits, this one stays unregistered and is recycled like any uncached block.
+            if block_hash not in self.cached_block_hash_to_block:
+                block.block_hash = block_hash
+                self.cached_block_hash_to_block[block_hash] = block
+
+    def uncache(self, block: KVCacheBlock) -> None:
+        """Forget a block's hash: its KV will never be written (see KVCacheManager.free)."""
+        if block.block_hash is not None:
+            self._evict(block, block.block_hash)
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every hash; refused (False) while any block is held, as its holder relies on it."""
+        if len(self.free_queue) != self.num_blocks:
+            return False
+        for block in self.cached_block_hash_to_block.values():
+            block.block_hash = None
+        self.cached_block_hash_to_block.clear()
+        return True
+
+    def _evict(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
+        del self.cached_block_hash_to_block[block_hash]
+        block.block_hash = None

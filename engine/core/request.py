@@ -1,0 +1,141 @@
+"""Per-request state: what was asked, what has been computed, and when things happened."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 0.0  # 0 means greedy
+    top_k: int = 0  # 0 means off
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens={self.max_tokens} is invalid: must be >= 1")
+        if not self.temperature >= 0.0:  # also rejects NaN
+            raise ValueError(f"temperature={self.temperature} is invalid: must be >= 0 (0 = greedy)")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k} is invalid: must be >= 0 (0 = off)")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p} is invalid: must be in (0, 1]")
+        if self.seed is not None and self.seed < 0:
+            raise ValueError(f"seed={self.seed} is invalid: must be None or >= 0")
+        # A list would make the params unhashable and mutable behind the scheduler's back.
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        if any(t < 0 for t in self.stop_token_ids):
+            raise ValueError(f"stop_token_ids={self.stop_token_ids} is invalid: token ids must be >= 0")
+
+
+class RequestStatus(enum.Enum):
+    WAITING = enum.auto()
+    RUNNING = enum.auto()
+    PREEMPTED = enum.auto()
+    FINISHED_STOPPED = enum.auto()
+    FINISHED_LENGTH = enum.auto()
+    FINISHED_ABORTED = enum.auto()
+
+    @property
+    def is_finished(self) -> bool:
+        return self in _FINISHED
+
+
+_FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED})
+
+FINISH_REASONS: dict[RequestStatus, str] = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+}
+
+
+class BlockHash(NamedTuple):
+    """Key of a full KV block in the prefix cache.
+
+    `value` chains over every earlier token; the block's own tokens are kept too so that a
+    64-bit collision of `value` alone can never hand out another prompt's KV.
+    """
+
+    value: int
+    token_ids: tuple[int, ...]
+
+
+# eq=False: requests are entities (identity), and comparing token lists field by field would
+# be slow and meaningless.
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    arrival_time: float
+    eos_token_id: int | None = None
+    priority: int = 0  # lower is more important, as in vLLM
+    extra_key: object = None  # e.g. a LoRA id: folded into block hashes so caches never mix
+
+    output_token_ids: list[int] = field(default_factory=list, init=False)
+    status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
+    num_computed_tokens: int = field(default=0, init=False)
+    num_cached_tokens: int = field(default=0, init=False)  # prefix-cache hit at first admission
+    spec_token_ids: list[int] = field(default_factory=list, init=False)  # set by the proposer
+    first_scheduled_time: float | None = field(default=None, init=False)
+    first_token_time: float | None = field(default=None, init=False)
+    token_times: list[float] = field(default_factory=list, init=False)
+    finish_time: float | None = field(default=None, init=False)
+    finish_reason: str | None = field(default=None, init=False)
+    num_preemptions: int = field(default=0, init=False)
+    # Hashes of the full blocks of known tokens, extended lazily by the KV-cache manager.
+    block_hashes: list[BlockHash] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        try:
+            hash(self.extra_key)
+        except TypeError as e:
+            raise ValueError(
+                f"request {self.request_id!r}: extra_key={self.extra_key!r} is invalid: must be hashable"
+            ) from e
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        """Known tokens: prompt plus sampled output (draft tokens excluded)."""
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_tokens_with_spec(self) -> int:
+        return self.num_tokens + len(self.spec_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        """A fresh list of prompt + output; O(length), so hot paths use `token_slice`."""
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_slice(self, start: int, end: int) -> tuple[int, ...]:
+        """Known tokens [start, end) without concatenating the whole sequence."""
+        p = len(self.prompt_token_ids)
+        if end <= p:
+            return tuple(self.prompt_token_ids[start:end])
+        if start >= p:
+            return tuple(self.output_token_ids[start - p : end - p])
+        return tuple(self.prompt_token_ids[start:]) + tuple(self.output_token_ids[: end - p])
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    @property
+    def max_tokens(self) -> int:
+        return self.sampling_params.max_tokens

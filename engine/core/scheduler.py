@@ -1,0 +1,451 @@
+"""The step scheduler: which requests run next, with how many tokens, in which KV blocks.
+
+One token budget per step covers decode tokens, prefill chunks and draft tokens alike: every
+request simply has `num_tokens_with_spec - num_computed_tokens` tokens to catch up on, as in
+vLLM v1. Time is always passed in (`now`), never read, so the simulator can drive it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+from engine.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
+from engine.core.request import FINISH_REASONS, Request, RequestStatus, SamplingParams
+from engine.core.request_queue import RequestQueue, make_request_queue
+
+Policy = Literal["fcfs", "priority"]
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    max_model_len: int
+    block_size: int
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    policy: Policy = "fcfs"
+    num_speculative_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
+            value = getattr(self, name)
+            if value < 1:
+                raise ValueError(f"{name}={value} is invalid: must be >= 1")
+        if self.max_model_len < 2:
+            raise ValueError(
+                f"max_model_len={self.max_model_len} is invalid: must be >= 2 (one prompt token plus one output token)"
+            )
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy={self.policy!r} is invalid: must be 'fcfs' or 'priority'")
+        if self.num_speculative_tokens < 0:
+            raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens} is invalid: must be >= 0")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} is invalid: must be >= "
+                f"max_num_seqs={self.max_num_seqs}, or running requests cannot all decode in one step"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} is invalid: must be >= "
+                f"max_model_len={self.max_model_len} when enable_chunked_prefill=False, "
+                "or a long prompt could never be scheduled"
+            )
+
+
+@dataclass(frozen=True)
+class ScheduledRequest:
+    request_id: str
+    token_ids: tuple[int, ...]  # computed this step: known tokens, then num_draft_tokens drafts
+    num_computed_tokens: int  # already in the KV cache = position of token_ids[0]
+    new_block_ids: tuple[int, ...]
+    reset_block_table: bool  # True: new_block_ids is the whole table (first schedule, resume)
+    num_draft_tokens: int
+    samples: bool  # the step reaches the end of the known tokens, so the runner samples
+    sampling_params: SamplingParams
+    prompt_len: int
+    is_prefill: bool
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def context_len(self) -> int:
+        """KV length attended to by the last token of this step."""
+        return self.num_computed_tokens + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class SchedulerOutput:
+    scheduled: tuple[ScheduledRequest, ...]
+    total_num_scheduled_tokens: int
+    preempted_request_ids: tuple[str, ...]
+    finished_request_ids: tuple[str, ...]  # since the previous schedule(): drop their state
+    num_waiting: int
+    num_running: int
+    kv_cache_usage: float
+
+    @property
+    def num_prefill_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.scheduled if s.is_prefill)
+
+    @property
+    def num_decode_tokens(self) -> int:
+        return self.total_num_scheduled_tokens - self.num_prefill_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+class RequestUpdate(NamedTuple):
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    num_requests: int  # accepted by add_request
+    num_waiting: int
+    num_running: int
+    num_finished: Mapping[str, int]  # by finish reason
+    num_preemptions: int
+    num_steps: int  # non-empty schedules
+    prefix_cache: PrefixCacheStats
+
+
+@dataclass
+class _StepState:
+    """Scratch space of one schedule() call."""
+
+    budget: int
+    scheduled: dict[str, ScheduledRequest] = field(default_factory=dict)
+    preempted: list[Request] = field(default_factory=list)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+        if kv_cache_manager.block_size != config.block_size:
+            raise ValueError(
+                f"kv_cache_manager.block_size={kv_cache_manager.block_size} does not match "
+                f"config.block_size={config.block_size}"
+            )
+        if kv_cache_manager.enable_prefix_caching != config.enable_prefix_caching:
+            raise ValueError(
+                f"kv_cache_manager.enable_prefix_caching={kv_cache_manager.enable_prefix_caching} does not match "
+                f"config.enable_prefix_caching={config.enable_prefix_caching}"
+            )
+        self.config = config
+        self.kv_cache_manager = kv_cache_manager
+        self.requests: dict[str, Request] = {}  # every request ever accepted, finished ones too
+        self.waiting: RequestQueue = make_request_queue(config.policy)
+        self.running: list[Request] = []  # in admission order: FCFS preempts from the end
+        self._finished_ids: list[str] = []  # reported by the next schedule()
+        self._pending: SchedulerOutput | None = None  # scheduled, not yet updated
+        self._num_finished: dict[str, int] = {reason: 0 for reason in FINISH_REASONS.values()}
+        self._num_preemptions = 0
+        self._num_steps = 0
+
+    # ---- intake ---------------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        rid, cfg = request.request_id, self.config
+        if rid in self.requests:
+            raise ValueError(f"request {rid!r} was already added: request ids must be unique")
+        if request.status is not RequestStatus.WAITING or request.num_computed_tokens or request.output_token_ids:
+            raise ValueError(f"request {rid!r} is not fresh (status {request.status.name}): add new requests only")
+        n_prompt, max_tokens = request.num_prompt_tokens, request.max_tokens
+        if n_prompt == 0:
+            raise ValueError(f"request {rid!r}: prompt is empty: at least 1 token is required")
+        if n_prompt + max_tokens > cfg.max_model_len:
+            raise ValueError(
+                f"request {rid!r}: prompt length {n_prompt} + max_tokens {max_tokens} = {n_prompt + max_tokens} "
+                f"exceeds max_model_len={cfg.max_model_len}"
+            )
+        # The KV cache holds at most prompt + max_tokens - 1 tokens: the last sampled token is
+        # never fed back, and drafts are capped so they never go past it either.
+        blocks_needed = -(-(n_prompt + max_tokens - 1) // cfg.block_size)
+        num_blocks = self.kv_cache_manager.num_blocks
+        if blocks_needed > num_blocks:
+            raise ValueError(
+                f"request {rid!r}: prompt length {n_prompt} + max_tokens {max_tokens} needs {blocks_needed} KV blocks "
+                f"of {cfg.block_size} tokens, but the whole cache has {num_blocks}: it could never finish"
+            )
+        self.requests[rid] = request
+        self.waiting.add(request)
+
+    def abort_request(self, request_id: str, now: float) -> bool:
+        """Returns False when the request had already finished. Unknown ids raise KeyError."""
+        request = self.requests[request_id]
+        if request.is_finished:
+            return False
+        if request.status is RequestStatus.RUNNING:
+            self.running.remove(request)
+            self.kv_cache_manager.free(request)
+        else:
+            self.waiting.remove(request)
+        self._finish(request, RequestStatus.FINISHED_ABORTED, now)
+        return True
+
+    # ---- scheduling -----------------------------------------------------------------------
+
+    def schedule(self, now: float) -> SchedulerOutput:
+        if self._pending is not None:
+            raise RuntimeError("schedule() called again before update() consumed the previous output")
+        self._check_drafts()
+        step = _StepState(budget=self.config.max_num_batched_tokens)
+        self._schedule_running(step)
+        # After a preemption the pool is known to be short: admitting anyone would only
+        # thrash, as in vLLM.
+        if not step.preempted:
+            self._schedule_waiting(step, now)
+
+        scheduled = tuple(step.scheduled.values())
+        output = SchedulerOutput(
+            scheduled=scheduled,
+            total_num_scheduled_tokens=self.config.max_num_batched_tokens - step.budget,
+            preempted_request_ids=tuple(r.request_id for r in step.preempted),
+            finished_request_ids=tuple(self._finished_ids),
+            num_waiting=len(self.waiting),
+            num_running=len(self.running),
+            kv_cache_usage=self.kv_cache_manager.usage,
+        )
+        self._finished_ids.clear()
+        if scheduled:
+            self._pending = output
+            self._num_steps += 1
+        return output
+
+    def _check_drafts(self) -> None:
+        k = self.config.num_speculative_tokens
+        for request in self.running:
+            if len(request.spec_token_ids) > k:
+                raise ValueError(
+                    f"request {request.request_id!r} has {len(request.spec_token_ids)} draft tokens, "
+                    f"more than num_speculative_tokens={k}"
+                )
+
+    def _schedule_running(self, step: _StepState) -> None:
+        i = 0
+        while i < len(self.running) and step.budget > 0:
+            request = self.running[i]
+            num_new = request.num_tokens - request.num_computed_tokens
+            if request.spec_token_ids:
+                # Drafts past the last token max_tokens allows would be wasted compute and KV.
+                num_new += min(len(request.spec_token_ids), request.max_tokens - request.num_output_tokens - 1)
+            num_new = min(num_new, step.budget)
+            while True:
+                new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new)
+                if new_block_ids is not None:
+                    break
+                victim_index = self._pick_victim()
+                victim = self.running.pop(victim_index)
+                self._preempt(victim, step)
+                if victim is request:
+                    break
+                if victim_index < i:
+                    i -= 1
+            if new_block_ids is None:
+                # It was the least important itself. Under FCFS it was also the last, which ends
+                # the loop; under priority, the more important ones after it still get their turn.
+                continue
+            step.scheduled[request.request_id] = self._scheduled_request(
+                request, num_new, new_block_ids, reset_block_table=False
+            )
+            step.budget -= num_new
+            i += 1
+
+    def _pick_victim(self) -> int:
+        if self.config.policy == "fcfs":
+            return len(self.running) - 1
+        # Least important; among equals the latest arrival, then the latest admitted.
+        return max(
+            range(len(self.running)),
+            key=lambda j: (self.running[j].priority, self.running[j].arrival_time, j),
+        )
+
+    def _preempt(self, victim: Request, step: _StepState) -> None:
+        undone = step.scheduled.pop(victim.request_id, None)
+        if undone is not None:  # priority policy can pick a request already scheduled this step
+            step.budget += len(undone.token_ids)
+        # free() reads num_computed_tokens to spot blocks registered but never filled: reset after.
+        self.kv_cache_manager.free(victim)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0  # recompute: output tokens are kept and re-prefilled
+        victim.spec_token_ids = []
+        victim.num_preemptions += 1
+        self._num_preemptions += 1
+        self.waiting.prepend(victim)
+        step.preempted.append(victim)
+
+    def _schedule_waiting(self, step: _StepState, now: float) -> None:
+        # The head blocks the rest (FCFS: strict order, so nothing starves; priority: nothing
+        # less important overtakes it).
+        while step.budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting.peek()
+            if request is None:
+                return
+            computed_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit
+            if num_new > step.budget:
+                if not self.config.enable_chunked_prefill:
+                    return
+                num_new = step.budget
+            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new, computed_blocks)
+            if new_block_ids is None:
+                return
+            self.waiting.pop()
+            if request.first_scheduled_time is None:
+                request.first_scheduled_time = now
+                request.num_cached_tokens = num_hit
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit
+            self.running.append(request)
+            block_table = [b.block_id for b in computed_blocks] + new_block_ids
+            step.scheduled[request.request_id] = self._scheduled_request(
+                request, num_new, block_table, reset_block_table=True
+            )
+            step.budget -= num_new
+
+    def _scheduled_request(
+        self, request: Request, num_new: int, block_ids: Sequence[int], reset_block_table: bool
+    ) -> ScheduledRequest:
+        start = request.num_computed_tokens
+        num_tokens = request.num_tokens
+        num_known = min(num_new, num_tokens - start)
+        num_drafts = num_new - num_known
+        token_ids = request.token_slice(start, start + num_known)
+        if num_drafts:
+            token_ids += tuple(request.spec_token_ids[:num_drafts])
+        return ScheduledRequest(
+            request_id=request.request_id,
+            token_ids=token_ids,
+            num_computed_tokens=start,
+            new_block_ids=tuple(block_ids),
+            reset_block_table=reset_block_table,
+            num_draft_tokens=num_drafts,
+            samples=start + num_known == num_tokens,
+            sampling_params=request.sampling_params,
+            prompt_len=request.num_prompt_tokens,
+            # Anything but feeding back the single last sampled token (a resumed request
+            # re-prefills its output tokens too).
+            is_prefill=not request.output_token_ids or start < num_tokens - 1,
+        )
+
+    # ---- results --------------------------------------------------------------------------
+
+    def update(
+        self, output: SchedulerOutput, sampled_token_ids: Mapping[str, Sequence[int]], now: float
+    ) -> list[RequestUpdate]:
+        """Apply one step's sampled tokens. For a speculative step a request's list holds its
+        accepted drafts plus one bonus/correction token. Returns one entry per request that got
+        tokens or finished; mid-prefill chunks get none."""
+        if output.is_empty:
+            return []
+        if output is not self._pending:
+            raise RuntimeError("update() must receive the output of the latest schedule()")
+        requests = self.requests
+        # Skip requests aborted between schedule() and update().
+        live = [(s, r) for s in output.scheduled if not (r := requests[s.request_id]).status.is_finished]
+        self._check_sampled([s for s, _ in live], sampled_token_ids)
+        self._pending = None
+
+        updates: list[RequestUpdate] = []
+        any_finished = False
+        for s, request in live:
+            request.num_computed_tokens += len(s.token_ids)
+            request.spec_token_ids = []  # the proposer sets fresh ones before the next schedule()
+            if not s.samples:
+                continue
+            sampled = sampled_token_ids[s.request_id]
+            # Rejected drafts leave garbage KV behind; the next step simply overwrites it.
+            request.num_computed_tokens -= s.num_draft_tokens - (len(sampled) - 1)
+            new_tokens: list[int] = []
+            stop: RequestStatus | None = None
+            if request.first_token_time is None:
+                request.first_token_time = now
+            for token in sampled:
+                request.output_token_ids.append(token)
+                request.token_times.append(now)
+                new_tokens.append(token)
+                stop = self._stop_status(request, token)
+                if stop is not None:
+                    break
+            if stop is not None:
+                self.kv_cache_manager.free(request)
+                self._finish(request, stop, now)
+                any_finished = True
+            updates.append(RequestUpdate(s.request_id, tuple(new_tokens), stop is not None, request.finish_reason))
+        if any_finished:
+            self.running = [r for r in self.running if not r.is_finished]
+        return updates
+
+    def _check_sampled(self, live: Sequence[ScheduledRequest], sampled_token_ids: Mapping[str, Sequence[int]]) -> None:
+        # Everything is checked before anything changes, so a bad call leaves no half-applied step.
+        for s in live:
+            sampled = sampled_token_ids.get(s.request_id)
+            if not s.samples:
+                if sampled:
+                    raise ValueError(
+                        f"request {s.request_id!r} computed a prompt chunk and cannot sample: got {sampled}"
+                    )
+            elif sampled is None or not 1 <= len(sampled) <= s.num_draft_tokens + 1:
+                raise ValueError(
+                    f"request {s.request_id!r} must get 1..{s.num_draft_tokens + 1} sampled tokens "
+                    f"(accepted drafts + 1), got {sampled}"
+                )
+
+    @staticmethod
+    def _stop_status(request: Request, token: int) -> RequestStatus | None:
+        params = request.sampling_params
+        # A natural stop is reported as such even when it is also the last token allowed.
+        if token == request.eos_token_id and not params.ignore_eos:
+            return RequestStatus.FINISHED_STOPPED
+        if token in params.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED
+        # add_request guarantees prompt + max_tokens <= max_model_len, so this also
+        # enforces max_model_len.
+        if request.num_output_tokens >= params.max_tokens:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus, now: float) -> None:
+        request.status = status
+        request.finish_time = now
+        request.finish_reason = FINISH_REASONS[status]
+        request.spec_token_ids = []
+        request.block_hashes = []  # only live requests need them; 10,000s of requests add up
+        self._num_finished[request.finish_reason] += 1
+        self._finished_ids.append(request.request_id)
+
+    # ---- queries --------------------------------------------------------------------------
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.waiting) or bool(self.running)
+
+    def get_request(self, request_id: str) -> Request:
+        return self.requests[request_id]
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            num_requests=len(self.requests),
+            num_waiting=len(self.waiting),
+            num_running=len(self.running),
+            num_finished=dict(self._num_finished),
+            num_preemptions=self._num_preemptions,
+            num_steps=self._num_steps,
+            prefix_cache=self.kv_cache_manager.prefix_cache_stats,
+        )

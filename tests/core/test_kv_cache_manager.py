@@ -1,0 +1,187 @@
+import pytest
+
+from engine.core import KVCacheManager, Request, SamplingParams
+
+from .testlib import make_request
+
+BS = 4
+
+
+def _admit(kv: KVCacheManager, request: Request) -> list[int]:
+    """What the scheduler does at admission: take the cached prefix, allocate the rest."""
+    blocks, num_hit = kv.get_computed_blocks(request)
+    new_ids = kv.allocate_slots(request, request.num_tokens - num_hit, blocks)
+    assert new_ids is not None
+    request.num_computed_tokens = num_hit
+    return new_ids
+
+
+def test_common_prefix_shares_blocks():
+    kv = KVCacheManager(16, BS)
+    a = make_request("a", list(range(10)))
+    b = make_request("b", list(range(8)) + [50, 51, 52])
+    _admit(kv, a)
+    blocks, num_hit = kv.get_computed_blocks(b)
+    assert num_hit == 8
+    assert [blk.block_id for blk in blocks] == kv.get_block_ids("a")[:2]
+    _admit(kv, b)
+    assert kv.get_block_ids("b")[:2] == kv.get_block_ids("a")[:2]
+    assert kv.get_block_ids("b")[2] != kv.get_block_ids("a")[2]
+    assert [blk.ref_cnt for blk in kv.req_to_blocks["b"]] == [2, 2, 1]
+    assert kv.num_free_blocks == 16 - 4
+
+
+def test_whole_prompt_is_never_a_hit():
+    kv = KVCacheManager(16, BS)
+    _admit(kv, make_request("a", list(range(8))))
+    blocks, num_hit = kv.get_computed_blocks(make_request("b", list(range(8))))
+    assert num_hit == 4  # the second block holds the last token, whose logits are needed
+    assert len(blocks) == 1
+
+
+def test_partial_blocks_are_not_cached():
+    kv = KVCacheManager(16, BS)
+    _admit(kv, make_request("a", list(range(7))))
+    assert len(kv.block_pool.cached_block_hash_to_block) == 1
+
+
+def test_failed_allocation_changes_nothing():
+    kv = KVCacheManager(4, BS)
+    _admit(kv, make_request("a", list(range(10))))  # 3 blocks
+    b = make_request("b", list(range(8)) + [60, 61, 62, 63, 64])  # hits 2 blocks, needs 2 more
+    blocks, num_hit = kv.get_computed_blocks(b)
+    free_before = kv.num_free_blocks
+    refs_before = [blk.ref_cnt for blk in kv.block_pool.blocks]
+    assert kv.allocate_slots(b, b.num_tokens - num_hit, blocks) is None
+    assert kv.num_free_blocks == free_before
+    assert [blk.ref_cnt for blk in kv.block_pool.blocks] == refs_before
+    assert "b" not in kv.req_to_blocks
+    assert kv.prefix_cache_stats.num_queries == 1
+
+
+def test_revived_hit_blocks_count_against_free_space():
+    kv = KVCacheManager(3, BS)
+    a = make_request("a", list(range(9)))
+    _admit(kv, a)
+    a.num_computed_tokens = 9
+    kv.free(a)
+    # Blocks 0 and 1 of `a` are cached and free. `b` hits both and needs 2 more: 3 free blocks
+    # would seem enough, but the hits are among them.
+    b = make_request("b", list(range(8)) + [70] * 5)
+    blocks, num_hit = kv.get_computed_blocks(b)
+    assert num_hit == 8
+    assert kv.allocate_slots(b, b.num_tokens - num_hit, blocks) is None
+    c = make_request("c", list(range(8)) + [70])
+    blocks, num_hit = kv.get_computed_blocks(c)
+    assert kv.allocate_slots(c, c.num_tokens - num_hit, blocks) == [2]
+
+
+def test_hit_counters_in_tokens():
+    kv = KVCacheManager(16, BS)
+    _admit(kv, make_request("a", list(range(10))))
+    _admit(kv, make_request("b", list(range(10))))
+    stats = kv.prefix_cache_stats
+    assert (stats.num_queries, stats.query_tokens, stats.hit_tokens) == (2, 20, 8)
+    assert stats.hit_rate == pytest.approx(0.4)
+
+
+def test_lookups_without_admission_are_not_counted():
+    kv = KVCacheManager(16, BS)
+    r = make_request("a", list(range(10)))
+    for _ in range(3):
+        kv.get_computed_blocks(r)
+    assert kv.prefix_cache_stats.num_queries == 0
+
+
+def test_free_releases_tail_first():
+    kv = KVCacheManager(8, BS)
+    a = make_request("a", list(range(12)))
+    _admit(kv, a)
+    a.num_computed_tokens = 12
+    ids = kv.get_block_ids("a")
+    kv.free(a)
+    assert list(kv.block_pool.free_queue)[-3:] == ids[::-1]
+    assert kv.get_block_ids("a") == []
+    assert kv.num_free_blocks == 8
+
+
+def test_extra_key_separates_caches():
+    kv = KVCacheManager(16, BS)
+    _admit(kv, make_request("a", list(range(10))))
+    b = Request("b", list(range(10)), SamplingParams(), 0.0, extra_key="lora-1")
+    assert kv.get_computed_blocks(b) == ([], 0)
+
+
+def test_hash_chains_over_the_prefix():
+    kv = KVCacheManager(16, BS)
+    _admit(kv, make_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9]))
+    # Same second block, different first block: no hit at all.
+    assert kv.get_computed_blocks(make_request("b", [0, 2, 3, 4, 5, 6, 7, 8, 9])) == ([], 0)
+
+
+def test_draft_tokens_are_never_hashed():
+    kv = KVCacheManager(16, BS)
+    r = make_request("a", list(range(5)))
+    _admit(kv, r)
+    r.num_computed_tokens = 5
+    r.output_token_ids.append(40)  # 6 known tokens
+    # The last known token plus two drafts fill block 1, but only 6 tokens are known.
+    assert kv.allocate_slots(r, 3) == []
+    assert len(kv.block_pool.cached_block_hash_to_block) == 1
+    r.num_computed_tokens = 5 + 3 - 1  # one draft accepted, one rejected...
+    r.output_token_ids += [41, 42]  # ...plus the bonus token: 8 known
+    assert kv.allocate_slots(r, 1) == []
+    assert len(kv.block_pool.cached_block_hash_to_block) == 2
+
+
+def test_free_before_the_step_ran_drops_unfilled_hashes():
+    kv = KVCacheManager(8, BS)
+    r = make_request("a", list(range(10)))
+    _admit(kv, r)  # blocks 0 and 1 registered, but the step never ran
+    assert len(kv.block_pool.cached_block_hash_to_block) == 2
+    r.num_computed_tokens = 0  # still: nothing was computed
+    kv.free(r)
+    assert not kv.block_pool.cached_block_hash_to_block
+    assert kv.get_computed_blocks(make_request("b", list(range(10)))) == ([], 0)
+
+
+def test_computed_blocks_stay_cached_after_free():
+    kv = KVCacheManager(8, BS)
+    r = make_request("a", list(range(10)))
+    _admit(kv, r)
+    r.num_computed_tokens = 10
+    kv.free(r)
+    assert kv.get_computed_blocks(make_request("b", list(range(10))))[1] == 8
+
+
+def test_prefix_caching_off():
+    kv = KVCacheManager(16, BS, enable_prefix_caching=False)
+    _admit(kv, make_request("a", list(range(10))))
+    assert kv.get_computed_blocks(make_request("b", list(range(10)))) == ([], 0)
+    assert not kv.block_pool.cached_block_hash_to_block
+    assert kv.prefix_cache_stats.num_queries == 0
+
+
+def test_reset_prefix_cache():
+    kv = KVCacheManager(8, BS)
+    r = make_request("a", list(range(10)))
+    _admit(kv, r)
+    r.num_computed_tokens = 10
+    assert not kv.reset_prefix_cache()
+    kv.free(r)
+    assert kv.reset_prefix_cache()
+    assert kv.get_computed_blocks(make_request("b", list(range(10)))) == ([], 0)
+
+
+def test_allocation_grows_one_block_at_a_boundary():
+    kv = KVCacheManager(8, BS)
+    r = make_request("a", list(range(4)))
+    assert _admit(kv, r) == [0]
+    r.num_computed_tokens = 4
+    r.output_token_ids.append(9)
+    assert kv.allocate_slots(r, 1) == [1]
+    r.num_computed_tokens = 5
+    r.output_token_ids.append(9)
+    assert kv.allocate_slots(r, 1) == []
+    with pytest.raises(ValueError, match="num_new_tokens=0"):
+        kv.allocate_slots(r, 0)
