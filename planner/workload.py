@@ -1,0 +1,707 @@
+"""Workloads: what requests arrive, when, and how long their prompts and outputs are.
+
+This module only *describes and draws* requests. It imports neither torch nor SimPy,
+because the real engine (wall clock) and the simulator (`env.now`) must replay the very
+same drawn list; anything that depends on how fast requests are served (closed-loop
+arrivals, follow-up turns of a conversation) is left to the driver, and the requests
+say so through `arrival_s=None`, `parent_id` and `think_time_s`.
+
+Token ids are synthetic but real: requests that share a prefix carry *identical* leading
+token ids, so the engine's own block hashing decides the prefix-cache hit rate.
+"""
+
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass
+import json
+import math
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+import yaml
+
+from engine.errors import InputError, unknown_name_error
+
+MAX_TOKENS = 10_000_000  # far above any context length; only guards against typos
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- lengths
+
+
+class _Bounded(_Spec):
+    """A distribution whose draws are rounded and clipped to [min_tokens, max_tokens]."""
+
+    min_tokens: int = Field(1, ge=1, le=MAX_TOKENS, description="Smallest length drawn; lower draws are clipped up")
+    max_tokens: int = Field(..., ge=1, le=MAX_TOKENS, description="Largest length drawn; higher draws are clipped down")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _Bounded:
+        if self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens={self.min_tokens} must be <= max_tokens={self.max_tokens}")
+        return self
+
+    def _clip(self, raw: np.ndarray) -> np.ndarray:
+        return np.clip(np.rint(raw), self.min_tokens, self.max_tokens).astype(np.int64)
+
+
+class FixedLength(_Spec):
+    """Every request has the same length."""
+
+    kind: Literal["fixed"] = "fixed"
+    tokens: int = Field(ge=1, le=MAX_TOKENS, description="Length of every request, tokens")
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.tokens, dtype=np.int64)
+
+
+class UniformLength(_Bounded):
+    """Lengths uniform over the integers min_tokens..max_tokens inclusive."""
+
+    kind: Literal["uniform"] = "uniform"
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return rng.integers(self.min_tokens, self.max_tokens + 1, size=n, dtype=np.int64)
+
+
+class NormalLength(_Bounded):
+    """Normal lengths, rounded and clipped (so the sample mean drifts if the clip bites)."""
+
+    kind: Literal["normal"] = "normal"
+    mean_tokens: float = Field(gt=0, le=MAX_TOKENS, description="Mean before clipping, tokens")
+    std_tokens: float = Field(ge=0, le=MAX_TOKENS, description="Standard deviation before clipping, tokens")
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return self._clip(rng.normal(self.mean_tokens, self.std_tokens, size=n))
+
+
+class LognormalLength(_Bounded):
+    """Log-normal lengths: the usual shape of chat prompts and outputs (long right tail)."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    median_tokens: float = Field(gt=0, le=MAX_TOKENS, description="Median before clipping, tokens")
+    sigma: float = Field(ge=0, le=5, description="Standard deviation of log(length); 0 is a fixed length")
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return self._clip(self.median_tokens * np.exp(self.sigma * rng.standard_normal(n)))
+
+
+class EmpiricalLength(_Spec):
+    """A histogram: each length in `tokens` is drawn with probability proportional to its weight."""
+
+    kind: Literal["empirical"] = "empirical"
+    tokens: list[Annotated[int, Field(ge=1, le=MAX_TOKENS)]] = Field(
+        min_length=1, description="Lengths (histogram bins), tokens"
+    )
+    weights: list[Annotated[float, Field(ge=0)]] = Field(min_length=1, description="Relative frequency of each length")
+
+    @model_validator(mode="after")
+    def _matching(self) -> EmpiricalLength:
+        if len(self.tokens) != len(self.weights):
+            raise ValueError(f"tokens has {len(self.tokens)} entries but weights has {len(self.weights)}")
+        if not sum(self.weights) > 0:
+            raise ValueError("weights must not all be zero")
+        return self
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        p = np.asarray(self.weights, dtype=float)
+        return rng.choice(np.asarray(self.tokens, dtype=np.int64), size=n, p=p / p.sum())
+
+
+def _int_is_fixed(value: object) -> object:
+    # A bare number in YAML or on the command line means "always this many tokens".
+    if isinstance(value, int) and not isinstance(value, bool):
+        return {"kind": "fixed", "tokens": value}
+    return value
+
+
+LengthDist = Annotated[
+    FixedLength | UniformLength | NormalLength | LognormalLength | EmpiricalLength,
+    Field(discriminator="kind"),
+    BeforeValidator(_int_is_fixed),
+]
+
+
+# --------------------------------------------------------------------------- arrivals
+
+
+class PoissonArrivals(_Spec):
+    """Open loop, exponential inter-arrival times (independent users)."""
+
+    kind: Literal["poisson"] = "poisson"
+    rate_per_s: float = Field(gt=0, le=1e6, description="Mean arrivals per second")
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.cumsum(rng.exponential(1.0 / self.rate_per_s, size=n))
+
+    @property
+    def offered_rate_per_s(self) -> float:
+        return self.rate_per_s
+
+
+class GammaArrivals(_Spec):
+    """Open loop, gamma inter-arrival times: cv > 1 is burstier than Poisson, cv < 1 smoother."""
+
+    kind: Literal["gamma"] = "gamma"
+    rate_per_s: float = Field(gt=0, le=1e6, description="Mean arrivals per second")
+    cv: float = Field(gt=0, le=100, description="Coefficient of variation of inter-arrival times; 1 is Poisson")
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        shape = 1.0 / self.cv**2  # gamma CV is 1/sqrt(shape); the scale then fixes the mean
+        return np.cumsum(rng.gamma(shape, 1.0 / (self.rate_per_s * shape), size=n))
+
+    @property
+    def offered_rate_per_s(self) -> float:
+        return self.rate_per_s
+
+
+class ConstantArrivals(_Spec):
+    """Open loop, one request every 1/rate seconds exactly."""
+
+    kind: Literal["constant"] = "constant"
+    rate_per_s: float = Field(gt=0, le=1e6, description="Arrivals per second")
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.arange(1, n + 1, dtype=float) / self.rate_per_s
+
+    @property
+    def offered_rate_per_s(self) -> float:
+        return self.rate_per_s
+
+
+class RateSegment(_Spec):
+    duration_s: float = Field(gt=0, le=1e7, description="Length of this segment, seconds")
+    rate_per_s: float = Field(
+        ge=0, le=1e6, description="Poisson arrivals per second during the segment; 0 is an idle period"
+    )
+
+
+class TimeVaryingArrivals(_Spec):
+    """Piecewise-constant Poisson rate; the schedule repeats until num_requests have arrived."""
+
+    kind: Literal["time_varying"] = "time_varying"
+    segments: list[RateSegment] = Field(min_length=1, description="Consecutive segments of constant rate")
+
+    @model_validator(mode="after")
+    def _some_traffic(self) -> TimeVaryingArrivals:
+        if not any(s.rate_per_s > 0 for s in self.segments):
+            raise ValueError("at least one segment needs rate_per_s > 0")
+        return self
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        # Given its count, a Poisson process's points in an interval are i.i.d. uniform there.
+        chunks, count, start = [], 0, 0.0
+        while count < n:
+            for seg in self.segments:
+                k = int(rng.poisson(seg.rate_per_s * seg.duration_s))
+                chunks.append(start + np.sort(rng.uniform(0.0, seg.duration_s, size=k)))
+                count += k
+                start += seg.duration_s
+        return np.concatenate(chunks)[:n]
+
+    @property
+    def offered_rate_per_s(self) -> float:
+        total_s = sum(s.duration_s for s in self.segments)
+        return sum(s.rate_per_s * s.duration_s for s in self.segments) / total_s
+
+
+class ClosedLoopArrivals(_Spec):
+    """`concurrency` users, each sending its next request when its previous one finishes.
+
+    Arrival times depend on service speed, so the driver decides them; drawn requests
+    carry `arrival_s=None` and the user's `think_time_s`.
+    """
+
+    kind: Literal["closed_loop"] = "closed_loop"
+    concurrency: int = Field(ge=1, le=1_000_000, description="Users (requests in flight when no one is thinking)")
+    think_time_s: float = Field(0.0, ge=0, le=1e6, description="Pause between a reply and the user's next request, s")
+
+    @property
+    def offered_rate_per_s(self) -> None:
+        return None
+
+
+Arrival = Annotated[
+    PoissonArrivals | GammaArrivals | ConstantArrivals | TimeVaryingArrivals | ClosedLoopArrivals,
+    Field(discriminator="kind"),
+]
+
+
+# --------------------------------------------------------------------------- sharing
+
+
+class SharedPrefix(_Spec):
+    """A share of requests start with one of a few common prefixes (system prompt, tool specs, documents).
+
+    The prefix is *prepended* to the request's own prompt, whose length input_tokens draws.
+    """
+
+    num_prefixes: int = Field(ge=1, le=100_000, description="Distinct prefixes")
+    prefix_tokens: int = Field(ge=1, le=MAX_TOKENS, description="Length of each prefix, tokens")
+    share: float = Field(ge=0, le=1, description="Fraction of requests (conversations) that start with a prefix")
+    popularity: Literal["uniform", "zipf"] = Field(
+        "uniform", description="How a prefixed request picks its prefix: equally, or Zipf (prefix i ~ 1/(i+1)^s)"
+    )
+    zipf_exponent: float = Field(1.0, gt=0, le=10, description="Zipf exponent s when popularity is 'zipf'")
+
+    def weights(self) -> np.ndarray:
+        if self.popularity == "uniform":
+            w = np.ones(self.num_prefixes)
+        else:
+            w = 1.0 / np.arange(1, self.num_prefixes + 1) ** self.zipf_exponent
+        return w / w.sum()
+
+
+class Conversation(_Spec):
+    """Multi-turn chats: turn k's prompt = turn k-1's prompt + its output + a new user message.
+
+    input_tokens then draws the length of each *new user message*; the first turn's prompt
+    is that message (after any shared prefix).
+    """
+
+    min_turns: int = Field(1, ge=1, le=10_000, description="Fewest turns in a conversation")
+    max_turns: int = Field(ge=1, le=10_000, description="Most turns in a conversation (uniform in between)")
+    think_time_s: float = Field(0.0, ge=0, le=1e6, description="Pause between a reply and the next turn, seconds")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Conversation:
+        if self.min_turns > self.max_turns:
+            raise ValueError(f"min_turns={self.min_turns} must be <= max_turns={self.max_turns}")
+        return self
+
+
+# --------------------------------------------------------------------------- workload
+
+
+class Workload(_Spec):
+    """Everything needed to draw the same request list again: the spec plus its seed."""
+
+    name: str = Field("custom", min_length=1, description="Short id used in reports and request ids")
+    description: str = Field("", description="One line for humans")
+    arrival: Arrival = Field(description="When requests (or conversations) arrive")
+    input_tokens: LengthDist = Field(description="Prompt length (per turn's new message in conversations), tokens")
+    output_tokens: LengthDist = Field(description="Tokens to generate per request (exact: drivers set ignore_eos)")
+    num_requests: int = Field(ge=1, le=10_000_000, description="Requests to draw, follow-up turns included")
+    shared_prefix: SharedPrefix | None = Field(None, description="Common prefixes shared by a share of requests")
+    conversation: Conversation | None = Field(None, description="Multi-turn conversations; None is single-turn")
+    first_token_id: int = Field(
+        1000, ge=0, description="Lowest synthetic token id; ids below are left to special tokens"
+    )
+    vocab_size_tokens: int = Field(
+        30_000, ge=2, description="Synthetic token ids are < this (and < the model's vocab when drawing for one)"
+    )
+    seed: int = Field(0, ge=0, description="Seed of every random draw")
+
+    @model_validator(mode="after")
+    def _id_range(self) -> Workload:
+        if self.first_token_id >= self.vocab_size_tokens:
+            raise ValueError(
+                f"first_token_id={self.first_token_id} must be < vocab_size_tokens={self.vocab_size_tokens}"
+            )
+        return self
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    """One request as drivers replay it.
+
+    Exactly one of `prompt_token_ids` and `new_prompt_token_ids` is non-empty: a follow-up
+    turn (`parent_id` set) only knows its new user message until its parent finishes; the
+    driver then builds the prompt with `build_prompt`.
+    """
+
+    request_id: str
+    arrival_s: float | None  # None: the driver decides (closed loop, follow-up turns)
+    prompt_token_ids: tuple[int, ...]
+    output_tokens: int  # max_tokens, generated exactly (ignore_eos)
+    prefix_id: int | None = None
+    conversation_id: int | None = None
+    turn: int = 0
+    parent_id: str | None = None
+    new_prompt_token_ids: tuple[int, ...] = ()
+    think_time_s: float = 0.0  # pause after the previous request of this user/conversation finishes
+
+    @property
+    def is_follow_up(self) -> bool:
+        return self.parent_id is not None
+
+
+def build_prompt(parent_prompt: list[int] | tuple[int, ...], parent_output: list[int] | tuple[int, ...],
+                 new_tokens: list[int] | tuple[int, ...]) -> list[int]:
+    """The prompt of a follow-up turn: the whole previous exchange, then the new user message."""
+    return [*parent_prompt, *parent_output, *new_tokens]
+
+
+def follow_ups(requests: list[WorkloadRequest]) -> dict[str, WorkloadRequest]:
+    """parent request_id -> the turn to submit after that parent finishes (plus its think time)."""
+    return {r.parent_id: r for r in requests if r.parent_id is not None}
+
+
+_STREAMS = ("arrivals", "input", "output", "prefix_choice", "prefix_tokens", "turns", "tokens")
+
+
+def draw(workload: Workload, vocab_size: int | None = None) -> list[WorkloadRequest]:
+    """Draw the requests of `workload`; the same workload always gives the same list.
+
+    `vocab_size` is the model's vocabulary: token ids stay below it too. Ids do not depend
+    on it while it is at least `vocab_size_tokens`, so every large model sees the same prompts.
+    """
+    hi = workload.vocab_size_tokens if vocab_size is None else min(vocab_size, workload.vocab_size_tokens)
+    if hi <= workload.first_token_id:
+        raise InputError("vocab_size", vocab_size, f"must exceed first_token_id={workload.first_token_id}")
+    # One child stream per concern, so that changing one knob (say, the arrival rate) leaves
+    # the lengths and token ids of every request as they were.
+    children = np.random.SeedSequence(workload.seed).spawn(len(_STREAMS))
+    rngs = {stream: np.random.default_rng(child) for stream, child in zip(_STREAMS, children)}
+    lo, n = workload.first_token_id, workload.num_requests
+
+    conv = workload.conversation
+    if conv is None:
+        turns = np.ones(n, dtype=np.int64)
+    else:
+        # Enough conversations to cover n requests even if every one has min_turns.
+        turns = rngs["turns"].integers(conv.min_turns, conv.max_turns + 1, size=math.ceil(n / conv.min_turns))
+        turns = turns[: int(np.searchsorted(np.cumsum(turns), n)) + 1]
+        turns[-1] -= int(turns.sum()) - n  # the last conversation is cut short at n requests
+    num_roots = len(turns)
+
+    arrival = workload.arrival
+    times = None if isinstance(arrival, ClosedLoopArrivals) else arrival.times(rngs["arrivals"], num_roots)
+    root_think_s = arrival.think_time_s if isinstance(arrival, ClosedLoopArrivals) else 0.0
+
+    sp = workload.shared_prefix
+    prefix_ids: list[int | None] = [None] * num_roots
+    prefixes: list[tuple[int, ...]] = []
+    if sp is not None:
+        prng = rngs["prefix_tokens"]
+        prefixes = [tuple(prng.integers(lo, hi, size=sp.prefix_tokens).tolist()) for _ in range(sp.num_prefixes)]
+        crng = rngs["prefix_choice"]
+        chosen = crng.choice(sp.num_prefixes, size=num_roots, p=sp.weights())
+        uses = crng.random(num_roots) < sp.share
+        prefix_ids = [int(c) if u else None for c, u in zip(chosen, uses)]
+
+    inputs = workload.input_tokens.draw(rngs["input"], n)
+    outputs = workload.output_tokens.draw(rngs["output"], n)
+    ids = rngs["tokens"].integers(lo, hi, size=int(inputs.sum())).tolist()
+    bounds = np.concatenate(([0], np.cumsum(inputs))).tolist()
+
+    requests: list[WorkloadRequest] = []
+    k = 0  # request index, in the order lengths were drawn
+    for c in range(num_roots):
+        parent = None
+        for t in range(int(turns[c])):
+            own = tuple(ids[bounds[k] : bounds[k + 1]])
+            rid = f"{workload.name}-{k}"
+            common = dict(request_id=rid, output_tokens=int(outputs[k]), prefix_id=prefix_ids[c],
+                          conversation_id=c if conv is not None else None, turn=t)
+            if t == 0:
+                prefix = prefixes[prefix_ids[c]] if prefix_ids[c] is not None else ()
+                arrival_s = None if times is None else float(times[c])
+                requests.append(WorkloadRequest(arrival_s=arrival_s, prompt_token_ids=prefix + own,
+                                                think_time_s=root_think_s, **common))
+            else:
+                requests.append(WorkloadRequest(arrival_s=None, prompt_token_ids=(), parent_id=parent,
+                                                new_prompt_token_ids=own, think_time_s=conv.think_time_s, **common))
+            parent = rid
+            k += 1
+    return requests
+
+
+# --------------------------------------------------------------------------- summary
+
+
+@dataclass(frozen=True)
+class LengthStats:
+    mean: float
+    p50: float
+    p90: float
+    p99: float
+    max: int
+
+    @classmethod
+    def of(cls, values: list[int]) -> LengthStats:
+        a = np.asarray(values, dtype=float)
+        p50, p90, p99 = np.percentile(a, [50, 90, 99])
+        return cls(float(a.mean()), float(p50), float(p90), float(p99), int(a.max()))
+
+
+@dataclass(frozen=True)
+class WorkloadSummary:
+    """Shape of a drawn request list, for reports and sanity checks.
+
+    Follow-up turns count only their new message in `input_tokens`: their full prompt is
+    unknown until the previous turn has run.
+    """
+
+    num_requests: int
+    num_follow_ups: int
+    input_tokens: LengthStats
+    output_tokens: LengthStats
+    duration_s: float | None  # last timed arrival; None for closed loop
+    offered_rate_per_s: float | None  # timed arrivals (conversation starts, if multi-turn) / duration_s
+    prefix_share: float  # shared-prefix tokens / prompt tokens: an upper bound on the prefix-cache hit rate
+
+
+def summary(requests: list[WorkloadRequest], prefix_tokens: dict[int, int] | None = None) -> WorkloadSummary:
+    """Summarise `requests`; `prefix_tokens` (prefix id -> length) defaults to the longest common
+
+    leading run of token ids within each prefix group, which is what block hashing can share.
+    """
+    if not requests:
+        raise InputError("requests", [], "need at least one request to summarise")
+    if prefix_tokens is None:
+        prefix_tokens = _common_prefix_lengths(requests)
+    own = [len(r.prompt_token_ids) or len(r.new_prompt_token_ids) for r in requests]
+    shared = sum(prefix_tokens.get(r.prefix_id, 0) for r in requests if r.prefix_id is not None and not r.is_follow_up)
+    timed = [r.arrival_s for r in requests if r.arrival_s is not None]
+    duration = max(timed) if timed else None
+    return WorkloadSummary(
+        num_requests=len(requests),
+        num_follow_ups=sum(r.is_follow_up for r in requests),
+        input_tokens=LengthStats.of(own),
+        output_tokens=LengthStats.of([r.output_tokens for r in requests]),
+        duration_s=duration,
+        offered_rate_per_s=len(timed) / duration if duration else None,
+        prefix_share=shared / sum(own),
+    )
+
+
+def _common_prefix_lengths(requests: list[WorkloadRequest]) -> dict[int, int]:
+    first: dict[int, tuple[int, ...]] = {}
+    lengths: dict[int, int | None] = {}
+    for r in requests:
+        if r.prefix_id is None or r.is_follow_up:
+            continue
+        if r.prefix_id not in first:
+            first[r.prefix_id], lengths[r.prefix_id] = r.prompt_token_ids, None
+            continue
+        a, b, known = first[r.prefix_id], r.prompt_token_ids, lengths[r.prefix_id]
+        m = min(len(a) if known is None else known, len(b))
+        if a[:m] != b[:m]:
+            m = int(np.argmax(np.asarray(a[:m]) != np.asarray(b[:m])))
+        lengths[r.prefix_id] = m
+    # A prefix that no second request uses shares nothing.
+    return {pid: m or 0 for pid, m in lengths.items()}
+
+
+# --------------------------------------------------------------------------- traces
+
+_TRACE_FIELDS = ("arrival_s", "input_tokens", "output_tokens", "prefix_id", "conversation_id")
+
+
+@dataclass(frozen=True)
+class _TraceRow:
+    line: int
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    prefix: str | None
+    conversation: str | None
+
+
+def load_trace(path: str | Path, prefix_tokens: int | None = None, seed: int = 0,
+               first_token_id: int = 1000, vocab_size_tokens: int = 30_000) -> list[WorkloadRequest]:
+    """Requests recorded in a JSONL or CSV trace, with synthetic token ids of the recorded lengths.
+
+    Columns: arrival_s, input_tokens, output_tokens, and optionally prefix_id and
+    conversation_id (any labels). Rules, so that hit rates come from real block hashing:
+    - Rows are sorted by arrival_s (stably), not rejected: merged logs are often slightly
+      out of order. Times are replayed as recorded (open loop).
+    - Requests with the same prefix_id start with the same `prefix_tokens` token ids (cut to
+      a shorter prompt's length); by default half the shortest prompt of the group.
+    - Within a conversation_id, each request starts with the previous request's prompt (cut
+      to its own length), then fresh tokens. Its previous *output* is not in there (the trace
+      has no token ids), so replay slightly under-counts the cache hits of real multi-turn chat.
+    """
+    path = Path(path)
+    if prefix_tokens is not None and prefix_tokens < 1:
+        raise InputError("prefix_tokens", prefix_tokens, "must be >= 1 (or None for half the shortest prompt)")
+    if not 0 <= first_token_id < vocab_size_tokens:
+        raise InputError("first_token_id", first_token_id, f"must be in [0, vocab_size_tokens={vocab_size_tokens})")
+    rows = sorted(_read_trace(path), key=lambda r: r.arrival_s)
+    if not rows:
+        raise InputError("trace", str(path), "the trace holds no requests")
+
+    rng = np.random.default_rng(seed)
+    group_len: dict[str, int] = {}
+    for r in rows:
+        if r.prefix is not None:
+            group_len[r.prefix] = min(group_len.get(r.prefix, r.input_tokens), r.input_tokens)
+    prefixes = {label: tuple(rng.integers(first_token_id, vocab_size_tokens,
+                                          size=prefix_tokens or max(1, shortest // 2)).tolist())
+                for label, shortest in group_len.items()}
+    prefix_num = {label: i for i, label in enumerate(prefixes)}
+    conv_num: dict[str, int] = {}
+    conv_turns: dict[str, int] = {}
+    last_in_conv: dict[str, tuple[int, ...]] = {}
+
+    requests = []
+    for r in rows:
+        if r.conversation is not None and r.conversation in last_in_conv:
+            head = last_in_conv[r.conversation]
+        else:
+            head = prefixes[r.prefix] if r.prefix is not None else ()
+        head = head[: r.input_tokens]
+        prompt = head + tuple(rng.integers(first_token_id, vocab_size_tokens, size=r.input_tokens - len(head)).tolist())
+        turn = 0
+        if r.conversation is not None:
+            turn = conv_turns.get(r.conversation, 0)
+            conv_turns[r.conversation] = turn + 1
+            conv_num.setdefault(r.conversation, len(conv_num))
+            last_in_conv[r.conversation] = prompt
+        requests.append(WorkloadRequest(
+            request_id=f"{path.stem}-L{r.line}", arrival_s=r.arrival_s, prompt_token_ids=prompt,
+            output_tokens=r.output_tokens, prefix_id=prefix_num.get(r.prefix) if r.prefix is not None else None,
+            conversation_id=conv_num.get(r.conversation) if r.conversation is not None else None, turn=turn))
+    return requests
+
+
+def _read_trace(path: Path) -> list[_TraceRow]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise InputError("trace", str(path), f"cannot read ({exc.strerror})") from None
+    if path.suffix.lower() == ".csv":
+        reader = csv.DictReader(text.splitlines())
+        unknown = set(reader.fieldnames or ()) - set(_TRACE_FIELDS)
+        if unknown:
+            raise InputError(f"{path}:1: columns", sorted(unknown), f"known columns: {', '.join(_TRACE_FIELDS)}")
+        return [_parse_row(path, reader.line_num, row) for row in reader]
+    rows = []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{line_no}: line", line[:80], f"not valid JSON ({exc.msg})") from None
+        if not isinstance(obj, dict):
+            raise InputError(f"{path}:{line_no}: line", line[:80], "each line must be a JSON object")
+        unknown = set(obj) - set(_TRACE_FIELDS)
+        if unknown:
+            raise InputError(f"{path}:{line_no}: fields", sorted(unknown), f"known fields: {', '.join(_TRACE_FIELDS)}")
+        rows.append(_parse_row(path, line_no, obj))
+    return rows
+
+
+def _parse_row(path: Path, line: int, row: dict) -> _TraceRow:
+    def where(field: str) -> str:
+        return f"{path}:{line}: {field}"
+
+    def number(field: str, integer: bool) -> float:
+        raw = row.get(field)
+        if raw is None or raw == "" or isinstance(raw, bool):
+            raise InputError(where(field), raw, "required: a number")
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise InputError(where(field), raw, "must be a number") from None
+        if not math.isfinite(value) or (integer and value != int(value)):
+            raise InputError(where(field), raw, "must be a finite " + ("integer" if integer else "number"))
+        return value
+
+    def label(field: str) -> str | None:
+        raw = row.get(field)
+        return None if raw is None or raw == "" else str(raw)
+
+    arrival_s = number("arrival_s", integer=False)
+    if arrival_s < 0:
+        raise InputError(where("arrival_s"), row["arrival_s"], "must be >= 0 seconds")
+    tokens = {}
+    for field in ("input_tokens", "output_tokens"):
+        tokens[field] = int(number(field, integer=True))
+        if tokens[field] < 1:
+            raise InputError(where(field), row[field], "must be >= 1 token")
+    return _TraceRow(line, arrival_s, tokens["input_tokens"], tokens["output_tokens"],
+                     label("prefix_id"), label("conversation_id"))
+
+
+# --------------------------------------------------------------------------- presets
+
+# Shapes are approximate, read off public dataset statistics; they are starting points,
+# not measurements of anyone's traffic. Rates are per replica-sized deployments and meant
+# to be overridden (get_workload(name, arrival=...)).
+PRESETS: dict[str, Workload] = {
+    # ShareGPT (vLLM's benchmark subset) and LMSYS-Chat-1M: prompts with a median of a few
+    # hundred tokens and a long tail, replies with a median near 200 (approximate).
+    "chat": Workload(
+        name="chat", description="ShareGPT-like chat: short prompts, medium replies, Poisson arrivals",
+        arrival=PoissonArrivals(rate_per_s=4.0),
+        input_tokens=LognormalLength(median_tokens=250, sigma=1.0, min_tokens=4, max_tokens=8192),
+        output_tokens=LognormalLength(median_tokens=200, sigma=0.8, min_tokens=4, max_tokens=2048),
+        num_requests=1000,
+    ),
+    # Retrieval-augmented QA: top-k of ~5-10 chunks of 512-1k tokens plus a question, short
+    # grounded answers (approximate, typical of LangChain/LlamaIndex defaults).
+    "rag": Workload(
+        name="rag", description="RAG: long retrieved-context prompts (4-8k), short answers; prefill-heavy",
+        arrival=PoissonArrivals(rate_per_s=1.0),
+        input_tokens=NormalLength(mean_tokens=6000, std_tokens=1200, min_tokens=4000, max_tokens=8000),
+        output_tokens=LognormalLength(median_tokens=250, sigma=0.4, min_tokens=32, max_tokens=1024),
+        num_requests=500,
+    ),
+    # Coding agents (SWE-agent / IDE assistants): a system prompt with tool specs and repo
+    # context of ~8k tokens reused by most calls, many turns of tool output and edits
+    # (approximate, from published agent prompts and SWE-bench trajectories).
+    "code-agent": Workload(
+        name="code-agent", description="Coding agent: ~8k shared prefix, multi-turn tool loops, 300-500 token outputs",
+        arrival=PoissonArrivals(rate_per_s=0.5),
+        input_tokens=LognormalLength(median_tokens=400, sigma=0.8, min_tokens=16, max_tokens=8192),
+        output_tokens=LognormalLength(median_tokens=400, sigma=0.4, min_tokens=32, max_tokens=2048),
+        num_requests=500,
+        shared_prefix=SharedPrefix(num_prefixes=4, prefix_tokens=8192, share=0.9, popularity="zipf"),
+        conversation=Conversation(min_turns=2, max_turns=8, think_time_s=2.0),
+    ),
+    # Reasoning models (DeepSeek-R1, o1-style) on math/code benchmarks: short questions,
+    # thinking traces of ~1-4k tokens with a tail to the 16k-32k budget (approximate).
+    "reasoning": Workload(
+        name="reasoning", description="Reasoning: short questions, long heavy-tailed outputs (median 2k, up to 16k)",
+        arrival=PoissonArrivals(rate_per_s=0.5),
+        input_tokens=LognormalLength(median_tokens=150, sigma=0.8, min_tokens=16, max_tokens=2048),
+        output_tokens=LognormalLength(median_tokens=2000, sigma=0.9, min_tokens=64, max_tokens=16384),
+        num_requests=500,
+    ),
+    # Offline jobs (summarisation, extraction, evals): a queue drained as fast as possible,
+    # medium documents and answers (approximate).
+    "batch": Workload(
+        name="batch", description="Offline batch: closed loop at high concurrency, medium lengths; for throughput",
+        arrival=ClosedLoopArrivals(concurrency=256),
+        input_tokens=NormalLength(mean_tokens=1000, std_tokens=300, min_tokens=64, max_tokens=4096),
+        output_tokens=NormalLength(mean_tokens=300, std_tokens=100, min_tokens=16, max_tokens=1024),
+        num_requests=2000,
+    ),
+}
+
+
+def get_workload(name_or_path: str, **overrides: object) -> Workload:
+    """A preset by name, or a Workload from a YAML/JSON file, with top-level fields overridden.
+
+    Overrides replace whole fields: get_workload("chat", arrival={"kind": "poisson", "rate_per_s": 10}).
+    """
+    key = name_or_path.strip().lower()
+    if key in PRESETS:
+        base, source = PRESETS[key].model_dump(), "workload"
+    elif key.endswith((".yaml", ".yml", ".json")):
+        try:
+            base = yaml.safe_load(Path(name_or_path).read_text())  # YAML reads JSON too
+        except OSError as exc:
+            raise InputError("workload", name_or_path, f"cannot read ({exc.strerror})") from None
+        except yaml.YAMLError as exc:
+            raise InputError("workload", name_or_path, f"malformed YAML/JSON ({exc})".replace("\n", " ")) from None
+        if not isinstance(base, dict):
+            raise InputError("workload", name_or_path, "a workload file must be a mapping of fields")
+        source = Path(name_or_path).name
+    else:
+        raise unknown_name_error("workload", name_or_path, PRESETS)
+    try:
+        return Workload.model_validate({**base, **overrides})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "workload"
+        raise InputError(f"{source}: {where}", first.get("input"), first["msg"]) from None
