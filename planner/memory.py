@@ -103,7 +103,7 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
     usable = hw.memory_bytes * knobs.gpu_memory_utilization
     overhead = RUNTIME_OVERHEAD_GIB * GIB
 
-    kv_per_token_per_layer = _kv_bytes_per_token_per_layer_per_gpu(model, dep)
+    kv_per_token_per_layer = kv_bytes_per_token_per_layer_per_gpu(model, dep)
     worst = None
     for layers_w, emb_w, head_w, num_layers in stage_weights:
         kv_budget = usable - (layers_w + emb_w + head_w) - activation - overhead
@@ -214,7 +214,7 @@ def _layer_params(model: ModelConfig, layer: int) -> int:
     return params
 
 
-def _kv_bytes_per_token_per_layer_per_gpu(model: ModelConfig, dep: Deployment) -> float:
+def kv_bytes_per_token_per_layer_per_gpu(model: ModelConfig, dep: Deployment) -> float:
     dtype_bytes = BYTES_PER_ELEMENT[dep.kv_dtype]
     if model.mla is not None:  # the latent is replicated on every tensor-parallel rank
         return model.kv_elements_per_token_per_layer() * dtype_bytes

@@ -1,0 +1,246 @@
+"""Cost model: first-principles checks of the step-time roofline."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from engine.catalog import resolve_model
+from engine.core.request import SamplingParams
+from engine.core.scheduler import ScheduledRequest, SchedulerOutput
+from engine.errors import InputError
+from planner.costmodel import OPERATORS, CostModel, CostParams, expected_distinct_experts, gemm_compute_dtype
+from planner.hardware import get_hardware
+from planner.memory import WEIGHT_BYTES_PER_PARAM
+from planner.specs import Deployment
+
+GEMMS = ("qkv_proj", "o_proj", "mlp")
+
+
+def req(q: int, cached: int = 0, *, prefill: bool | None = None, samples: bool = True, drafts: int = 0, rid: str = "r"):
+    return ScheduledRequest(
+        request_id=rid,
+        token_ids=tuple(range(q)),
+        num_computed_tokens=cached,
+        new_block_ids=(),
+        reset_block_table=False,
+        num_draft_tokens=drafts,
+        samples=samples,
+        sampling_params=SamplingParams(),
+        prompt_len=cached + q if prefill is None or prefill else cached,
+        is_prefill=q > 1 if prefill is None else prefill,
+    )
+
+
+def step(*reqs: ScheduledRequest) -> SchedulerOutput:
+    reqs = tuple(ScheduledRequest(**{**r.__dict__, "request_id": f"r{i}"}) for i, r in enumerate(reqs))
+    return SchedulerOutput(
+        scheduled=reqs,
+        total_num_scheduled_tokens=sum(r.num_tokens for r in reqs),
+        preempted_request_ids=(),
+        finished_request_ids=(),
+        num_waiting=0,
+        num_running=len(reqs),
+        kv_cache_usage=0.0,
+    )
+
+
+def cost(model: str = "llama-3.1-8b", hw: str = "h100-sxm", calibration: CostParams | None = None, hw_update=None, **dep):
+    profile = get_hardware(hw)
+    if hw_update:
+        profile = profile.model_copy(update=hw_update)
+    return CostModel(resolve_model(model), profile, Deployment(hardware=hw, **dep), calibration)
+
+
+def read_weight_bytes(model: str, weight_dtype: str = "bf16") -> float:
+    """Bytes one step reads for a dense model: every layer weight plus the LM head (not the embedding)."""
+    m = resolve_model(model)
+    layers = m.total_params - m.embedding_params - m.lm_head_params - m.hidden_size
+    return layers * WEIGHT_BYTES_PER_PARAM[weight_dtype] + m.vocab_size * m.hidden_size * 2.0
+
+
+def test_batch1_decode_is_the_weight_read_plus_overhead() -> None:
+    cm = cost()
+    hw = get_hardware("h100-sxm")
+    expected = read_weight_bytes("llama-3.1-8b") / (hw.memory_bandwidth_gb_s * 1e9 * hw.efficiency.memory)
+    expected += hw.efficiency.step_overhead_us * 1e-6
+    assert cm.step_time(step(req(1, 128))) == pytest.approx(expected, rel=0.02)
+    assert cm.decode_time_per_token_s(1, 128) == pytest.approx(cm.step_time(step(req(1, 128))), rel=1e-12)
+
+
+def test_doubling_bandwidth_halves_non_overhead_decode_time() -> None:
+    hw = get_hardware("h100-sxm")
+    base = cost()
+    fast = cost(hw_update={"memory_bandwidth_gb_s": 2 * hw.memory_bandwidth_gb_s})
+    out = step(*[req(1, 1000) for _ in range(4)])
+    overhead = base.params.step_overhead_s
+    assert fast.step_time(out) - overhead == pytest.approx((base.step_time(out) - overhead) / 2, rel=1e-3)
+
+
+def test_long_prefill_is_compute_bound() -> None:
+    cm = cost()
+    m, hw = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
+    tokens = 8192
+    b = cm.breakdown(step(req(tokens)))
+    layer_params = m.total_params - m.embedding_params - m.lm_head_params - m.hidden_size
+    layer_params -= m.num_layers * m.norms_per_layer * m.hidden_size  # norm weights are not matmuls
+    matmul_time = 2 * layer_params * tokens / (hw.peak_flops("bf16")[0] * hw.efficiency.compute)
+    assert sum(b[k] for k in GEMMS) == pytest.approx(matmul_time, rel=1e-3)
+    weight_read = read_weight_bytes("llama-3.1-8b") / (hw.memory_bandwidth_gb_s * 1e9 * hw.efficiency.memory)
+    assert matmul_time > 20 * weight_read
+    total = sum(b.values())
+    assert 0.8 * total < matmul_time < total  # the matmuls dominate; attention and the rest add the remainder
+    assert b["attention"] > 0 and b["lm_head"] > 0
+
+
+def test_fp8_weights_halve_the_decode_weight_read() -> None:
+    bf16, fp8 = cost(), cost(weight_dtype="fp8")
+    out = step(req(1, 100))
+    b16, b8 = bf16.breakdown(out), fp8.breakdown(out)
+    for op in GEMMS:
+        assert b8[op] == pytest.approx(b16[op] / 2, rel=0.01)
+    assert b8["lm_head"] == pytest.approx(b16["lm_head"])  # the LM head stays unquantised
+    assert fp8.gemm_dtype == "fp8" and not fp8.dequant
+
+
+def test_compute_dtype_rule() -> None:
+    h100, a100 = get_hardware("h100-sxm"), get_hardware("a100-80gb-sxm")
+    assert gemm_compute_dtype("fp8", h100) == ("fp8", False)  # W8A8 on Hopper
+    assert gemm_compute_dtype("fp8", a100) == ("bf16", True)  # no fp8 tensor cores: weight-only
+    assert gemm_compute_dtype("int8", h100) == ("bf16", True)
+    assert gemm_compute_dtype("int4", h100) == ("bf16", True)
+    assert gemm_compute_dtype("fp4", get_hardware("b200")) == ("fp4", False)
+    assert gemm_compute_dtype("bf16", h100) == ("bf16", False)
+    # Weight-only prefill pays dequantisation on top of bf16 math; W8A8 fp8 prefill is about twice as fast.
+    bf16, int8, fp8 = cost(), cost(weight_dtype="int8"), cost(weight_dtype="fp8")
+    assert int8.prefill_time_s(4096) > bf16.prefill_time_s(4096) > 1.5 * fp8.prefill_time_s(4096)
+    b16, b8 = bf16.prefill_breakdown(4096), fp8.prefill_breakdown(4096)
+    assert sum(b8[k] for k in GEMMS) == pytest.approx(sum(b16[k] for k in GEMMS) / 2, rel=0.01)
+    assert b8["attention"] == b16["attention"]  # attention math stays bf16
+
+
+def test_tensor_parallel_halves_matmul_time_and_adds_allreduce() -> None:
+    one, two = cost(), cost(tensor_parallel=2)
+    for out in (step(req(4096)), step(req(1, 500))):
+        b1, b2 = one.breakdown(out), two.breakdown(out)
+        assert sum(b2[k] for k in GEMMS) == pytest.approx(sum(b1[k] for k in GEMMS) / 2, rel=0.02)
+        assert b1["tp_allreduce"] == 0 and b2["tp_allreduce"] > 0
+    assert two.tp_link is not None and two.tp_link.name.startswith("NVLink")
+    # Ring all-reduce by hand: 2 per layer.
+    hw, m = get_hardware("h100-sxm"), resolve_model("llama-3.1-8b")
+    link, tokens = hw.scale_up, 4096
+    size = tokens * m.hidden_size * 2
+    one_ar = 2 * 1 / 2 * size / (link.bandwidth_gb_s * 1e9 * hw.efficiency.interconnect) + 2 * link.latency_us * 1e-6
+    assert two.breakdown(step(req(tokens)))["tp_allreduce"] == pytest.approx(2 * m.num_layers * one_ar, rel=1e-9)
+
+
+def test_links_beyond_the_scale_up_domain_and_pcie_only_cards() -> None:
+    assert cost(model="llama-3.1-70b", tensor_parallel=16).tp_link.name.startswith("8x400G")
+    assert "PCIe" in cost(hw="l4", tensor_parallel=2).tp_link.name
+    pp = cost(pipeline_parallel=2)
+    b = pp.breakdown(step(req(1000)))
+    assert b["pp_transfer"] > 0
+    # Sum over stages: the layers cost what they cost on one GPU, plus the hand-off.
+    assert sum(b[k] for k in GEMMS) == pytest.approx(sum(cost().breakdown(step(req(1000)))[k] for k in GEMMS))
+
+
+def test_expected_distinct_experts() -> None:
+    assert expected_distinct_experts(8, 2, 1) == pytest.approx(2)
+    assert expected_distinct_experts(128, 8, 0) == 0
+    assert expected_distinct_experts(128, 8, 10_000) == pytest.approx(128)
+    assert 8 < expected_distinct_experts(128, 8, 4) < 32
+
+
+def test_moe_decode_reads_k_experts_at_batch_one_and_all_at_large_batch() -> None:
+    cm = cost(model="qwen3-30b-a3b")
+    m, hw = resolve_model("qwen3-30b-a3b"), get_hardware("h100-sxm")
+    bw = hw.memory_bandwidth_gb_s * 1e9 * hw.efficiency.memory
+    one_expert_all_layers = m.num_moe_layers * m.expert_params() * 2.0 / bw
+    small = cm.decode_breakdown(1, 100)["moe_experts"]
+    large = cm.decode_breakdown(512, 100)["moe_experts"]
+    assert small == pytest.approx(m.moe.top_k * one_expert_all_layers, rel=0.01)
+    assert large == pytest.approx(m.moe.num_experts * one_expert_all_layers, rel=0.05)
+    assert cm.decode_breakdown(1, 100)["mlp"] == 0 and cm.decode_breakdown(1, 100)["router"] > 0
+
+
+def test_windowed_layers_cap_the_attended_context() -> None:
+    cm = cost(model="mistral-7b")  # every layer windowed (4096) in the catalog config, if any
+    window = resolve_model("mistral-7b").layer_windows[0]
+    if window is None:
+        pytest.skip("catalog mistral-7b has no sliding window")
+    assert cm.decode_breakdown(8, window + 10_000)["attention"] == pytest.approx(
+        cm.decode_breakdown(8, window + 20_000)["attention"]
+    )
+    dense = cost()
+    assert dense.decode_breakdown(8, 30_000)["attention"] > dense.decode_breakdown(8, 20_000)["attention"]
+
+
+def test_mla_reads_the_latent() -> None:
+    cm = cost(model="deepseek-v3", hw="h200", tensor_parallel=8, weight_dtype="fp8")
+    m = resolve_model("deepseek-v3")
+    assert cm.assumptions()["kv_bytes_per_token_per_layer_per_gpu"] == (512 + 64) * 2
+    short, long = cm.decode_breakdown(32, 1000)["attention"], cm.decode_breakdown(32, 9000)["attention"]
+    hw = get_hardware("h200")
+    kv_time = 32 * 8000 * m.num_layers * (512 + 64) * 2 / (hw.memory_bandwidth_gb_s * 1e9 * hw.efficiency.attention_memory)
+    assert long - short == pytest.approx(kv_time, rel=1e-6)
+
+
+def test_breakdown_sums_to_step_time_for_mixed_steps() -> None:
+    out = step(req(1, 900), req(1, 50), req(3, 300, prefill=False, drafts=2), req(512, 1024, samples=False), req(700))
+    for cm in (cost(), cost(tensor_parallel=2, pipeline_parallel=2), cost(model="qwen3-30b-a3b", tensor_parallel=2),
+               cost(model="gemma-2-9b"), cost(model="deepseek-v3", hw="h200", tensor_parallel=8, weight_dtype="fp8")):
+        b = cm.breakdown(out)
+        assert tuple(b) == OPERATORS
+        assert all(v >= 0 for v in b.values())
+        assert sum(b.values()) == pytest.approx(cm.step_time(out), rel=1e-12)
+
+
+def test_only_sampled_rows_reach_the_lm_head() -> None:
+    cm = cost()
+    assert cm.breakdown(step(req(512, samples=False)))["lm_head"] == 0
+    one, five = cm.breakdown(step(req(1, 10))), cm.breakdown(step(req(5, 10, prefill=False, drafts=4)))
+    assert five["sampling"] == pytest.approx(5 * one["sampling"])
+
+
+def test_deterministic_and_empty_step() -> None:
+    out = step(req(1, 100), req(300))
+    assert cost().step_time(out) == cost().step_time(out)
+    assert cost().step_time(step()) == 0.0
+
+
+def test_calibration_params_override_and_validate() -> None:
+    base = cost()
+    params = CostParams.from_hardware(get_hardware("h100-sxm"))
+    slow = CostParams(**{**params.__dict__, "step_overhead_s": params.step_overhead_s + 1e-3})
+    assert cost(calibration=slow).decode_time_per_token_s(1, 10) == pytest.approx(base.decode_time_per_token_s(1, 10) + 1e-3)
+    falloff = CostParams(**{**params.__dict__, "gemm_half_size_tokens": 64})
+    # Few tokens: under-utilised matmuls; many tokens: nearly no change.
+    assert cost(calibration=falloff).prefill_time_s(512) > 1.05 * base.prefill_time_s(512)
+    assert cost(calibration=falloff).prefill_time_s(8192) == pytest.approx(base.prefill_time_s(8192), rel=0.02)
+    with pytest.raises(InputError):
+        CostParams(**{**params.__dict__, "memory_efficiency": 1.5})
+
+
+def test_assumptions_list_the_figures() -> None:
+    a = cost(tensor_parallel=2, weight_dtype="fp8").assumptions()
+    for key in ("gemm_peak_tflops", "memory_bandwidth_gb_s", "memory_efficiency", "compute_efficiency",
+                "weight_bytes_per_param", "tp_link", "step_overhead_s", "notes"):
+        assert key in a
+    assert a["gemm_compute_dtype"] == "fp8" and a["gemm_peak_tflops"] == 1979
+
+
+def test_step_time_is_fast() -> None:
+    cm = cost()
+    out = step(*[req(1, 1000 + i) for i in range(256)])
+    start = time.perf_counter()
+    for _ in range(200):
+        cm.step_time(out)
+    assert (time.perf_counter() - start) / 200 < 1e-3  # well under a millisecond per 256-request step
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "gemma-2-9b"])
+def test_convenience_functions_match_scheduler_outputs(model: str) -> None:
+    cm = cost(model=model)
+    assert cm.decode_time_per_token_s(4, 6000) == pytest.approx(cm.step_time(step(*[req(1, 6000)] * 4)), rel=1e-12)
+    assert cm.prefill_time_s(5000, cached=2000) == pytest.approx(cm.step_time(step(req(5000, 2000))), rel=1e-12)
