@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.catalog import catalog, resolve_model
+from engine.cli import add_engine_commands
 from engine.errors import InputError
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
@@ -307,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", help="catalog name or path to a config.json / checkpoint folder")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_models_show)
+
+    add_engine_commands(sub)
 
     p = sub.add_parser("schema", help="export the JSON Schema of the specs")
     p.add_argument("--out", default="docs/schemas", help="output folder")

@@ -1,0 +1,87 @@
+"""`serveplan engine ...`: run the real engine from the shell.
+
+Parsers are declared here without importing torch; the handlers import the engine lazily so
+that planning commands start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_engine_commands(sub: argparse._SubParsersAction) -> None:
+    engine = sub.add_parser("engine", help="run the PyTorch engine").add_subparsers(
+        dest="engine_command", required=True, metavar="ACTION"
+    )
+    p = engine.add_parser("generate", help="generate text for one or more prompts, streaming")
+    p.add_argument("prompts", nargs="+", help="prompt text (each argument is one request)")
+    p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=0, help="0 = off")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
+    p.add_argument("--raw", action="store_true", help="do not wrap prompts in the model's chat template")
+    p.add_argument("--random-weights", action="store_true", help="random weights from the config (no checkpoint)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--max-num-seqs", type=int, default=16)
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    p.add_argument("--json", action="store_true", help="print outputs and per-request metrics as JSON")
+    p.set_defaults(func=cmd_generate)
+
+
+def cmd_generate(args: argparse.Namespace) -> None:
+    from engine.core import SamplingParams
+    from engine.errors import InputError
+    from engine.llm import LLM
+
+    try:
+        params = SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+        )
+    except ValueError as exc:
+        field, _, rest = str(exc).partition("=")
+        value, _, allowed = rest.partition(" is invalid: ")
+        raise InputError(f"--{field.replace('_', '-')}", value, allowed) from None
+    llm = LLM(
+        args.model,
+        device=args.device,
+        random_weights=args.random_weights,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
+    chat = not args.raw and llm.tokenizer is not None and llm.tokenizer.chat_template is not None
+    request_ids = llm.submit(args.prompts, params, chat=chat)
+    single = len(request_ids) == 1
+    shown = ""
+    for _event in llm.run_until_finished(request_ids):
+        if single and not args.json and llm.tokenizer is not None:
+            # Decode the whole output each time: a token alone may be half of a character.
+            text = llm.output_text(request_ids[0])
+            sys.stdout.write(text[len(shown):])
+            sys.stdout.flush()
+            shown = text
+    outputs = [llm.output(r) for r in request_ids]
+    if args.json:
+        print(json.dumps([_as_dict(o) for o in outputs], indent=2))
+        return
+    if single:
+        print()
+    else:
+        for prompt, out in zip(args.prompts, outputs, strict=True):
+            print(f"--- {prompt!r}\n{out.text}")
+    for out in outputs:
+        m = out.metrics
+        print(
+            f"[{out.request_id}] {m.prompt_tokens} prompt + {m.output_tokens} output tokens, finish={out.finish_reason}, "
+            f"TTFT {m.ttft_s * 1e3:.1f} ms, TPOT {m.tpot_s * 1e3:.1f} ms, E2E {m.e2e_s * 1e3:.1f} ms",
+            file=sys.stderr,
+        )
+
+
+def _as_dict(out: object) -> dict:
+    from dataclasses import asdict
+
+    return asdict(out)

@@ -1,0 +1,201 @@
+"""LLM: the engine's Python API — load a model, accept requests, run the step loop.
+
+    llm = LLM("smollm2-135m")
+    [out] = llm.generate(["The capital of France is"], SamplingParams(max_tokens=16))
+
+The step loop is the architecture's three calls: schedule, execute, update.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+import itertools
+import time
+
+from pydantic import Field, ValidationError
+import torch
+
+from engine.config import EngineKnobs
+from engine.core import KVCacheManager, Request, RequestUpdate, SamplingParams, Scheduler
+from engine.core.metrics import RequestMetrics
+from engine.errors import InputError
+from engine.model.loader import load_model
+from engine.runner import ModelRunner
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+GIB = 2**30
+
+
+class EngineConfig(EngineKnobs):
+    """Engine knobs plus what only a real engine needs: device, precision, KV-cache size, seed."""
+
+    device: str = Field("auto", description="'auto' (CUDA when present, else CPU), 'cpu' or 'cuda[:N]'")
+    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="Weights and activations")
+    kv_cache_gib: float | None = Field(
+        None, gt=0, description="KV-cache size; default: gpu_memory_utilization of free memory on CUDA, 1 GiB on CPU"
+    )
+    num_kv_blocks: int | None = Field(None, ge=1, description="Exact KV block count (overrides kv_cache_gib)")
+    max_model_len: int | None = Field(None, ge=2, description="Longest prompt + output; default: the model's context")
+    seed: int = Field(0, ge=0, description="Seed for random weights and for requests without their own seed")
+    random_weights: bool = Field(False, description="Initialise from the config with random weights (no checkpoint)")
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    text: str
+    finish_reason: str | None
+    metrics: RequestMetrics
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    request_id: str
+    new_token_ids: tuple[int, ...]
+    finished: bool
+    finish_reason: str | None
+
+
+class LLM:
+    def __init__(self, model: str, **engine_config: object) -> None:
+        try:
+            self.engine_config = cfg = EngineConfig.model_validate(engine_config)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise InputError(".".join(map(str, err["loc"])) or "engine_config", err.get("input"), err["msg"]) from None
+        device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
+                              "cpu" if cfg.device == "auto" else cfg.device)
+        dtype = DTYPES[cfg.dtype]
+        loaded = load_model(model, dtype=dtype, device=device, seed=cfg.seed, random_weights=cfg.random_weights)
+        self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
+        self.max_model_len = cfg.max_model_len or self.config.max_position_embeddings
+        if self.max_model_len > self.config.max_position_embeddings:
+            raise InputError("max_model_len", self.max_model_len,
+                             f"must not exceed the model's max_position_embeddings={self.config.max_position_embeddings}")
+        self.num_blocks = cfg.num_kv_blocks or self._blocks_that_fit(device, dtype)
+        self.scheduler = Scheduler(
+            cfg.scheduler_config(self.max_model_len),
+            KVCacheManager(self.num_blocks, cfg.block_size_tokens, cfg.enable_prefix_caching),
+        )
+        self.runner = ModelRunner(self.model, self.config, self.num_blocks, cfg.block_size_tokens, dtype, device, cfg.seed)
+        self._ids = itertools.count()
+        self._t0 = time.perf_counter()
+        self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer is not None else (
+            self.config.eos_token_ids[0] if self.config.eos_token_ids else None)
+
+    def now(self) -> float:
+        """Seconds since the engine started; the scheduler is always handed this clock."""
+        return time.perf_counter() - self._t0
+
+    def _blocks_that_fit(self, device: torch.device, dtype: torch.dtype) -> int:
+        cfg = self.engine_config
+        if cfg.kv_cache_gib is not None:
+            budget = cfg.kv_cache_gib * GIB
+        elif device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(device)
+            budget = free - total * (1 - cfg.gpu_memory_utilization)
+        else:
+            budget = 1.0 * GIB
+        blocks = int(budget // ModelRunner.kv_bytes_per_block(self.config, cfg.block_size_tokens, dtype))
+        if blocks < 1:
+            raise InputError("kv_cache_gib", cfg.kv_cache_gib, "leaves no room for a single KV block")
+        return blocks
+
+    # ------------------------------------------------------------------ requests
+
+    def encode(self, prompt: str | Sequence[int], chat: bool = False) -> list[int]:
+        if not isinstance(prompt, str):
+            ids = [int(t) for t in prompt]
+            if any(not 0 <= t < self.config.vocab_size for t in ids):
+                raise InputError("prompt", ids[:8], f"token ids must lie in [0, {self.config.vocab_size})")
+            return ids
+        if self.tokenizer is None:
+            raise InputError("prompt", prompt[:40], "this model has no tokenizer; pass token ids")
+        if chat:
+            messages = [{"role": "user", "content": prompt}]
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return self.tokenizer.encode(text, add_special_tokens=False)  # the template wrote them already
+        return self.tokenizer.encode(prompt)
+
+    def add_request(
+        self,
+        prompt: str | Sequence[int],
+        params: SamplingParams,
+        *,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        chat: bool = False,
+        priority: int = 0,
+    ) -> str:
+        request = Request(
+            request_id=request_id if request_id is not None else f"req-{next(self._ids)}",
+            prompt_token_ids=self.encode(prompt, chat),
+            sampling_params=params,
+            arrival_time=self.now() if arrival_time is None else arrival_time,
+            eos_token_id=self.eos_token_id,
+            priority=priority,
+        )
+        try:
+            self.scheduler.add_request(request)
+        except ValueError as exc:
+            raise InputError("prompt", f"{request.num_prompt_tokens} tokens", str(exc)) from None
+        return request.request_id
+
+    def step(self) -> list[RequestUpdate]:
+        output = self.scheduler.schedule(self.now())
+        sampled = self.runner.execute(output)
+        return self.scheduler.update(output, sampled, self.now())
+
+    # ------------------------------------------------------------------ batch and streaming
+
+    def submit(
+        self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams], chat: bool = False
+    ) -> list[str]:
+        """Add every prompt (one SamplingParams for all, or one each); returns their request ids."""
+        per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(per_prompt) != len(prompts):
+            raise InputError("params", len(per_prompt), f"give one SamplingParams or one per prompt ({len(prompts)})")
+        return [self.add_request(p, sp, chat=chat) for p, sp in zip(prompts, per_prompt, strict=True)]
+
+    def run_until_finished(self, request_ids: Sequence[str]) -> Iterator[StreamEvent]:
+        """Step until every given request has finished, yielding their tokens as they come."""
+        pending = set(request_ids)
+        while pending:
+            for update in self.step():
+                if update.request_id in pending:
+                    if update.finished:
+                        pending.discard(update.request_id)
+                    yield StreamEvent(update.request_id, update.new_token_ids, update.finished, update.finish_reason)
+
+    def stream(
+        self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams], chat: bool = False
+    ) -> Iterator[StreamEvent]:
+        return self.run_until_finished(self.submit(prompts, params, chat))
+
+    def generate(
+        self, prompts: Sequence[str | Sequence[int]], params: SamplingParams | Sequence[SamplingParams], chat: bool = False
+    ) -> list[RequestOutput]:
+        request_ids = self.submit(prompts, params, chat)
+        for _ in self.run_until_finished(request_ids):
+            pass
+        return [self.output(request_id) for request_id in request_ids]
+
+    def output_text(self, request_id: str) -> str:
+        tokens = self.scheduler.get_request(request_id).output_token_ids
+        return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer is not None else ""
+
+    def output(self, request_id: str) -> RequestOutput:
+        request = self.scheduler.get_request(request_id)
+        tokens = list(request.output_token_ids)
+        text = self.output_text(request_id)
+        return RequestOutput(
+            request_id=request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            token_ids=tokens,
+            text=text,
+            finish_reason=request.finish_reason,
+            metrics=RequestMetrics.from_request(request),
+        )

@@ -1,0 +1,170 @@
+"""Paged attention over one flat batch that mixes prefill chunks and decodes.
+
+Every token of the step sits in one flat batch of T tokens; sequence b owns the query rows
+query_start_loc[b]:query_start_loc[b+1]. Its keys and values live in a paged cache: per layer
+one tensor [2, num_blocks, block_size, num_kv_heads, head_dim], addressed through the
+sequence's block table. A query row at position p attends to keys at positions <= p (and,
+with a sliding window w, > p - w).
+
+`paged_attention` is the seam where a Triton kernel plugs in on CUDA; the torch reference
+here is what runs on the CPU and what kernels are checked against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class AttentionMetadata:
+    """Where the step's tokens go in the paged cache and which keys each query sees."""
+
+    slot_mapping: Tensor  # [T] int64: block_id * block_size + offset of each new token; -1 = padding
+    query_start_loc: Tensor  # [B+1] int32: cumulative query lengths
+    seq_lens: Tensor  # [B] int32: context length of each sequence after this step (cached + new)
+    block_tables: Tensor  # [B, max_blocks] int32, padded with 0
+    block_size: int
+    # Host-side maxima, so choosing a code path never waits on the device.
+    max_query_len: int
+    max_seq_len: int
+
+
+def build_attention_metadata(
+    query_lens: Sequence[int],
+    seq_lens: Sequence[int],
+    block_tables: Sequence[Sequence[int]],
+    block_size: int,
+    device: torch.device | str = "cpu",
+) -> tuple[Tensor, AttentionMetadata]:
+    """Positions [T] and metadata for sequences that each add query_lens[b] tokens to reach seq_lens[b]."""
+    if not len(query_lens) == len(seq_lens) == len(block_tables):
+        raise ValueError("query_lens, seq_lens and block_tables must list the same sequences")
+    positions: list[int] = []
+    slots: list[int] = []
+    for q_len, s_len, table in zip(query_lens, seq_lens, block_tables):
+        if not 0 < q_len <= s_len or len(table) * block_size < s_len:
+            raise ValueError(f"query_len={q_len}, seq_len={s_len} and {len(table)} blocks do not fit together")
+        for pos in range(s_len - q_len, s_len):
+            positions.append(pos)
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+    max_blocks = max(len(t) for t in block_tables)
+    padded_tables = [list(t) + [0] * (max_blocks - len(t)) for t in block_tables]
+    starts = [0]
+    for q_len in query_lens:
+        starts.append(starts[-1] + q_len)
+    metadata = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=torch.tensor(padded_tables, dtype=torch.int32, device=device),
+        block_size=block_size,
+        max_query_len=max(query_lens),
+        max_seq_len=max(seq_lens),
+    )
+    return torch.tensor(positions, dtype=torch.int64, device=device), metadata
+
+
+def allocate_kv_cache(
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str = "cpu",
+) -> Tensor:
+    """One layer's paged cache: [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]."""
+    return torch.zeros(2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+
+
+def write_kv_cache(kv_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
+    """Store the new tokens' K/V [T, num_kv_heads, head_dim] at their slots; padding rows (-1) are skipped."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    kv_cache[0].flatten(0, 1)[slots] = k[keep]
+    kv_cache[1].flatten(0, 1)[slots] = v[keep]
+
+
+def paged_attention(
+    q: Tensor, kv_cache: Tensor, metadata: AttentionMetadata, scale: float, window: int | None
+) -> Tensor:
+    """Causal GQA attention of q [T, num_heads, head_dim] over the cache -> [T, num_heads, head_dim].
+
+    The new tokens' K/V must already be in the cache. Rows past the last sequence
+    (padding) come back as zeros. This is the seam for a CUDA kernel.
+    """
+    return _reference_paged_attention(q, kv_cache, metadata, scale, window)
+
+
+def _reference_paged_attention(
+    q: Tensor, kv_cache: Tensor, metadata: AttentionMetadata, scale: float, window: int | None
+) -> Tensor:
+    out = torch.zeros_like(q)
+    starts = metadata.query_start_loc
+    query_lens = starts[1:] - starts[:-1]
+    # Decodes are the common case in a mixed batch: all of them go through one padded batched
+    # call, and each prefill chunk gets its own call, so no chunk pads the others.
+    is_decode = query_lens == 1
+    decodes = is_decode.nonzero().squeeze(1)
+    if decodes.numel():
+        rows = starts[decodes].long()
+        out[rows] = _attend_padded(
+            q[rows].unsqueeze(1),
+            kv_cache,
+            metadata.block_tables[decodes],
+            metadata.seq_lens[decodes],
+            query_lens[decodes],
+            metadata.max_seq_len,
+            metadata.block_size,
+            scale,
+            window,
+        ).squeeze(1)
+    for b in (~is_decode).nonzero().squeeze(1).tolist():
+        start, end = int(starts[b]), int(starts[b + 1])
+        out[start:end] = _attend_padded(
+            q[start:end].unsqueeze(0),
+            kv_cache,
+            metadata.block_tables[b : b + 1],
+            metadata.seq_lens[b : b + 1],
+            query_lens[b : b + 1],
+            int(metadata.seq_lens[b]),
+            metadata.block_size,
+            scale,
+            window,
+        ).squeeze(0)
+    return out
+
+
+def _attend_padded(
+    q: Tensor,
+    kv_cache: Tensor,
+    block_tables: Tensor,
+    seq_lens: Tensor,
+    query_lens: Tensor,
+    max_kv: int,
+    block_size: int,
+    scale: float,
+    window: int | None,
+) -> Tensor:
+    """q [B, Lq, H, D] (each row's queries are the last query_lens[b] positions of its sequence,
+    left-aligned in Lq) over the first max_kv >= max(seq_lens) cached keys -> [B, Lq, H, D]."""
+    max_q = q.shape[1]
+    num_blocks = -(-max_kv // block_size)
+    tables = block_tables[:, :num_blocks].long()
+    # [B, num_blocks, block_size, Hkv, D] -> [B, Hkv, keys, D]
+    k = kv_cache[0][tables].flatten(1, 2)[:, :max_kv].transpose(1, 2)
+    v = kv_cache[1][tables].flatten(1, 2)[:, :max_kv].transpose(1, 2)
+
+    q_pos = (seq_lens - query_lens)[:, None] + torch.arange(max_q, device=q.device)  # [B, Lq]
+    k_pos = torch.arange(max_kv, device=q.device)
+    visible = k_pos[None, None, :] <= q_pos[:, :, None]  # causal; also hides keys past seq_len
+    if window is not None:
+        visible &= k_pos[None, None, :] > q_pos[:, :, None] - window
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k, v, attn_mask=visible[:, None], scale=scale, enable_gqa=True
+    )
+    return out.transpose(1, 2)

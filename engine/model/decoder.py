@@ -1,0 +1,148 @@
+"""A Llama-family decoder built from ModelConfig: Llama, Mistral, Qwen2, Qwen3, Mixtral, Qwen3-MoE.
+
+Pre-norm residual blocks of GQA attention over a paged KV cache and a SwiGLU MLP (dense or
+routed). Module names follow HF checkpoints (model.layers.N.self_attn..., lm_head), except
+that q/k/v and gate/up are stored fused (qkv_proj, gate_up_proj): one matmul instead of
+three or two. The loader packs the checkpoint's separate tensors into them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from engine.config import ModelConfig
+from engine.errors import InputError
+from engine.model.attention import AttentionMetadata, allocate_kv_cache, paged_attention, write_kv_cache
+from engine.model.layers import Embedding, GatedMLP, Linear, RMSNorm
+from engine.model.moe import SparseMoE
+from engine.model.rotary import RotaryEmbedding, apply_rotary
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
+
+
+def check_supported(config: ModelConfig) -> None:
+    """Raise InputError for architecture features this decoder does not implement."""
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise InputError("model_type", config.model_type, f"the engine runs: {', '.join(SUPPORTED_MODEL_TYPES)}")
+    act = config.hf_config.get("hidden_act", "silu")
+    if act != "silu":
+        raise InputError("hidden_act", act, "the engine runs SwiGLU (silu) MLPs only")
+    if config.hf_config.get("mlp_bias"):
+        raise InputError("mlp_bias", True, "MLP biases are not supported")
+
+
+def o_proj_has_bias(config: ModelConfig) -> bool:
+    # Qwen2 puts biases on q/k/v only; Llama and Qwen3 put attention_bias on all four.
+    return config.attention_bias and config.model_type != "qwen2"
+
+
+def renormalizes_top_k(config: ModelConfig) -> bool:
+    if config.model_type == "mixtral":
+        return True
+    return bool(config.hf_config.get("norm_topk_prob", False))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig, window: int | None) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_attention_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.window = window
+        self.scale = self.head_dim**-0.5
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_proj_has_bias(config))
+        # Qwen3 normalises each head's q and k before RoPE, which keeps attention logits bounded.
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, metadata: AttentionMetadata, kv_cache: Tensor
+    ) -> Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(tokens, self.num_heads, self.head_dim)
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        write_kv_cache(kv_cache, k, v, metadata.slot_mapping)
+        out = paged_attention(q, kv_cache, metadata, self.scale, self.window)
+        return self.o_proj(out.reshape(tokens, self.q_size))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, layer: int) -> None:
+        super().__init__()
+        self.self_attn = SelfAttention(config, config.layer_windows[layer])
+        self.mlp: nn.Module
+        if config.layer_is_moe[layer]:
+            assert config.moe is not None
+            self.mlp = SparseMoE(
+                config.hidden_size,
+                config.moe.expert_intermediate_size,
+                config.moe.num_experts,
+                config.moe.top_k,
+                renormalizes_top_k(config),
+            )
+        else:
+            self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, x: Tensor, cos: Tensor, sin: Tensor, metadata: AttentionMetadata, kv_cache: Tensor
+    ) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, metadata, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+
+    def forward(
+        self, input_ids: Tensor, positions: Tensor, metadata: AttentionMetadata, kv_caches: list[Tensor]
+    ) -> Tensor:
+        cos, sin = self.rotary(positions)  # once per step, shared by every layer
+        x = self.embed_tokens(input_ids)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, metadata, kv_cache)
+        return self.norm(x)
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        check_supported(config)
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self, input_ids: Tensor, positions: Tensor, attn_metadata: AttentionMetadata, kv_caches: list[Tensor]
+    ) -> Tensor:
+        """input_ids, positions [T] -> final hidden states [T, H]; writes the step's K/V into kv_caches."""
+        return self.model(input_ids, positions, attn_metadata, kv_caches)
+
+    def compute_logits(self, hidden: Tensor) -> Tensor:
+        """hidden [N, H] (the rows to sample from) -> fp32 logits [N, V]."""
+        return self.lm_head(hidden).float()
+
+    def allocate_kv_caches(
+        self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None
+    ) -> list[Tensor]:
+        """One zeroed paged cache per layer, on the model's device and (by default) dtype."""
+        weight, c = self.lm_head.weight, self.config
+        return [
+            allocate_kv_cache(num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype or weight.dtype, weight.device)
+            for _ in self.model.layers
+        ]

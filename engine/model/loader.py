@@ -1,0 +1,258 @@
+"""One entry point from a model source to a ready CausalLM: `load_model`.
+
+Sources: an HF checkpoint folder (config.json + safetensors, sharded or not), a .gguf file,
+the catalog name of a model whose weights ship in a package (smollm2-135m), or any catalog
+name / config.json with random_weights=True. Every bad input is an InputError that names
+the file or tensor at fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+import json
+from pathlib import Path
+import re
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from engine.catalog import resolve_model
+from engine.config import ModelConfig
+from engine.errors import InputError
+from engine.model import gguf_checkpoint
+from engine.model.decoder import CausalLM
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# Mixtral checkpoints name the MoE block and its experts' matrices differently.
+_RENAMES = (
+    (re.compile(r"\.block_sparse_moe\."), ".mlp."),
+    (re.compile(r"(\.experts\.\d+)\.w1\."), r"\1.gate_proj."),
+    (re.compile(r"(\.experts\.\d+)\.w3\."), r"\1.up_proj."),
+    (re.compile(r"(\.experts\.\d+)\.w2\."), r"\1.down_proj."),
+)
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+@dataclass
+class LoadedModel:
+    model: CausalLM
+    config: ModelConfig
+    tokenizer: PreTrainedTokenizerBase | None
+    source_description: str
+
+
+def load_model(
+    source: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+    seed: int | None = None,
+    random_weights: bool = False,
+) -> LoadedModel:
+    """A model from a checkpoint folder, a .gguf file, a catalog name or a config.json path.
+
+    random_weights=True skips reading weights: parameters are drawn from N(0, initializer_range)
+    with a generator seeded by `seed` (0 when None), norms set to 1 and biases to 0.
+    """
+    path = Path(source).expanduser()
+    key = source.strip().lower()
+    if key in gguf_checkpoint.PACKAGED_GGUF and not path.exists() and not random_weights:
+        return _load_gguf(gguf_checkpoint.packaged_gguf_path(key), key, dtype, device, seed, random_weights)
+    if path.suffix == ".gguf":
+        return _load_gguf(path, path.stem, dtype, device, seed, random_weights)
+    if path.is_dir() and not random_weights:
+        return _load_folder(path, dtype, device)
+    if not path.exists() and (source.startswith((".", "~")) or "/" in source):
+        raise InputError("model", source, "no such file or folder")
+
+    config = resolve_model(source)
+    if not random_weights:
+        raise InputError(
+            "model", source,
+            "names an architecture without weights; pass random_weights=True, or a checkpoint folder or .gguf file",
+        )
+    model = build_model(config, dtype, device)
+    init_random_weights(model, seed)
+    tokenizer = _folder_tokenizer(path) if path.is_dir() else None
+    return LoadedModel(model, config, tokenizer, f"{config.name or source} with random weights (seed {seed or 0})")
+
+
+def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> CausalLM:
+    """A CausalLM with uninitialised parameters allocated directly on device in dtype."""
+    with torch.device(device), _default_dtype(dtype):
+        model = CausalLM(config)
+    return model.eval().requires_grad_(False)
+
+
+@torch.no_grad()
+def init_random_weights(model: CausalLM, seed: int | None) -> None:
+    std = float(model.config.hf_config.get("initializer_range", 0.02))
+    device = model.lm_head.weight.device
+    generator = torch.Generator(device=device).manual_seed(seed or 0)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif name.endswith(".bias"):
+            param.zero_()
+        else:
+            param.normal_(0.0, std, generator=generator)
+
+
+@torch.no_grad()
+def load_weights(model: CausalLM, tensors: Iterable[tuple[str, Tensor, str]], source: str) -> None:
+    """Copy (HF name, tensor, file it came from) triples into the model; every parameter must be covered."""
+    params = dict(model.named_parameters())
+    targets = _checkpoint_targets(model)
+    pending = set(targets)
+    tied = model.config.tie_word_embeddings
+    for raw_name, tensor, origin in tensors:
+        name = _canonical_name(raw_name)
+        if name.endswith("rotary_emb.inv_freq") or (tied and name == "lm_head.weight"):
+            continue  # derived from the config, or a duplicate of the embedding
+        if name in targets:
+            param_name, index = targets[name]
+            pending.discard(name)
+        elif name in params:  # already in our layout (fused experts of transformers 5, our own fused qkv)
+            param_name, index = name, ()
+            pending.difference_update(n for n, (p, _) in targets.items() if p == name)
+        else:
+            model_type = model.config.model_type
+            raise InputError("checkpoint", origin, f"tensor {raw_name} has no place in a {model_type} model of this config")
+        destination = params[param_name][index]
+        if tuple(tensor.shape) != tuple(destination.shape):
+            raise InputError(
+                "checkpoint", origin,
+                f"tensor {raw_name} has shape {list(tensor.shape)} but the config implies {list(destination.shape)}",
+            )
+        destination.copy_(tensor)
+    if pending:
+        missing = sorted(pending)
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise InputError("checkpoint", source, f"{len(missing)} tensor(s) missing: {', '.join(missing[:3])}{more}")
+
+
+def _load_folder(folder: Path, dtype: torch.dtype, device: torch.device | str) -> LoadedModel:
+    config = ModelConfig.from_json_file(folder)
+    files = _safetensors_files(folder)
+    model = build_model(config, dtype, device)
+    load_weights(model, _read_safetensors(files), str(folder))
+    size_gb = sum(f.stat().st_size for f in files) / 1e9
+    description = f"safetensors checkpoint {folder} ({len(files)} file{'s' * (len(files) > 1)}, {size_gb:.2f} GB)"
+    return LoadedModel(model, config, _folder_tokenizer(folder), description)
+
+
+def _load_gguf(
+    path: Path, name: str, dtype: torch.dtype, device: torch.device | str, seed: int | None, random_weights: bool
+) -> LoadedModel:
+    reader = gguf_checkpoint.open_gguf(path)
+    config = gguf_checkpoint.gguf_model_config(reader, path, name)
+    model = build_model(config, dtype, device)
+    if random_weights:
+        init_random_weights(model, seed)
+        description = f"{path.name} architecture with random weights (seed {seed or 0})"
+    else:
+        load_weights(model, gguf_checkpoint.gguf_tensors(reader, config, path), str(path))
+        quants, dtype_name = gguf_checkpoint.gguf_quant_types(reader), str(dtype).removeprefix("torch.")
+        description = f"GGUF {path} ({quants}; dequantised to {dtype_name})"
+    return LoadedModel(model, config, gguf_checkpoint.gguf_tokenizer(reader, path), description)
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise InputError("checkpoint index", str(index), f"is not a valid safetensors index ({exc})") from None
+        files = [folder / name for name in sorted(set(weight_map.values()))]
+        for file in files:
+            if not file.is_file():
+                raise InputError("checkpoint shard", str(file), f"is listed in {index.name} but missing")
+        return files
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise InputError(
+            "model", str(folder),
+            "holds no *.safetensors files; pass random_weights=True to run its config.json with random weights",
+        )
+    return files
+
+
+def _read_safetensors(files: list[Path]) -> Iterator[tuple[str, Tensor, str]]:
+    from safetensors import SafetensorError, safe_open
+
+    for file in files:
+        try:
+            with safe_open(file, framework="pt", device="cpu") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name), str(file)
+        except (SafetensorError, OSError, RuntimeError) as exc:
+            raise InputError("checkpoint file", str(file), f"cannot be read as safetensors ({exc})") from None
+
+
+def _folder_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:
+    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(folder))
+    except (ValueError, OSError, KeyError) as exc:
+        raise InputError("tokenizer", str(folder), f"cannot be loaded ({exc})") from None
+
+
+def _checkpoint_targets(model: CausalLM) -> dict[str, tuple[str, tuple[int | slice, ...]]]:
+    """HF checkpoint tensor name -> (our parameter, index into it), for every tensor expected."""
+    targets: dict[str, tuple[str, tuple[int | slice, ...]]] = {}
+    config = model.config
+    q_size, kv_size = config.num_attention_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    for name, param in model.named_parameters():
+        module, leaf = name.rsplit(".", 1)
+        prefix, last = module.rsplit(".", 1) if "." in module else ("", module)
+        if last == "qkv_proj":
+            sizes = {"q_proj": q_size, "k_proj": kv_size, "v_proj": kv_size}
+            for part, rows in _shards(sizes):
+                targets[f"{prefix}.{part}.{leaf}"] = (name, (rows,))
+        elif last == "gate_up_proj":
+            half = param.shape[0] // 2
+            for part, rows in _shards({"gate_proj": half, "up_proj": half}):
+                targets[f"{prefix}.{part}.{leaf}"] = (name, (rows,))
+        elif last == "experts":  # stacked [E, ...]: one checkpoint tensor per expert and matrix
+            for expert in range(param.shape[0]):
+                if leaf == "gate_up_proj":
+                    half = param.shape[1] // 2
+                    for part, rows in _shards({"gate_proj": half, "up_proj": half}):
+                        targets[f"{module}.{expert}.{part}.weight"] = (name, (expert, rows))
+                else:
+                    targets[f"{module}.{expert}.{leaf}.weight"] = (name, (expert,))
+        else:
+            targets[name] = (name, ())
+    return targets
+
+
+def _shards(sizes: dict[str, int]) -> Iterator[tuple[str, slice]]:
+    start = 0
+    for part, size in sizes.items():
+        yield part, slice(start, start + size)
+        start += size
+
+
+def _canonical_name(name: str) -> str:
+    for pattern, replacement in _RENAMES:
+        name = pattern.sub(replacement, name)
+    return name
+
+
+@contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)

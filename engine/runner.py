@@ -1,0 +1,79 @@
+"""ModelRunner: turns a SchedulerOutput into flat tensors, runs the model, samples.
+
+The runner owns the tensors the KV-cache manager only names: one paged cache per layer and
+each running request's block table, kept in step with the scheduler's block ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from engine.config import ModelConfig
+from engine.core import SchedulerOutput
+from engine.model.attention import allocate_kv_cache, build_attention_metadata
+from engine.sampler import Sampler
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        kv_dtype: torch.dtype,
+        device: torch.device,
+        seed: int = 0,
+    ) -> None:
+        self.model, self.config, self.block_size, self.device = model, config, block_size, device
+        self.kv_caches = [
+            allocate_kv_cache(num_blocks, block_size, config.num_kv_heads, config.head_dim, kv_dtype, device)
+            for _ in range(config.num_layers)
+        ]
+        self.block_tables: dict[str, list[int]] = {}
+        self.sampler = Sampler(device, seed)
+
+    @staticmethod
+    def kv_bytes_per_block(config: ModelConfig, block_size: int, kv_dtype: torch.dtype) -> int:
+        element = torch.tensor([], dtype=kv_dtype).element_size()
+        return config.num_layers * config.kv_elements_per_token_per_layer() * block_size * element
+
+    @torch.inference_mode()
+    def execute(self, output: SchedulerOutput) -> dict[str, list[int]]:
+        """Run one step; returns the sampled token ids of every request that samples."""
+        for request_id in output.finished_request_ids:
+            self.block_tables.pop(request_id, None)
+            self.sampler.forget(request_id)
+        if output.is_empty:
+            return {}
+
+        input_ids: list[int] = []
+        query_lens: list[int] = []
+        seq_lens: list[int] = []
+        tables: list[list[int]] = []
+        for s in output.scheduled:
+            table = None if s.reset_block_table else self.block_tables.get(s.request_id)
+            if table is None:
+                table = self.block_tables[s.request_id] = list(s.new_block_ids)
+            else:
+                table.extend(s.new_block_ids)
+            input_ids.extend(s.token_ids)
+            query_lens.append(s.num_tokens)
+            seq_lens.append(s.context_len)
+            tables.append(table)
+        positions, metadata = build_attention_metadata(query_lens, seq_lens, tables, self.block_size, self.device)
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.long, device=self.device), positions, metadata, self.kv_caches
+        )
+
+        sampling = [(i, s) for i, s in enumerate(output.scheduled) if s.samples]
+        if not sampling:
+            return {}
+        ends = list(itertools.accumulate(query_lens))
+        last_rows = torch.tensor([ends[i] - 1 for i, _ in sampling], device=self.device)
+        logits = self.model.compute_logits(hidden[last_rows])
+        ids = [s.request_id for _, s in sampling]
+        tokens = self.sampler(logits, ids, [s.sampling_params for _, s in sampling])
+        return {request_id: [token] for request_id, token in zip(ids, tokens, strict=True)}

@@ -1,0 +1,61 @@
+"""Token sampling: greedy, temperature, top-k, top-p, with a seeded generator per request.
+
+A request's draws depend only on its own seed and how many tokens it has drawn, never on which
+other requests share the batch, so seeded sampling is reproducible under continuous batching.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import torch
+
+from engine.core import SamplingParams
+
+
+class Sampler:
+    def __init__(self, device: torch.device | str = "cpu", seed: int = 0) -> None:
+        self.device = torch.device(device)
+        self.seed = seed  # engine-wide seed for requests that bring none of their own
+        self._generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def __call__(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]) -> list[int]:
+        """One token per row of fp32 logits [N, V]."""
+        greedy = logits.argmax(dim=-1)
+        if all(p.temperature == 0.0 for p in params):
+            return greedy.tolist()
+        tokens = greedy.tolist()
+        for row, (request_id, p) in enumerate(zip(request_ids, params, strict=True)):
+            if p.temperature == 0.0:
+                continue
+            probs = self.probabilities(logits[row], p)
+            tokens[row] = int(torch.multinomial(probs, 1, generator=self._generator(request_id, p)).item())
+        return tokens
+
+    @staticmethod
+    def probabilities(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:
+        """The distribution a request samples from: temperature, then top-k, then top-p."""
+        scaled = logits.float() / p.temperature
+        if p.top_k > 0 and p.top_k < scaled.numel():
+            kth = torch.topk(scaled, p.top_k).values[-1]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
+        if p.top_p < 1.0:
+            sorted_probs, order = torch.sort(probs, descending=True)
+            # Keep the smallest prefix whose mass reaches top_p (the token that crosses it stays).
+            outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= p.top_p
+            sorted_probs = sorted_probs.masked_fill(outside, 0.0)
+            probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+            probs = probs / probs.sum()
+        return probs
+
+    def _generator(self, request_id: str, p: SamplingParams) -> torch.Generator:
+        gen = self._generators.get(request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(p.seed if p.seed is not None else (self.seed << 32) ^ zlib.crc32(request_id.encode()))
+            self._generators[request_id] = gen
+        return gen
