@@ -42,9 +42,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
             max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
         )
     except ValueError as exc:
-        field, _, rest = str(exc).partition("=")
-        value, _, allowed = rest.partition(" is invalid: ")
-        raise InputError(f"--{field.replace('_', '-')}", value, allowed) from None
+        raise InputError.from_value_error(exc, rename=lambda field: f"--{field.replace('_', '-')}") from None
     llm = LLM(
         args.model,
         device=args.device,

@@ -326,9 +326,7 @@ class EngineKnobs(BaseModel):
                 num_speculative_tokens=self.speculative.num_speculative_tokens if self.speculative else 0,
             )
         except ValueError as exc:  # the scheduler's own checks name the field and value already
-            field_name, _, rest = str(exc).partition("=")
-            value, _, allowed = rest.partition(" is invalid: ")
-            raise InputError(field_name, value, allowed) from None
+            raise InputError.from_value_error(exc) from None
 
 
 def _kv_bytes(kv_dtype: str) -> int:

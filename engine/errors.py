@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 import difflib
 
 
@@ -15,6 +15,14 @@ class InputError(ValueError):
     def __init__(self, field: str, value: object, allowed: str) -> None:
         self.field, self.value, self.allowed = field, value, allowed
         super().__init__(f"{field}={value!r} is invalid: {allowed}")
+
+    @classmethod
+    def from_value_error(cls, exc: ValueError, rename: Callable[[str], str] = str) -> InputError:
+        """Re-raise a torch-free core check ("field=value is invalid: allowed") as an InputError,
+        optionally renaming the field to the flag the user typed."""
+        field, _, rest = str(exc).partition("=")
+        value, _, allowed = rest.partition(" is invalid: ")
+        return cls(rename(field), value, allowed)
 
 
 def unknown_name_error(field: str, value: str, known: Iterable[str]) -> InputError:

@@ -23,6 +23,7 @@ from engine.errors import InputError
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
 from planner.specs import SLO, Deployment, Dtype, EngineKnobs, HardwareProfile
+from planner.workload import Workload
 
 DTYPES = list(get_args(Dtype))
 # Deployment field -> the flag that sets it, so validation errors name what the user typed.
@@ -272,7 +273,7 @@ def cmd_models_show(args: argparse.Namespace) -> None:
 def cmd_schema(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for model in (HardwareProfile, Deployment, SLO, MemoryPlan):
+    for model in (HardwareProfile, Deployment, SLO, Workload, MemoryPlan):
         path = out / f"{model.__name__}.schema.json"
         path.write_text(json.dumps(model.model_json_schema(), indent=2) + "\n")
         print(path)

@@ -206,6 +206,13 @@ def _folder_tokenizer(folder: Path) -> PreTrainedTokenizerBase | None:
         raise InputError("tokenizer", str(folder), f"cannot be loaded ({exc})") from None
 
 
+def hf_state_dict(model: CausalLM) -> dict[str, Tensor]:
+    """Our parameters under their HF checkpoint names (fused projections split back): the
+    inverse of loading, so a transformers model can run on exactly our weights."""
+    params = dict(model.named_parameters())
+    return {hf: params[ours][index] for hf, (ours, index) in _checkpoint_targets(model).items()}
+
+
 def _checkpoint_targets(model: CausalLM) -> dict[str, tuple[str, tuple[int | slice, ...]]]:
     """HF checkpoint tensor name -> (our parameter, index into it), for every tensor expected."""
     targets: dict[str, tuple[str, tuple[int | slice, ...]]] = {}
