@@ -165,10 +165,9 @@ def test_moe_decode_reads_k_experts_at_batch_one_and_all_at_large_batch() -> Non
 
 
 def test_windowed_layers_cap_the_attended_context() -> None:
-    cm = cost(model="mistral-7b")  # every layer windowed (4096) in the catalog config, if any
+    cm = cost(model="mistral-7b")  # Mistral-7B-v0.1: every layer windowed to 4096 tokens
     window = resolve_model("mistral-7b").layer_windows[0]
-    if window is None:
-        pytest.skip("catalog mistral-7b has no sliding window")
+    assert window == 4096
     assert cm.decode_breakdown(8, window + 10_000)["attention"] == pytest.approx(
         cm.decode_breakdown(8, window + 20_000)["attention"]
     )
