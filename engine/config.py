@@ -222,11 +222,17 @@ class ModelConfig:
     def dense_mlp_params(self) -> int:
         return 3 * self.hidden_size * self.intermediate_size
 
+    def layer_params(self, layer: int, experts_per_moe_layer: int | None = None) -> int:
+        """Parameters of one decoder layer; MoE layers count `experts_per_moe_layer` experts (default all)."""
+        params = self.attention_params_per_layer() + self.norms_per_layer * self.hidden_size
+        if not self.layer_is_moe[layer]:
+            return params + self.dense_mlp_params()
+        assert self.moe is not None
+        experts = self.moe.num_experts if experts_per_moe_layer is None else experts_per_moe_layer
+        return params + self._moe_layer_params(experts)
+
     def _params(self, experts_per_moe_layer: int) -> int:
-        per_layer_fixed = self.attention_params_per_layer() + self.norms_per_layer * self.hidden_size
-        total = self.num_layers * per_layer_fixed
-        for is_moe in self.layer_is_moe:
-            total += self._moe_layer_params(experts_per_moe_layer) if is_moe else self.dense_mlp_params()
+        total = sum(self.layer_params(i, experts_per_moe_layer) for i in range(self.num_layers))
         return total + self.embedding_params + self.lm_head_params + self.hidden_size  # + final norm
 
     @property

@@ -91,7 +91,7 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
 
     stage_weights = []
     for index, layers in enumerate(stages):
-        layer_params = sum(_layer_params(model, i) for i in layers)
+        layer_params = sum(model.layer_params(i) for i in layers)
         embedding = model.embedding_params / tp * high_bytes if index == 0 else 0.0
         # The last stage needs the LM head; a tied head is the embedding again, shared only on one stage.
         head_params = model.lm_head_params or (model.embedding_params if len(stages) > 1 else 0)
@@ -200,18 +200,6 @@ def _stage_layers(num_layers: int, pp: int) -> list[range]:
         stages.append(range(start, start + size))
         start += size
     return stages
-
-
-def _layer_params(model: ModelConfig, layer: int) -> int:
-    params = model.attention_params_per_layer() + model.norms_per_layer * model.hidden_size
-    if model.layer_is_moe[layer]:
-        assert model.moe is not None
-        m = model.moe
-        params += model.hidden_size * m.num_experts + m.num_experts * model.expert_params()
-        params += m.num_shared_experts * 3 * model.hidden_size * m.shared_expert_intermediate_size
-    else:
-        params += model.dense_mlp_params()
-    return params
 
 
 def kv_bytes_per_token_per_layer_per_gpu(model: ModelConfig, dep: Deployment) -> float:
