@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 import json
+import os
 from pathlib import Path
 import sys
 from typing import get_args
@@ -22,8 +23,11 @@ from engine.cli import add_engine_commands
 from engine.errors import InputError
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
+from planner.metrics import RunSummary
+from planner.playback import Replay
+from planner.sim import ROUTERS, simulate
 from planner.specs import SLO, Deployment, Dtype, EngineKnobs, HardwareProfile
-from planner.workload import Workload
+from planner.workload import PRESETS, Workload, get_workload
 
 DTYPES = list(get_args(Dtype))
 # Deployment field -> the flag that sets it, so validation errors name what the user typed.
@@ -273,10 +277,102 @@ def cmd_models_show(args: argparse.Namespace) -> None:
 def cmd_schema(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for model in (HardwareProfile, Deployment, SLO, Workload, MemoryPlan):
+    for model in (HardwareProfile, Deployment, SLO, Workload, MemoryPlan, RunSummary):
         path = out / f"{model.__name__}.schema.json"
         path.write_text(json.dumps(model.model_json_schema(), indent=2) + "\n")
         print(path)
+
+
+# --------------------------------------------------------------------------- simulate
+
+
+def add_workload_args(p: argparse.ArgumentParser, default: str = "chat") -> None:
+    """The workload flags shared by `simulate`, `plan` and `engine bench`."""
+    p.add_argument("--workload", default=default,
+                   help=f"preset ({', '.join(PRESETS)}), a workload YAML/JSON file, or a JSONL/CSV trace")
+    p.add_argument("--rate", type=float, help="Poisson arrival rate, requests/s (replaces the preset's arrivals)")
+    p.add_argument("--concurrency", type=int, help="closed loop: users each sending their next request on a reply")
+    p.add_argument("--requests", type=int, help="number of requests (default: the workload's)")
+    p.add_argument("--seed", type=int, help="seed of every random draw (default: the workload's)")
+
+
+def replay_from_args(args: argparse.Namespace, vocab_size: int | None) -> Replay:
+    """A Replay for the workload flags; every bad value is an InputError naming its flag."""
+    if args.rate is not None and args.concurrency is not None:
+        raise InputError("--rate", args.rate, "give either --rate (open loop) or --concurrency (closed loop), not both")
+    if args.rate is not None and not args.rate > 0:
+        raise InputError("--rate", args.rate, "must be > 0 requests/s")
+    if args.concurrency is not None and args.concurrency < 1:
+        raise InputError("--concurrency", args.concurrency, "must be >= 1 user")
+    if args.requests is not None and args.requests < 1:
+        raise InputError("--requests", args.requests, "must be >= 1")
+    if args.seed is not None and args.seed < 0:
+        raise InputError("--seed", args.seed, "must be >= 0")
+    if args.workload.lower().endswith((".jsonl", ".csv")):
+        for flag in ("rate", "concurrency", "requests"):
+            if getattr(args, flag) is not None:
+                raise InputError(f"--{flag}", getattr(args, flag), "does not apply to a trace, which records its own requests")
+        return Replay.from_trace(args.workload, vocab_size=vocab_size, seed=args.seed or 0)
+    overrides: dict[str, object] = {}
+    if args.rate is not None:
+        overrides["arrival"] = {"kind": "poisson", "rate_per_s": args.rate}
+    if args.concurrency is not None:
+        overrides["arrival"] = {"kind": "closed_loop", "concurrency": args.concurrency}
+    if args.requests is not None:
+        overrides["num_requests"] = args.requests
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    return Replay.of(get_workload(args.workload, **overrides), vocab_size=vocab_size)
+
+
+def cmd_simulate(args: argparse.Namespace) -> None:
+    model = resolve_model(args.model)
+    hw = get_hardware(args.hw)
+    dep = deployment_from_args(args)
+    slo = SLO.parse(args.slo) if args.slo else None
+    replay = replay_from_args(args, model.vocab_size)
+    result = simulate(model, hw, dep, replay, slo=slo, router=args.router, max_model_len=args.max_model_len)
+    if args.json:
+        print_json(result.summary)
+    else:
+        render_summary(result.summary, f"{dep.replicas} x (tp={dep.tensor_parallel}, pp={dep.pipeline_parallel}) "
+                       f"{hw.name}, weights {dep.weight_dtype}, KV {dep.kv_dtype}")
+
+
+def render_summary(s: RunSummary, deployment: str) -> None:
+    """The human view of a RunSummary, shared by `simulate` and `engine bench`."""
+    verb = "simulated" if s.source == "simulator" else "measured"
+    t = Table(title=f"{s.model} on {deployment}: {s.workload}, {s.num_finished:,} of {s.num_requests:,} requests "
+                    f"finished in {s.duration_s:,.1f} s ({verb})")
+    t.add_column("latency, ms")
+    for col in ("mean", "p50", "p90", "p95", "p99", "max"):
+        t.add_column(col, justify="right")
+    for name in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "queueing_ms"):
+        st = getattr(s, name)
+        t.add_row(name.removesuffix("_ms").upper(), *(f"{getattr(st, c):,.1f}" for c in ("mean", "p50", "p90", "p95", "p99", "max")))
+    console.print(t)
+    tp, g, u, c = s.throughput, s.goodput, s.utilisation, s.cost
+    lines = [
+        f"throughput: {tp.requests_per_s:,.2f} req/s, {tp.input_tokens_per_s:,.0f} input + {tp.output_tokens_per_s:,.0f} output tokens/s",
+        f"prefix cache: {s.prefix_cache_hit_rate:.1%} of prompt tokens hit; preemptions: {s.preemptions:,}; "
+        f"KV blocks: {s.kv_cache_blocks_total:,}; steps: {s.num_steps:,}",
+    ]
+    if g.slo_met is not None:
+        checks = ", ".join(f"{k.target} {k.observed_ms:,.1f} {'<=' if k.met else '>'} {k.limit_ms:g}" for k in g.checks)
+        lines.append(f"SLO {'MET' if g.slo_met else 'MISSED'}: goodput {g.requests_per_s:,.2f} req/s = {g.share:.1%} "
+                     f"of requests (need {g.required_share:.0%}); {checks}")
+    util = [f"busy {u.busy_share:.0%}"]
+    if u.mfu is not None:
+        util.append(f"MFU {u.mfu:.1%}")
+    if u.bandwidth_utilisation is not None:
+        util.append(f"bandwidth {u.bandwidth_utilisation:.1%}")
+    lines.append("utilisation: " + ", ".join(util))
+    if c.usd_per_hour is not None:
+        lines.append(f"cost: US${c.usd_per_hour:,.2f}/h, ${c.usd_per_million_output_tokens or 0:,.3f} per 1M output tokens, "
+                     f"${c.usd_per_million_input_tokens or 0:,.3f} per 1M input tokens, ${c.usd_per_request or 0:,.5f} per request")
+    lines.append(f"assumed: {c.basis}")
+    for line in lines:
+        console.print(line)
 
 
 # --------------------------------------------------------------------------- entry point
@@ -310,6 +406,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_models_show)
 
+    p = sub.add_parser("simulate", help="predict latency, throughput, goodput and cost of a deployment under a workload")
+    add_deployment_args(p)
+    add_workload_args(p)
+    p.add_argument("--slo", help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=50' (goodput_share>=0.99 by default)")
+    p.add_argument("--router", default="round_robin", choices=list(ROUTERS), help="how replicas share requests")
+    p.add_argument("--max-model-len", type=int, help="longest prompt + output per request (default: the model's context)")
+    p.add_argument("--json", action="store_true", help="the full result in the stable schema of docs/simulate.md")
+    p.set_defaults(func=cmd_simulate)
+
     add_engine_commands(sub)
 
     p = sub.add_parser("schema", help="export the JSON Schema of the specs")
@@ -339,6 +444,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except SystemExit as exc:
         return int(exc.code or 0)
+    except BrokenPipeError:  # `serveplan ... --json | head`: the reader left; not an error of ours
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (interpreter shutdown flushes and closes it)
+        return 0
     return 0
 
 

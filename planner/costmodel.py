@@ -31,6 +31,7 @@ Rules worth knowing (all listed by `assumptions()`):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import NamedTuple
 
 from engine.config import ModelConfig
 from engine.core.scheduler import SchedulerOutput
@@ -66,6 +67,14 @@ DEQUANT_OPS_PER_WEIGHT = 4.0
 # residual add is fused into the norm (read the hidden state and the residual, write both).
 NORM_TRAFFIC = 4
 LOGIT_BYTES = 4  # fp32 logits
+
+
+class StepCost(NamedTuple):
+    """One step on one GPU of the replica: its time and the work behind it (for MFU and bandwidth use)."""
+
+    seconds: float
+    flops: float
+    bytes: float
 
 
 @dataclass(frozen=True)
@@ -260,29 +269,34 @@ class CostModel:
 
     def step_time(self, output: SchedulerOutput) -> float:
         """Seconds for one engine step of one replica (0.0 for an empty step)."""
+        return self.step(output).seconds
+
+    def step(self, output: SchedulerOutput) -> StepCost:
+        """Seconds, FLOPs and bytes of one engine step, per GPU of the replica."""
         if not output.scheduled:
-            return 0.0
-        return sum(self._times(self._aggregate(output)))
+            return StepCost(0.0, 0.0, 0.0)
+        times, flops, nbytes = self._times(self._aggregate(output))
+        return StepCost(sum(times), flops, nbytes)
 
     def breakdown(self, output: SchedulerOutput) -> dict[str, float]:
         """Seconds per operator (keys: OPERATORS); the values sum to step_time(output)."""
         if not output.scheduled:
             return dict.fromkeys(OPERATORS, 0.0)
-        return dict(zip(OPERATORS, self._times(self._aggregate(output)), strict=True))
+        return dict(zip(OPERATORS, self._times(self._aggregate(output))[0], strict=True))
 
     def decode_time_per_token_s(self, batch: int, context: int) -> float:
         """One decode step of `batch` requests, each with `context` tokens already cached."""
-        return sum(self._times(self._synthetic([(1, context, False)] * batch)))
+        return sum(self._times(self._synthetic([(1, context, False)] * batch))[0])
 
     def decode_breakdown(self, batch: int, context: int) -> dict[str, float]:
-        return dict(zip(OPERATORS, self._times(self._synthetic([(1, context, False)] * batch)), strict=True))
+        return dict(zip(OPERATORS, self._times(self._synthetic([(1, context, False)] * batch))[0], strict=True))
 
     def prefill_time_s(self, tokens: int, cached: int = 0) -> float:
         """One step prefilling `tokens` prompt tokens of one request (after `cached` cached ones) and sampling."""
-        return sum(self._times(self._synthetic([(tokens, cached, True)])))
+        return sum(self._times(self._synthetic([(tokens, cached, True)]))[0])
 
     def prefill_breakdown(self, tokens: int, cached: int = 0) -> dict[str, float]:
-        return dict(zip(OPERATORS, self._times(self._synthetic([(tokens, cached, True)])), strict=True))
+        return dict(zip(OPERATORS, self._times(self._synthetic([(tokens, cached, True)]))[0], strict=True))
 
     def assumptions(self) -> dict[str, object]:
         """Every figure the model uses, for reports."""
@@ -403,31 +417,37 @@ class CostModel:
                 sums.kv_read[g][j] += c + q if w is None else min(c + q, w)
         return sums
 
-    def _gemm(self, tokens: float, op: tuple[float, float, float, float], peak: float) -> float:
+    def _gemm(self, tokens: float, op: tuple[float, float, float, float], peak: float, work: list[float]) -> float:
+        """Roofline time of one matmul operator; adds its FLOPs and bytes to `work`."""
         fpt, wb, apt, dq = op
         if wb == 0.0 and fpt == 0.0:
             return 0.0
+        flops, nbytes = fpt * tokens, wb + apt * tokens
+        work[0] += flops
+        work[1] += nbytes
         eff = self._ce * tokens / (tokens + self._half) if self._half else self._ce
-        return max(fpt * tokens / (peak * eff) + dq, (wb + apt * tokens) / self._bw_eff)
+        return max(flops / (peak * eff) + dq, nbytes / self._bw_eff)
 
-    def _times(self, s: _Sums) -> tuple[float, ...]:
+    def _times(self, s: _Sums) -> tuple[tuple[float, ...], float, float]:
+        """(seconds per operator in OPERATORS order, FLOPs, bytes moved), per GPU."""
         T = s.tokens
         peak = self._gemm_peak
-        qkv = self._gemm(T, self._qkv, peak)
-        o = self._gemm(T, self._o, peak)
-        mlp = self._gemm(T, self._mlp, peak)
+        work = [0.0, 0.0]
+        qkv = self._gemm(T, self._qkv, peak, work)
+        o = self._gemm(T, self._o, peak, work)
+        mlp = self._gemm(T, self._mlp, peak, work)
 
         moe = router = 0.0
         if self._n_moe:
             touched = expected_distinct_experts(self._experts, self._top_k, T)
             per_expert = T * self._top_k / touched
             eff = self._ce * per_expert / (per_expert + self._half) if self._half else self._ce
-            moe = max(
-                self._expert_fpt * T / (peak * eff) + touched * self._expert_dq,
-                (touched * self._expert_w + self._expert_apt * T) / self._bw_eff,
-            )
-            moe += self._gemm(T, self._shared, peak)
-            router = self._gemm(T, self._router, self._high_peak)
+            flops, nbytes = self._expert_fpt * T, touched * self._expert_w + self._expert_apt * T
+            work[0] += flops
+            work[1] += nbytes
+            moe = max(flops / (peak * eff) + touched * self._expert_dq, nbytes / self._bw_eff)
+            moe += self._gemm(T, self._shared, peak, work)
+            router = self._gemm(T, self._router, self._high_peak, work)
 
         attention = 0.0
         for g in (0, 1):
@@ -438,18 +458,21 @@ class CostModel:
             for j, n_layers in enumerate(self._window_layers):
                 pairs += n_layers * s.pairs[g][j]
                 kv += n_layers * s.kv_read[g][j]
-            attention += max(
-                pairs * self._pair_flops / self._attn_rate,
-                (kv * self._kv_tok + tg * self._attn_apt) / self._attn_bw_eff,
-            )
+            flops, nbytes = pairs * self._pair_flops, kv * self._kv_tok + tg * self._attn_apt
+            work[0] += flops
+            work[1] += nbytes
+            attention += max(flops / self._attn_rate, nbytes / self._attn_bw_eff)
 
-        elementwise = T * self._elem_bpt / self._bw_eff
         rows = s.sampled_rows
-        lm_head = self._gemm(rows, self._lm, self._high_peak) if rows else 0.0
-        sampling = rows * self._sample_bpr / self._bw_eff
+        lm_head = self._gemm(rows, self._lm, self._high_peak, work) if rows else 0.0
+        elementwise_bytes, sampling_bytes = T * self._elem_bpt, rows * self._sample_bpr
+        work[1] += elementwise_bytes + sampling_bytes
+        elementwise = elementwise_bytes / self._bw_eff
+        sampling = sampling_bytes / self._bw_eff
         allreduce = T * self._ar_bpt + self._ar_fixed
         pp = T * self._pp_bpt + self._pp_fixed
-        return (qkv, o, attention, mlp, moe, router, elementwise, lm_head, sampling, allreduce, pp, self._overhead)
+        times = (qkv, o, attention, mlp, moe, router, elementwise, lm_head, sampling, allreduce, pp, self._overhead)
+        return times, work[0], work[1]
 
 
 def _pick_link(hw: HardwareProfile, devices: int, field: str) -> Link:
@@ -467,6 +490,7 @@ __all__ = [
     "OPERATORS",
     "CostModel",
     "CostParams",
+    "StepCost",
     "expected_distinct_experts",
     "gemm_compute_dtype",
     "DEQUANT_OPS_PER_WEIGHT",

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.config import EngineKnobs
+from engine.errors import InputError
 
 Dtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
 """Numeric formats for weights, KV cache and compute."""
@@ -185,7 +186,14 @@ class Deployment(Spec):
 
 
 class SLO(Spec):
-    """Latency targets; a request meets the SLO when it meets every target that is set."""
+    """Latency targets.
+
+    A deployment meets the SLO when every percentile target set holds over all requests and
+    at least `goodput_share` of the requests are good. A request is good when its own TTFT,
+    TPOT and E2E are each within the limit set for that metric: the P99 target if set, else
+    the P50 one (`request_limits_ms`). ITL targets are judged over all gaps only,
+    since one slow step among hundreds says little about a single request.
+    """
 
     ttft_p99_ms: float | None = Field(None, gt=0, description="Time to first token, 99th percentile, ms")
     ttft_p50_ms: float | None = Field(None, gt=0, description="Time to first token, median, ms")
@@ -196,3 +204,40 @@ class SLO(Spec):
     goodput_share: float = Field(
         0.99, gt=0, le=1, description="Share of requests that must meet every per-request target"
     )
+
+    @property
+    def targets(self) -> dict[str, float]:
+        """The percentile targets that are set: field name -> limit in ms."""
+        return {k: v for k, v in self.model_dump().items() if k.endswith("_ms") and v is not None}
+
+    def request_limits_ms(self) -> dict[str, float]:
+        """Per-request limits for goodput: metric (ttft, tpot, e2e) -> ms."""
+        limits: dict[str, float] = {}
+        for metric in ("ttft", "tpot", "e2e"):
+            limit = getattr(self, f"{metric}_p99_ms", None) or getattr(self, f"{metric}_p50_ms", None)
+            if limit is not None:
+                limits[metric] = limit
+        return limits
+
+    @classmethod
+    def parse(cls, text: str) -> SLO:
+        """'ttft_p99_ms<=500,tpot_p99_ms<=50,goodput_share>=0.95' -> SLO; errors name the clause."""
+        values: dict[str, float] = {}
+        for clause in filter(None, (c.strip() for c in text.split(","))):
+            op = ">=" if ">=" in clause else "<="
+            name, sep, number = clause.partition(op)
+            name = name.strip()
+            if not sep or name not in cls.model_fields:
+                allowed = ", ".join(f"{f}<=MS" for f in cls.model_fields if f.endswith("_ms")) + ", goodput_share>=X"
+                raise InputError("--slo", clause, f"expected one of {allowed}")
+            if (op == ">=") != (name == "goodput_share"):
+                raise InputError("--slo", clause, f"use {'>=' if name == 'goodput_share' else '<='} for {name}")
+            try:
+                values[name] = float(number)
+            except ValueError:
+                raise InputError("--slo", clause, "the limit must be a number") from None
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise InputError(f"--slo {first['loc'][0]}", first.get("input"), first["msg"]) from None

@@ -42,12 +42,11 @@ class RequestStatus(enum.Enum):
     FINISHED_LENGTH = enum.auto()
     FINISHED_ABORTED = enum.auto()
 
-    @property
-    def is_finished(self) -> bool:
-        return self in _FINISHED
+    is_finished: bool  # set on each member below: a plain attribute, read per request per step
 
 
-_FINISHED = frozenset({RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_ABORTED})
+for _status in RequestStatus:
+    _status.is_finished = _status.name.startswith("FINISHED_")
 
 FINISH_REASONS: dict[RequestStatus, str] = {
     RequestStatus.FINISHED_STOPPED: "stop",

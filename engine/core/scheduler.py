@@ -55,8 +55,10 @@ class SchedulerConfig:
             )
 
 
-@dataclass(frozen=True)
-class ScheduledRequest:
+class ScheduledRequest(NamedTuple):
+    """One request's share of a step. A NamedTuple rather than a frozen dataclass: the simulator
+    builds one per running request per step, and tuple construction is several times cheaper."""
+
     request_id: str
     token_ids: tuple[int, ...]  # computed this step: known tokens, then num_draft_tokens drafts
     num_computed_tokens: int  # already in the KV cache = position of token_ids[0]
@@ -323,18 +325,18 @@ class Scheduler:
         if num_drafts:
             token_ids += tuple(request.spec_token_ids[:num_drafts])
         return ScheduledRequest(
-            request_id=request.request_id,
-            token_ids=token_ids,
-            num_computed_tokens=start,
-            new_block_ids=tuple(block_ids),
-            reset_block_table=reset_block_table,
-            num_draft_tokens=num_drafts,
-            samples=start + num_known == num_tokens,
-            sampling_params=request.sampling_params,
-            prompt_len=request.num_prompt_tokens,
-            # Anything but feeding back the single last sampled token (a resumed request
-            # re-prefills its output tokens too).
-            is_prefill=not request.output_token_ids or start < num_tokens - 1,
+            request.request_id,
+            token_ids,
+            start,
+            tuple(block_ids),
+            reset_block_table,
+            num_drafts,
+            start + num_known == num_tokens,  # samples
+            request.sampling_params,
+            len(request.prompt_token_ids),
+            # is_prefill: anything but feeding back the single last sampled token (a resumed
+            # request re-prefills its output tokens too).
+            not request.output_token_ids or start < num_tokens - 1,
         )
 
     # ---- results --------------------------------------------------------------------------
@@ -359,20 +361,23 @@ class Scheduler:
         any_finished = False
         for s, request in live:
             request.num_computed_tokens += len(s.token_ids)
-            request.spec_token_ids = []  # the proposer sets fresh ones before the next schedule()
+            if request.spec_token_ids:
+                request.spec_token_ids = []  # the proposer sets fresh ones before the next schedule()
             if not s.samples:
                 continue
             sampled = sampled_token_ids[s.request_id]
-            # Rejected drafts leave garbage KV behind; the next step simply overwrites it.
-            request.num_computed_tokens -= s.num_draft_tokens - (len(sampled) - 1)
-            new_tokens: list[int] = []
-            stop: RequestStatus | None = None
+            if s.num_draft_tokens:
+                # Rejected drafts leave garbage KV behind; the next step simply overwrites it.
+                request.num_computed_tokens -= s.num_draft_tokens - (len(sampled) - 1)
             if request.first_token_time is None:
                 request.first_token_time = now
+            output_ids, times = request.output_token_ids, request.token_times
+            stop: RequestStatus | None = None
+            num_kept = 0
             for token in sampled:
-                request.output_token_ids.append(token)
-                request.token_times.append(now)
-                new_tokens.append(token)
+                output_ids.append(token)
+                times.append(now)
+                num_kept += 1
                 stop = self._stop_status(request, token)
                 if stop is not None:
                     break
@@ -380,7 +385,7 @@ class Scheduler:
                 self.kv_cache_manager.free(request)
                 self._finish(request, stop, now)
                 any_finished = True
-            updates.append(RequestUpdate(s.request_id, tuple(new_tokens), stop is not None, request.finish_reason))
+            updates.append(RequestUpdate(s.request_id, tuple(sampled[:num_kept]), stop is not None, request.finish_reason))
         if any_finished:
             self.running = [r for r in self.running if not r.is_finished]
         return updates

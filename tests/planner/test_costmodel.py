@@ -34,7 +34,7 @@ def req(q: int, cached: int = 0, *, prefill: bool | None = None, samples: bool =
 
 
 def step(*reqs: ScheduledRequest) -> SchedulerOutput:
-    reqs = tuple(ScheduledRequest(**{**r.__dict__, "request_id": f"r{i}"}) for i, r in enumerate(reqs))
+    reqs = tuple(r._replace(request_id=f"r{i}") for i, r in enumerate(reqs))
     return SchedulerOutput(
         scheduled=reqs,
         total_num_scheduled_tokens=sum(r.num_tokens for r in reqs),

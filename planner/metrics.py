@@ -1,0 +1,318 @@
+"""Serving metrics: one summary for a simulated run and for a measured engine run.
+
+Both runs drive the same `engine.core` scheduler, which stamps the same Request fields
+(with `env.now` or the wall clock), so both feed this module the same raw material — a
+`RunRecord` — and get the same `RunSummary`, field for field. That is what makes
+engine-vs-simulator comparisons meaningful.
+
+Conventions: latencies in ms from seconds; percentiles interpolate linearly between order
+statistics (numpy's default, as vLLM's benchmark does); a run lasts from its first arrival to
+its last finish; rates divide by that duration.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from engine.core.kv_cache_manager import PrefixCacheStats
+from engine.core.metrics import RequestMetrics
+from planner.specs import SLO
+
+TIMESERIES_POINTS = 120
+
+
+class StepSample(NamedTuple):
+    """One step of one replica, as scheduled: its batch and the cache right after allocation."""
+
+    replica: int
+    start_s: float
+    end_s: float
+    kv_cache_usage: float
+    num_running: int  # requests in the batch
+    num_waiting: int  # left in the queue
+    num_batched_tokens: int
+
+
+@dataclass
+class RunRecord:
+    """What one run (engine or simulator) produced, before any statistics."""
+
+    requests: list[RequestMetrics]  # finished requests
+    num_submitted: int
+    num_replicas: int
+    samples: list[StepSample]
+    prefix_cache: PrefixCacheStats  # summed over replicas
+    num_preemptions: int
+    num_steps: int
+    kv_cache_blocks_total: int  # all replicas
+    flops: float | None = None  # work done by all GPUs, when known (the simulator knows)
+    bytes: float | None = None
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PricingBasis:
+    """What the cost and utilisation figures rest on; None where the hardware gives no figure."""
+
+    gpus: int
+    price_usd_per_gpu_hour: float | None
+    peak_flops_per_gpu: float | None
+    bandwidth_bytes_per_s_per_gpu: float | None
+    description: str
+
+
+# --------------------------------------------------------------------------- the summary
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class LatencyStats(_Out):
+    count: int = Field(description="Values summarised (requests, or gaps for ITL)")
+    mean: float
+    p50: float
+    p90: float
+    p95: float
+    p99: float
+    max: float
+
+
+class Throughput(_Out):
+    requests_per_s: float
+    input_tokens_per_s: float = Field(description="Prompt tokens of finished requests per second")
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+
+
+class SLOCheck(_Out):
+    target: str = Field(description="SLO field, e.g. ttft_p99_ms")
+    limit_ms: float
+    observed_ms: float
+    met: bool
+
+
+class Goodput(_Out):
+    requests_per_s: float = Field(description="Requests meeting every per-request limit, per second")
+    share: float = Field(description="Their share of finished requests")
+    request_limits_ms: dict[str, float] = Field(description="Per-request limits applied (metric -> ms); empty: no SLO")
+    checks: list[SLOCheck] = Field(description="Each percentile target against the observed distribution")
+    required_share: float | None
+    slo_met: bool | None = Field(description="Every target and the goodput share met; None without an SLO")
+
+
+class Cost(_Out):
+    usd_per_hour: float | None = Field(description="GPUs x price per GPU-hour")
+    usd_per_million_input_tokens: float | None = Field(
+        description="Whole hourly cost over the input-token rate (an alternative view, not additive with output)"
+    )
+    usd_per_million_output_tokens: float | None = Field(description="Whole hourly cost over the output-token rate")
+    usd_per_million_total_tokens: float | None
+    usd_per_request: float | None
+    basis: str = Field(description="What the figures assume")
+
+
+class Utilisation(_Out):
+    mfu: float | None = Field(description="FLOPs done / (duration x peak x GPUs) at the compute dtype's peak")
+    bandwidth_utilisation: float | None = Field(description="Bytes moved / (duration x bandwidth x GPUs)")
+    busy_share: float = Field(description="Share of replica-time spent in steps (the rest is idle)")
+
+
+class TimeSeries(_Out):
+    """Deployment-wide state on a regular grid (mean over each bin; last value carried through idle bins)."""
+
+    t_s: list[float]
+    kv_cache_usage: list[float] = Field(description="Mean over replicas, 0-1")
+    num_running: list[float] = Field(description="Summed over replicas")
+    num_waiting: list[float] = Field(description="Summed over replicas")
+    batch_tokens: list[float] = Field(description="Tokens per step, summed over replicas")
+
+
+class RunSummary(_Out):
+    """The stable result schema of `serveplan simulate --json` and `serveplan engine bench --json`."""
+
+    source: Literal["simulator", "engine"]
+    model: str
+    hardware: str
+    workload: str
+    num_requests: int = Field(description="Requests submitted")
+    num_finished: int
+    finish_reasons: dict[str, int]
+    duration_s: float = Field(description="First arrival to last finish")
+    ttft_ms: LatencyStats
+    itl_ms: LatencyStats
+    tpot_ms: LatencyStats
+    e2e_ms: LatencyStats
+    queueing_ms: LatencyStats = Field(description="Arrival to first scheduled step")
+    throughput: Throughput
+    goodput: Goodput
+    prefix_cache_hit_rate: float = Field(description="Prompt tokens served from the prefix cache / prompt tokens looked up")
+    prefix_cache_hit_tokens: int
+    preemptions: int
+    num_steps: int
+    kv_cache_blocks_total: int = Field(description="KV blocks of all replicas")
+    utilisation: Utilisation
+    cost: Cost
+    timeseries: TimeSeries
+    assumptions: dict[str, object] = Field(description="Every figure the run's timing model used")
+
+
+def latency_stats_ms(values_s: Sequence[float] | np.ndarray) -> LatencyStats:
+    v = np.asarray(values_s, dtype=float) * 1e3
+    if v.size == 0:
+        return LatencyStats(count=0, mean=0.0, p50=0.0, p90=0.0, p95=0.0, p99=0.0, max=0.0)
+    p50, p90, p95, p99 = np.percentile(v, [50, 90, 95, 99]).tolist()
+    return LatencyStats(count=int(v.size), mean=float(v.mean()), p50=p50, p90=p90, p95=p95, p99=p99, max=float(v.max()))
+
+
+def summarize(
+    record: RunRecord,
+    *,
+    source: Literal["simulator", "engine"],
+    model: str,
+    hardware: str,
+    workload: str,
+    slo: SLO | None,
+    pricing: PricingBasis,
+    assumptions: dict[str, object],
+) -> RunSummary:
+    reqs = record.requests
+    if not reqs:
+        raise ValueError("no request finished: nothing to summarise")
+    start = min(r.arrival_time for r in reqs)
+    end = max(r.arrival_time + r.e2e_s for r in reqs)
+    duration = max(end - start, 1e-12)
+
+    ttft = np.array([r.ttft_s for r in reqs])
+    tpot = np.array([r.tpot_s for r in reqs if r.output_tokens > 1])
+    e2e = np.array([r.e2e_s for r in reqs])
+    itl = np.fromiter((gap for r in reqs for gap in r.itl_s), dtype=float)
+    stats = {
+        "ttft_ms": latency_stats_ms(ttft),
+        "itl_ms": latency_stats_ms(itl),
+        "tpot_ms": latency_stats_ms(tpot),
+        "e2e_ms": latency_stats_ms(e2e),
+        "queueing_ms": latency_stats_ms([r.queueing_s for r in reqs]),
+    }
+    input_tokens = sum(r.prompt_tokens for r in reqs)
+    output_tokens = sum(r.output_tokens for r in reqs)
+    throughput = Throughput(
+        requests_per_s=len(reqs) / duration,
+        input_tokens_per_s=input_tokens / duration,
+        output_tokens_per_s=output_tokens / duration,
+        total_tokens_per_s=(input_tokens + output_tokens) / duration,
+    )
+    return RunSummary(
+        source=source,
+        model=model,
+        hardware=hardware,
+        workload=workload,
+        num_requests=record.num_submitted,
+        num_finished=len(reqs),
+        finish_reasons=dict(sorted(record.finish_reasons.items())),
+        duration_s=duration,
+        **stats,
+        throughput=throughput,
+        goodput=_goodput(reqs, stats, slo, duration),
+        prefix_cache_hit_rate=record.prefix_cache.hit_rate,
+        prefix_cache_hit_tokens=record.prefix_cache.hit_tokens,
+        preemptions=record.num_preemptions,
+        num_steps=record.num_steps,
+        kv_cache_blocks_total=record.kv_cache_blocks_total,
+        utilisation=_utilisation(record, pricing, duration),
+        cost=_cost(pricing, throughput),
+        timeseries=_timeseries(record.samples, record.num_replicas, start, end),
+        assumptions=assumptions,
+    )
+
+
+def _goodput(reqs: list[RequestMetrics], stats: dict[str, LatencyStats], slo: SLO | None, duration: float) -> Goodput:
+    if slo is None:
+        return Goodput(requests_per_s=len(reqs) / duration, share=1.0, request_limits_ms={}, checks=[],
+                       required_share=None, slo_met=None)
+    limits = slo.request_limits_ms()
+    good = 0
+    for r in reqs:
+        observed = {"ttft": r.ttft_s * 1e3, "tpot": r.tpot_s * 1e3, "e2e": r.e2e_s * 1e3}
+        good += all(observed[m] <= limit for m, limit in limits.items())
+    checks = []
+    for target, limit in slo.targets.items():
+        metric, quantile, _ = target.split("_")
+        observed = getattr(stats[f"{metric}_ms"], quantile)
+        checks.append(SLOCheck(target=target, limit_ms=limit, observed_ms=observed, met=observed <= limit))
+    share = good / len(reqs)
+    return Goodput(
+        requests_per_s=good / duration,
+        share=share,
+        request_limits_ms=limits,
+        checks=checks,
+        required_share=slo.goodput_share,
+        slo_met=share >= slo.goodput_share and all(c.met for c in checks),
+    )
+
+
+def _utilisation(record: RunRecord, pricing: PricingBasis, duration: float) -> Utilisation:
+    capacity_s = duration * pricing.gpus
+    mfu = bw = None
+    if record.flops is not None and pricing.peak_flops_per_gpu:
+        mfu = record.flops / (capacity_s * pricing.peak_flops_per_gpu)
+    if record.bytes is not None and pricing.bandwidth_bytes_per_s_per_gpu:
+        bw = record.bytes / (capacity_s * pricing.bandwidth_bytes_per_s_per_gpu)
+    busy = sum(sample.end_s - sample.start_s for sample in record.samples)
+    return Utilisation(mfu=mfu, bandwidth_utilisation=bw, busy_share=min(1.0, busy / (duration * record.num_replicas)))
+
+
+def _cost(pricing: PricingBasis, tp: Throughput) -> Cost:
+    if pricing.price_usd_per_gpu_hour is None:
+        return Cost(usd_per_hour=None, usd_per_million_input_tokens=None, usd_per_million_output_tokens=None,
+                    usd_per_million_total_tokens=None, usd_per_request=None, basis=pricing.description)
+    per_hour = pricing.gpus * pricing.price_usd_per_gpu_hour
+
+    def per_million(rate_per_s: float) -> float | None:
+        return per_hour / (rate_per_s * 3600) * 1e6 if rate_per_s > 0 else None
+
+    return Cost(
+        usd_per_hour=per_hour,
+        usd_per_million_input_tokens=per_million(tp.input_tokens_per_s),
+        usd_per_million_output_tokens=per_million(tp.output_tokens_per_s),
+        usd_per_million_total_tokens=per_million(tp.total_tokens_per_s),
+        usd_per_request=per_hour / (tp.requests_per_s * 3600) if tp.requests_per_s > 0 else None,
+        basis=pricing.description,
+    )
+
+
+def _timeseries(samples: list[StepSample], num_replicas: int, start: float, end: float) -> TimeSeries:
+    if not samples:
+        return TimeSeries(t_s=[], kv_cache_usage=[], num_running=[], num_waiting=[], batch_tokens=[])
+    edges = np.linspace(start, end, TIMESERIES_POINTS + 1)
+    data = np.array([s[2:] for s in samples], dtype=float)  # end_s, kv, running, waiting, tokens
+    replica = np.array([s.replica for s in samples])
+    totals = np.zeros((TIMESERIES_POINTS, 4))
+    for k in range(num_replicas):
+        rows = data[replica == k]
+        if not rows.size:
+            continue
+        bins = np.clip(np.searchsorted(edges, rows[:, 0], side="right") - 1, 0, TIMESERIES_POINTS - 1)
+        counts = np.bincount(bins, minlength=TIMESERIES_POINTS)
+        means = np.stack([np.bincount(bins, rows[:, j], minlength=TIMESERIES_POINTS) for j in range(1, 5)], axis=1)
+        filled = counts > 0
+        means[filled] /= counts[filled, None]
+        # An idle replica keeps its last state (but runs no tokens) until its next step.
+        last = np.maximum.accumulate(np.where(filled, np.arange(TIMESERIES_POINTS), -1))
+        carried = np.where(last[:, None] >= 0, means[np.maximum(last, 0)], 0.0)
+        carried[~filled, 3] = 0.0
+        totals += carried
+    totals[:, 0] /= num_replicas
+    mid = ((edges[:-1] + edges[1:]) / 2 - start).tolist()
+    return TimeSeries(
+        t_s=[round(t, 6) for t in mid],
+        kv_cache_usage=[round(v, 6) for v in totals[:, 0]],
+        num_running=[round(v, 3) for v in totals[:, 1]],
+        num_waiting=[round(v, 3) for v in totals[:, 2]],
+        batch_tokens=[round(v, 3) for v in totals[:, 3]],
+    )

@@ -1,0 +1,110 @@
+"""When each drawn request goes in: the replay rules every driver shares.
+
+The simulator (SimPy time) and `serveplan engine bench` (wall clock) both replay a workload
+through a `Playback`, so they submit the same requests with the same prompts at the same
+moments relative to what the server does:
+- open loop: each conversation's first turn arrives at its drawn time;
+- closed loop: `concurrency` users; each starts its next conversation `think_time_s` after its
+  previous one ended;
+- a follow-up turn goes in `think_time_s` after its parent finishes, its prompt being the
+  parent's prompt, the parent's output and the new user message.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pathlib import Path
+
+from engine.errors import InputError
+from planner.workload import ClosedLoopArrivals, Workload, WorkloadRequest, build_prompt, draw, follow_ups, load_trace
+
+
+@dataclass(frozen=True)
+class Replay:
+    """The requests a driver plays, whether drawn from a Workload or read from a trace."""
+
+    name: str
+    requests: list[WorkloadRequest]
+    concurrency: int | None  # closed-loop users; None: open loop (every first turn has an arrival time)
+    description: str
+
+    @classmethod
+    def of(cls, workload: Workload, vocab_size: int | None = None) -> Replay:
+        arrival = workload.arrival
+        return cls(
+            name=workload.name,
+            requests=draw(workload, vocab_size),
+            concurrency=arrival.concurrency if isinstance(arrival, ClosedLoopArrivals) else None,
+            description=f"workload {workload.name!r} ({arrival.kind}, seed {workload.seed})",
+        )
+
+    @classmethod
+    def from_trace(cls, path: str | Path, vocab_size: int | None = None, seed: int = 0) -> Replay:
+        kwargs = {} if vocab_size is None else {"vocab_size_tokens": min(vocab_size, 30_000)}
+        return cls(name=Path(path).stem, requests=load_trace(path, seed=seed, **kwargs), concurrency=None,
+                   description=f"trace {path} (recorded arrival times, synthetic token ids, seed {seed})")
+
+
+@dataclass(frozen=True)
+class Submission:
+    due_s: float
+    request: WorkloadRequest
+    prompt_token_ids: tuple[int, ...]
+
+
+class Playback:
+    def __init__(self, replay: Replay) -> None:
+        requests, concurrency = replay.requests, replay.concurrency
+        if not requests:
+            raise InputError("workload", "0 requests", "needs at least one request")
+        roots = [r for r in requests if r.parent_id is None]
+        open_loop = concurrency is None
+        if any((r.arrival_s is None) == open_loop for r in roots):
+            raise InputError(
+                "workload.arrival", "mixed", "either every first turn has an arrival time (open loop) or none (closed loop)"
+            )
+        self.num_requests = len(requests)
+        self._children = follow_ups(requests)
+        self._prompts: dict[str, tuple[int, ...]] = {}  # of submitted requests whose follow-up is pending
+        self._concurrency = concurrency
+        self._queue = deque(sorted(roots, key=lambda r: r.arrival_s) if open_loop else roots)
+
+    def start(self) -> list[Submission]:
+        """The submissions known before anything runs: every open-loop arrival, or the first
+        turn of each closed-loop user at t=0."""
+        n = len(self._queue) if self._concurrency is None else min(self._concurrency, len(self._queue))
+        first = [self._queue.popleft() for _ in range(n)]
+        return [self._submission(r.arrival_s or 0.0, r, r.prompt_token_ids) for r in first]
+
+    def finished(self, request_id: str, output_token_ids: Sequence[int], now_s: float) -> list[Submission]:
+        """What to submit because `request_id` finished at `now_s`."""
+        child = self._children.pop(request_id, None)
+        if child is not None:
+            parent_prompt = self._prompts.pop(request_id)
+            prompt = tuple(build_prompt(parent_prompt, output_token_ids, child.new_prompt_token_ids))
+            return [self._submission(now_s + child.think_time_s, child, prompt)]
+        if self._concurrency is not None and self._queue:
+            nxt = self._queue.popleft()
+            return [self._submission(now_s + nxt.think_time_s, nxt, nxt.prompt_token_ids)]
+        return []
+
+    def _submission(self, due_s: float, request: WorkloadRequest, prompt: tuple[int, ...]) -> Submission:
+        if request.request_id in self._children:
+            self._prompts[request.request_id] = prompt
+        return Submission(due_s, request, prompt)
+
+
+def request_lengths(requests: Sequence[WorkloadRequest]) -> dict[str, tuple[int, int]]:
+    """request_id -> (prompt tokens, output tokens), follow-ups included, before anything runs,
+    so that a request too long for the server is rejected up front rather than mid-run."""
+    lengths: dict[str, tuple[int, int]] = {}
+    for r in requests:  # draw() lists a parent before its follow-ups
+        if r.parent_id is None:
+            lengths[r.request_id] = (len(r.prompt_token_ids), r.output_tokens)
+        else:
+            parent_prompt, parent_out = lengths[r.parent_id]
+            lengths[r.request_id] = (parent_prompt + parent_out + len(r.new_prompt_token_ids), r.output_tokens)
+    return lengths

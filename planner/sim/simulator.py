@@ -1,0 +1,165 @@
+"""Simulate a deployment serving a workload: replicas, a router and the workload's playback in SimPy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import simpy
+
+from engine.config import ModelConfig
+from engine.core import KVCacheManager, Request, SamplingParams, Scheduler
+from engine.core.metrics import RequestMetrics
+from engine.core.kv_cache_manager import PrefixCacheStats
+from engine.errors import InputError, unknown_name_error
+from planner.costmodel import CostModel, CostParams
+from planner.memory import MemoryPlan, plan_memory
+from planner.metrics import PricingBasis, RunRecord, RunSummary, StepSample, summarize
+from planner.playback import Playback, Replay, Submission, request_lengths
+from planner.sim.replica import Replica
+from planner.sim.router import ROUTERS, RouterName
+from planner.specs import SLO, Deployment, HardwareProfile
+from planner.workload import Workload, WorkloadRequest
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    summary: RunSummary
+    record: RunRecord  # per request and per step, for CDFs and full-resolution time series
+    memory: MemoryPlan
+
+
+def simulate(
+    model: ModelConfig,
+    hw: HardwareProfile,
+    dep: Deployment,
+    workload: Workload | Replay,
+    *,
+    slo: SLO | None = None,
+    router: RouterName = "round_robin",
+    calibration: CostParams | None = None,
+    max_model_len: int | None = None,
+) -> SimulationResult:
+    """Play `workload` (a spec to draw, or a trace / already drawn Replay) against `dep` until
+    every request finishes."""
+    if router not in ROUTERS:
+        raise unknown_name_error("router", router, ROUTERS)
+    max_len = max_model_len or model.max_position_embeddings
+    if not 2 <= max_len <= model.max_position_embeddings:
+        raise InputError("max_model_len", max_len, f"must be in 2..{model.max_position_embeddings} (the model's context)")
+    memory = plan_memory(model, hw, dep, context_tokens=max_len)
+    # Only "no KV cache at all" is fatal here: requests are checked one by one below, so a
+    # default max_model_len beyond what the cache holds does not stop a workload of short ones.
+    if memory.kv_cache_blocks < 1:
+        raise InputError("deployment", f"{memory.model} on {dep.replicas} x {dep.gpus_per_replica} {hw.name}", memory.reason)
+    cost_model = CostModel(model, hw, dep, calibration)
+    sched_config = dep.knobs.scheduler_config(max_len)
+    replay = workload if isinstance(workload, Replay) else Replay.of(workload, vocab_size=model.vocab_size)
+    _check_lengths(replay.requests, max_len, memory.kv_cache_blocks, sched_config.block_size)
+
+    env = simpy.Environment()
+    samples: list[StepSample] = []
+    finished: list[Request] = []
+    playback = Playback(replay)
+
+    def submit(sub: Submission) -> None:
+        wr = sub.request
+        request = Request(wr.request_id, list(sub.prompt_token_ids),
+                          SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=env.now)
+        replicas[route.choose(request, replicas)].submit(request)
+
+    def submit_later(sub: Submission):  # noqa: ANN202 (a SimPy process generator)
+        yield env.timeout(sub.due_s - env.now)
+        submit(sub)
+
+    def on_finished(request: Request) -> None:
+        finished.append(request)
+        for sub in playback.finished(request.request_id, request.output_token_ids, env.now):
+            if sub.due_s > env.now:
+                env.process(submit_later(sub))
+            else:
+                submit(sub)
+
+    def arrivals():  # noqa: ANN202 (a SimPy process generator)
+        for sub in playback.start():  # sorted by due time
+            if sub.due_s > env.now:
+                yield env.timeout(sub.due_s - env.now)
+            submit(sub)
+
+    route = ROUTERS[router]()
+    replicas = [
+        Replica(env, i, Scheduler(sched_config, KVCacheManager(memory.kv_cache_blocks, sched_config.block_size,
+                                                               sched_config.enable_prefix_caching)),
+                cost_model, on_finished, samples)
+        for i in range(dep.replicas)
+    ]
+    env.process(arrivals())
+    env.run()  # the replicas idle on an event once everything is done, so the queue drains
+    if len(finished) != playback.num_requests:
+        raise RuntimeError(f"{playback.num_requests - len(finished)} requests never finished: simulator bug")
+
+    stats = [r.scheduler.stats() for r in replicas]
+    reasons: dict[str, int] = {}
+    for s in stats:
+        for reason, n in s.num_finished.items():
+            if n:
+                reasons[reason] = reasons.get(reason, 0) + n
+    record = RunRecord(
+        requests=[RequestMetrics.from_request(r) for r in finished],
+        num_submitted=playback.num_requests,
+        num_replicas=dep.replicas,
+        samples=samples,
+        prefix_cache=PrefixCacheStats(
+            num_queries=sum(s.prefix_cache.num_queries for s in stats),
+            query_tokens=sum(s.prefix_cache.query_tokens for s in stats),
+            hit_tokens=sum(s.prefix_cache.hit_tokens for s in stats),
+        ),
+        num_preemptions=sum(s.num_preemptions for s in stats),
+        num_steps=sum(s.num_steps for s in stats),
+        kv_cache_blocks_total=memory.kv_cache_blocks * dep.replicas,
+        flops=sum(r.flops for r in replicas) * dep.tensor_parallel,
+        bytes=sum(r.bytes for r in replicas) * dep.tensor_parallel,
+        finish_reasons=reasons,
+    )
+    peak, peak_dtype = hw.peak_flops(cost_model.gemm_dtype)
+    pricing = PricingBasis(
+        gpus=dep.total_gpus,
+        price_usd_per_gpu_hour=hw.price_usd_per_hour,
+        peak_flops_per_gpu=peak,
+        bandwidth_bytes_per_s_per_gpu=hw.memory_bandwidth_gb_s * 1e9,
+        description=(
+            f"{dep.total_gpus} x {hw.name} at "
+            + (f"US${hw.price_usd_per_hour:.2f} per GPU-hour (profile price)" if hw.price_usd_per_hour else "no listed price")
+            + f"; MFU against the {peak_dtype} peak; rates at this run's measured throughput"
+        ),
+    )
+    assumptions = {
+        **cost_model.assumptions(),
+        "replicas": dep.replicas,
+        "router": router,
+        "kv_cache_blocks_per_replica": memory.kv_cache_blocks,
+        "block_size_tokens": sched_config.block_size,
+        "max_model_len": max_len,
+        "max_num_batched_tokens": sched_config.max_num_batched_tokens,
+        "max_num_seqs": sched_config.max_num_seqs,
+        "enable_chunked_prefill": sched_config.enable_chunked_prefill,
+        "enable_prefix_caching": sched_config.enable_prefix_caching,
+        "policy": sched_config.policy,
+        "gpu_memory_utilization": dep.knobs.gpu_memory_utilization,
+        "workload": replay.description,
+        "output_lengths": "drawn by the workload and generated exactly (ignore_eos)",
+    }
+    summary = summarize(record, source="simulator", model=memory.model, hardware=hw.name, workload=replay.name,
+                        slo=slo, pricing=pricing, assumptions=assumptions)
+    return SimulationResult(summary=summary, record=record, memory=memory)
+
+
+def _check_lengths(requests: list[WorkloadRequest], max_model_len: int, num_blocks: int, block_size: int) -> None:
+    """Reject a request the server could never take before simulating anything, naming it."""
+    for rid, (prompt, output) in request_lengths(requests).items():
+        if prompt + output > max_model_len:
+            raise InputError(f"request {rid}", f"{prompt} prompt + {output} output tokens",
+                             f"must fit max_model_len={max_model_len}")
+        blocks = -(-(prompt + output - 1) // block_size)
+        if blocks > num_blocks:
+            raise InputError(f"request {rid}", f"{prompt} prompt + {output} output tokens",
+                             f"needs {blocks} KV blocks but a replica holds {num_blocks}")

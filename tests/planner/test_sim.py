@@ -1,0 +1,277 @@
+"""The simulator: one scheduler, determinism, first principles, overload, routing and bad input."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+import subprocess
+import sys
+
+import pytest
+
+from engine.catalog import resolve_model
+from engine.core import Scheduler
+from engine.errors import InputError
+from planner.costmodel import CostParams
+from planner.hardware import get_hardware
+from planner.memory import plan_memory
+from planner.playback import Replay
+from planner.sim import simulate
+from planner.sim.replica import Replica
+from planner.specs import SLO, Deployment, EngineKnobs
+from planner.workload import (
+    ClosedLoopArrivals,
+    ConstantArrivals,
+    Conversation,
+    FixedLength,
+    PoissonArrivals,
+    SharedPrefix,
+    Workload,
+    get_workload,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+LLAMA_8B = resolve_model("llama-3.1-8b")
+H100 = get_hardware("h100-sxm")
+NO_OVERHEAD = CostParams(compute_efficiency=0.8, memory_efficiency=0.85, attention_memory_efficiency=0.6,
+                         interconnect_efficiency=0.8, step_overhead_s=0.0)
+
+
+def fixed(n: int) -> FixedLength:
+    return FixedLength(tokens=n)
+
+
+def workload(n: int = 50, inp: int = 128, out: int = 64, rate: float = 2.0, **extra: object) -> Workload:
+    return Workload(name="t", arrival=extra.pop("arrival", PoissonArrivals(rate_per_s=rate)),
+                    input_tokens=fixed(inp), output_tokens=fixed(out), num_requests=n, **extra)
+
+
+# --------------------------------------------------------------------------- one scheduler
+
+
+def test_planner_defines_no_scheduling_or_block_logic_and_imports_no_torch() -> None:
+    for path in (ROOT / "planner").rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                assert not any(word in node.name for word in ("Scheduler", "BlockPool", "KVCache")), (path, node.name)
+            if isinstance(node, ast.FunctionDef):
+                assert node.name not in ("allocate_slots", "get_computed_blocks", "schedule"), (path, node.name)
+        top_level = [n for n in tree.body if isinstance(n, ast.Import | ast.ImportFrom)]
+        for node in top_level:
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            assert not any(n.split(".")[0] in ("torch", "triton") for n in names), path
+    code = "import sys, planner.sim, planner.cli; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], cwd=ROOT).returncode == 0
+
+
+def test_replicas_run_the_engine_scheduler(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Scheduler] = []
+    original = Replica.__init__
+
+    def spy(self: Replica, *args: object, **kwargs: object) -> None:
+        original(self, *args, **kwargs)
+        seen.append(self.scheduler)
+
+    monkeypatch.setattr(Replica, "__init__", spy)
+    simulate(LLAMA_8B, H100, Deployment(hardware="h100-sxm", replicas=2), workload(n=10))
+    assert len(seen) == 2 and all(type(s) is Scheduler for s in seen)
+
+
+# --------------------------------------------------------------------------- determinism
+
+
+def test_same_inputs_same_bytes() -> None:
+    w = get_workload("chat", num_requests=200, arrival={"kind": "poisson", "rate_per_s": 10})
+    dep = Deployment(hardware="h100-sxm", replicas=2)
+    a = simulate(LLAMA_8B, H100, dep, w, slo=SLO(ttft_p99_ms=200), router="least_outstanding_tokens")
+    b = simulate(LLAMA_8B, H100, dep, w, slo=SLO(ttft_p99_ms=200), router="least_outstanding_tokens")
+    assert a.summary.model_dump_json() == b.summary.model_dump_json()
+    c = simulate(LLAMA_8B, H100, dep, w.model_copy(update={"seed": 1}))
+    assert c.summary.ttft_ms != a.summary.ttft_ms
+
+
+def test_cli_json_is_byte_identical_and_has_the_documented_fields() -> None:
+    cmd = [sys.executable, "-m", "planner.cli", "simulate", "--requests", "60", "--rate", "5", "--json",
+           "--slo", "ttft_p99_ms<=300"]
+    runs = [subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=True).stdout for _ in range(2)]
+    assert runs[0] == runs[1]
+    data = json.loads(runs[0])
+    for key in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
+        assert set(data[key]) >= {"mean", "p50", "p90", "p95", "p99"}
+    assert set(data["throughput"]) >= {"requests_per_s", "input_tokens_per_s", "output_tokens_per_s"}
+    assert set(data["cost"]) >= {"usd_per_hour", "usd_per_million_input_tokens", "usd_per_million_output_tokens"}
+    for key in ("goodput", "prefix_cache_hit_rate", "preemptions", "kv_cache_blocks_total", "assumptions"):
+        assert key in data
+    assert data["assumptions"]["memory_bandwidth_gb_s"] == H100.memory_bandwidth_gb_s
+
+
+# --------------------------------------------------------------------------- first principles
+
+
+def single_request_tpot_ms(hw_bandwidth_gb_s: float) -> float:
+    hw = H100.model_copy(update={"memory_bandwidth_gb_s": hw_bandwidth_gb_s})
+    w = workload(n=1, inp=16, out=512)
+    return simulate(LLAMA_8B, hw, Deployment(hardware="h100-sxm"), w, calibration=NO_OVERHEAD).summary.tpot_ms.mean
+
+
+def test_single_request_decode_is_weight_bytes_over_bandwidth() -> None:
+    tpot_ms = single_request_tpot_ms(H100.memory_bandwidth_gb_s)
+    # bf16 weights; the input embedding is gathered one row per token, not read whole (untied LM head).
+    assert not LLAMA_8B.tie_word_embeddings
+    weight_bytes = (LLAMA_8B.total_params - LLAMA_8B.vocab_size * LLAMA_8B.hidden_size) * 2
+    expected_ms = weight_bytes / (H100.memory_bandwidth_gb_s * 1e9 * 0.85) * 1e3
+    # What is left on top: the KV of a few hundred tokens, activations and the sampler.
+    assert expected_ms * 0.97 < tpot_ms < expected_ms * 1.03
+
+
+def test_doubling_bandwidth_halves_the_decode_step() -> None:
+    ratio = single_request_tpot_ms(2 * H100.memory_bandwidth_gb_s) / single_request_tpot_ms(H100.memory_bandwidth_gb_s)
+    assert ratio == pytest.approx(0.5, abs=0.01)
+
+
+def test_a_long_prefill_is_compute_bound() -> None:
+    prompt = 8000
+    result = simulate(LLAMA_8B, H100, Deployment(hardware="h100-sxm"), workload(n=1, inp=prompt, out=1),
+                      calibration=NO_OVERHEAD)
+    flops = LLAMA_8B.matmul_flops_per_token() * prompt + sum(
+        LLAMA_8B.attention_flops_per_token(c) for c in range(1, prompt + 1)
+    )
+    compute_ms = flops / (H100.peak_flops("bf16")[0] * 0.8) * 1e3
+    memory_ms = LLAMA_8B.total_params * 2 / (H100.memory_bandwidth_gb_s * 1e9 * 0.85) * 1e3
+    ttft = result.summary.ttft_ms.mean
+    assert ttft > 20 * memory_ms
+    assert ttft == pytest.approx(compute_ms, rel=0.05)
+
+
+def test_kv_capacity_and_max_concurrency_equal_the_memory_plan() -> None:
+    context = 1024
+    knobs = EngineKnobs(gpu_memory_utilization=0.3, max_num_batched_tokens=32768, max_num_seqs=1024)
+    dep = Deployment(hardware="h100-sxm", knobs=knobs)
+    plan = plan_memory(LLAMA_8B, H100, dep, context_tokens=context)
+    assert 2 <= plan.max_concurrent_sequences < 64
+    # Prompts of context - 1 tokens plus one output token: each holds exactly a full context of blocks.
+    w = workload(n=3 * plan.max_concurrent_sequences, inp=context - 1, out=1, arrival=ConstantArrivals(rate_per_s=1e6))
+    result = simulate(LLAMA_8B, H100, dep, w, max_model_len=context)
+    assert result.summary.kv_cache_blocks_total == plan.kv_cache_blocks
+    assert max(s.num_running for s in result.record.samples) == plan.max_concurrent_sequences
+
+
+def test_a_shared_system_prompt_hits_at_the_theoretical_share() -> None:
+    n, prefix, own = 200, 2048, 200
+    w = workload(n=n, inp=own, out=32, rate=5.0,
+                 shared_prefix=SharedPrefix(num_prefixes=1, prefix_tokens=prefix, share=1.0))
+    hit = simulate(LLAMA_8B, H100, Deployment(hardware="h100-sxm"), w).summary.prefix_cache_hit_rate
+    theory = (n - 1) * prefix / (n * (prefix + own))  # everyone but the first reuses the whole prefix
+    assert hit == pytest.approx(theory, abs=0.01)
+    off = Deployment(hardware="h100-sxm", knobs=EngineKnobs(enable_prefix_caching=False))
+    assert simulate(LLAMA_8B, H100, off, w).summary.prefix_cache_hit_rate == 0.0
+
+
+# --------------------------------------------------------------------------- overload
+
+
+def test_overload_queues_preempts_and_loses_nothing() -> None:
+    knobs = EngineKnobs(gpu_memory_utilization=0.23)  # a small KV cache: ~650 blocks
+    dep = Deployment(hardware="h100-sxm", knobs=knobs)
+    w = workload(n=300, inp=512, out=512, rate=200.0)
+    s = simulate(LLAMA_8B, H100, dep, w).summary
+    assert s.num_finished == s.num_requests == 300
+    assert s.finish_reasons == {"length": 300}
+    assert s.preemptions > 0
+    assert max(s.timeseries.num_waiting) > 50
+    assert s.queueing_ms.p99 > 10 * s.queueing_ms.p50 or s.queueing_ms.p50 > 1000
+
+
+def test_closed_loop_keeps_concurrency_users_busy() -> None:
+    w = workload(n=120, inp=64, out=64, arrival=ClosedLoopArrivals(concurrency=8))
+    result = simulate(LLAMA_8B, H100, Deployment(hardware="h100-sxm"), w)
+    running = [s.num_running + s.num_waiting for s in result.record.samples]
+    assert max(running) == 8
+    assert result.summary.num_finished == 120
+
+
+def test_follow_up_turns_wait_for_their_parent_and_hit_its_cache() -> None:
+    w = workload(n=60, inp=100, out=50, rate=1.0, conversation=Conversation(min_turns=3, max_turns=3, think_time_s=2.0))
+    result = simulate(LLAMA_8B, H100, Deployment(hardware="h100-sxm"), w)
+    by_id = {r.request_id: r for r in result.record.requests}
+    for r in Replay.of(w, LLAMA_8B.vocab_size).requests:
+        if r.parent_id is not None:
+            parent = by_id[r.parent_id]
+            assert by_id[r.request_id].arrival_time == pytest.approx(parent.arrival_time + parent.e2e_s + 2.0)
+            assert by_id[r.request_id].prompt_tokens == parent.prompt_tokens + 50 + 100
+    # Turn k reuses turn k-1's prompt and output (whole blocks of it).
+    assert result.summary.prefix_cache_hit_rate > 0.4
+
+
+def test_prefix_affinity_beats_round_robin_on_many_prefixes() -> None:
+    w = workload(n=400, inp=100, out=16, rate=40.0,
+                 shared_prefix=SharedPrefix(num_prefixes=8, prefix_tokens=1024, share=1.0))
+    dep = Deployment(hardware="h100-sxm", replicas=4, knobs=EngineKnobs(gpu_memory_utilization=0.25))
+    rr = simulate(LLAMA_8B, H100, dep, w, router="round_robin").summary
+    pa = simulate(LLAMA_8B, H100, dep, w, router="prefix_affinity").summary
+    assert pa.prefix_cache_hit_rate > rr.prefix_cache_hit_rate
+    lot = simulate(LLAMA_8B, H100, dep, w, router="least_outstanding_tokens").summary
+    assert lot.num_finished == rr.num_finished == pa.num_finished == 400
+
+
+def test_goodput_counts_requests_within_every_limit() -> None:
+    w = get_workload("chat", num_requests=300, arrival={"kind": "poisson", "rate_per_s": 20})
+    result = simulate(LLAMA_8B, H100, Deployment(hardware="h100-sxm"), w, slo=SLO(ttft_p99_ms=30, tpot_p99_ms=9))
+    good = sum(r.ttft_s * 1e3 <= 30 and r.tpot_s * 1e3 <= 9 for r in result.record.requests)
+    g = result.summary.goodput
+    assert g.share == good / 300
+    assert g.slo_met == (g.share >= 0.99 and all(c.met for c in g.checks))
+    assert 0 < good < 300  # the limits are chosen to split this run
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_impossible_deployments_are_clear_errors() -> None:
+    with pytest.raises(InputError, match="does not fit"):
+        simulate(resolve_model("llama-3.1-405b"), get_hardware("l4"), Deployment(hardware="l4"), workload(n=1))
+    with pytest.raises(InputError, match="tp=3 is invalid: must divide the 32 attention heads"):
+        simulate(LLAMA_8B, H100, Deployment(hardware="h100-sxm", tensor_parallel=3), workload(n=1))
+    with pytest.raises(InputError, match="max_model_len"):
+        simulate(LLAMA_8B, H100, Deployment(hardware="h100-sxm"), workload(n=2, inp=4000, out=200), max_model_len=4096)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rate", "0"], "--rate=0.0 is invalid: must be > 0"),
+        (["--rate", "-2"], "--rate=-2.0 is invalid"),
+        (["--concurrency", "0"], "--concurrency=0 is invalid"),
+        (["--tp", "3"], "tp=3 is invalid: must divide"),
+        (["--model", "llama-3.1-405b", "--hw", "l4"], "does not fit"),
+        (["--slo", "ttft<=5"], "--slo='ttft<=5' is invalid"),
+        (["--workload", "chatt"], "did you mean chat"),
+    ],
+)
+def test_cli_bad_input(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    assert main(["simulate", "--requests", "5", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_cli_trace_errors_name_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert main(["simulate", "--workload", str(empty)]) == 2
+    assert "no requests" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"arrival_s": 0, "input_tokens": 10, "output_tokens": 5}\n{"arrival_s": 1, "input_tokens": "x"}\n')
+    assert main(["simulate", "--workload", str(bad)]) == 2
+    assert "bad.jsonl:2: input_tokens='x' is invalid" in capsys.readouterr().err
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(f'{{"arrival_s": {i * 0.1}, "input_tokens": 100, "output_tokens": 20, "prefix_id": "a"}}\n'
+                            for i in range(20)))
+    assert main(["simulate", "--workload", str(good), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["num_finished"] == 20 and out["prefix_cache_hit_rate"] > 0
