@@ -11,7 +11,8 @@ import json
 import sys
 
 
-def add_engine_commands(sub: argparse._SubParsersAction) -> None:
+def add_engine_commands(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
+    """Adds `engine generate`; returns the `engine` subcommands so the planner can add `engine bench`."""
     engine = sub.add_parser("engine", help="run the PyTorch engine").add_subparsers(
         dest="engine_command", required=True, metavar="ACTION"
     )
@@ -30,6 +31,7 @@ def add_engine_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--json", action="store_true", help="print outputs and per-request metrics as JSON")
     p.set_defaults(func=cmd_generate)
+    return engine
 
 
 def cmd_generate(args: argparse.Namespace) -> None:

@@ -97,14 +97,20 @@ class Playback:
         return Submission(due_s, request, prompt)
 
 
-def request_lengths(requests: Sequence[WorkloadRequest]) -> dict[str, tuple[int, int]]:
-    """request_id -> (prompt tokens, output tokens), follow-ups included, before anything runs,
-    so that a request too long for the server is rejected up front rather than mid-run."""
-    lengths: dict[str, tuple[int, int]] = {}
-    for r in requests:  # draw() lists a parent before its follow-ups
-        if r.parent_id is None:
-            lengths[r.request_id] = (len(r.prompt_token_ids), r.output_tokens)
-        else:
-            parent_prompt, parent_out = lengths[r.parent_id]
-            lengths[r.request_id] = (parent_prompt + parent_out + len(r.new_prompt_token_ids), r.output_tokens)
-    return lengths
+def check_lengths(replay: Replay, max_model_len: int, num_blocks: int, block_size: int, where: str) -> None:
+    """Reject, before anything runs, a request the server could never take, naming it.
+
+    Follow-up prompts are known only at run time, but their lengths are not: the parent's
+    prompt and output plus the new message."""
+    lengths: dict[str, int] = {}
+    for r in replay.requests:  # a parent comes before its follow-ups
+        prompt = len(r.prompt_token_ids) if r.parent_id is None else (
+            lengths[r.parent_id] + len(r.new_prompt_token_ids))
+        total = lengths[r.request_id] = prompt + r.output_tokens
+        if total > max_model_len:
+            raise InputError(f"request {r.request_id}", f"{prompt} prompt + {r.output_tokens} output tokens",
+                             f"must fit max_model_len={max_model_len}")
+        blocks = -(-(total - 1) // block_size)
+        if blocks > num_blocks:
+            raise InputError(f"request {r.request_id}", f"{prompt} prompt + {r.output_tokens} output tokens",
+                             f"needs {blocks} KV blocks but {where} holds {num_blocks}")

@@ -14,11 +14,11 @@ from engine.errors import InputError, unknown_name_error
 from planner.costmodel import CostModel, CostParams
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import PricingBasis, RunRecord, RunSummary, StepSample, summarize
-from planner.playback import Playback, Replay, Submission, request_lengths
+from planner.playback import Playback, Replay, Submission, check_lengths
 from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
 from planner.specs import SLO, Deployment, HardwareProfile
-from planner.workload import Workload, WorkloadRequest
+from planner.workload import Workload
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ def simulate(
     cost_model = CostModel(model, hw, dep, calibration)
     sched_config = dep.knobs.scheduler_config(max_len)
     replay = workload if isinstance(workload, Replay) else Replay.of(workload, vocab_size=model.vocab_size)
-    _check_lengths(replay.requests, max_len, memory.kv_cache_blocks, sched_config.block_size)
+    check_lengths(replay, max_len, memory.kv_cache_blocks, sched_config.block_size, where="a replica")
 
     env = simpy.Environment()
     samples: list[StepSample] = []
@@ -151,15 +151,3 @@ def simulate(
     summary = summarize(record, source="simulator", model=memory.model, hardware=hw.name, workload=replay.name,
                         slo=slo, pricing=pricing, assumptions=assumptions)
     return SimulationResult(summary=summary, record=record, memory=memory)
-
-
-def _check_lengths(requests: list[WorkloadRequest], max_model_len: int, num_blocks: int, block_size: int) -> None:
-    """Reject a request the server could never take before simulating anything, naming it."""
-    for rid, (prompt, output) in request_lengths(requests).items():
-        if prompt + output > max_model_len:
-            raise InputError(f"request {rid}", f"{prompt} prompt + {output} output tokens",
-                             f"must fit max_model_len={max_model_len}")
-        blocks = -(-(prompt + output - 1) // block_size)
-        if blocks > num_blocks:
-            raise InputError(f"request {rid}", f"{prompt} prompt + {output} output tokens",
-                             f"needs {blocks} KV blocks but a replica holds {num_blocks}")

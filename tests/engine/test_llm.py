@@ -1,7 +1,6 @@
 """The engine end to end on a tiny random-weight Llama: greedy outputs do not depend on how
 requests were batched, chunked, cached or preempted, and bad input is refused up front."""
 
-import json
 from pathlib import Path
 import random
 
@@ -11,28 +10,7 @@ from engine.core import SamplingParams
 from engine.errors import InputError
 from engine.llm import LLM
 
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 256,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "tie_word_embeddings": False,
-}
 GREEDY = SamplingParams(max_tokens=12, ignore_eos=True)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny-llama")
-    (folder / "config.json").write_text(json.dumps(TINY_LLAMA))
-    return folder
 
 
 def make_llm(model_dir: Path, **knobs) -> LLM:
