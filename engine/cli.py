@@ -27,6 +27,10 @@ def add_engine_commands(sub: argparse._SubParsersAction) -> argparse._SubParsers
     p.add_argument("--raw", action="store_true", help="do not wrap prompts in the model's chat template")
     p.add_argument("--random-weights", action="store_true", help="random weights from the config (no checkpoint)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--weight-dtype", default="auto", choices=["auto", "int8", "int4", "fp8"],
+                   help="quantise the transformer layers' weights (auto = no quantisation)")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
+                   help="KV-cache format (auto = the model dtype)")
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--json", action="store_true", help="print outputs and per-request metrics as JSON")
@@ -49,6 +53,8 @@ def cmd_generate(args: argparse.Namespace) -> None:
         args.model,
         device=args.device,
         random_weights=args.random_weights,
+        weight_dtype=args.weight_dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )

@@ -12,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 import itertools
 import time
+from typing import Literal
 
 from pydantic import Field, ValidationError
 import torch
@@ -21,6 +22,7 @@ from engine.core import KVCacheManager, Request, RequestUpdate, SamplingParams, 
 from engine.core.metrics import RequestMetrics
 from engine.errors import InputError
 from engine.model.loader import load_model
+from engine.quant.kv import is_quantized_kv, kv_bytes_per_token_per_layer, kv_cache_torch_dtype
 from engine.runner import ModelRunner
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -39,6 +41,12 @@ class EngineConfig(EngineKnobs):
     max_model_len: int | None = Field(None, ge=2, description="Longest prompt + output; default: the model's context")
     seed: int = Field(0, ge=0, description="Seed for random weights and for requests without their own seed")
     random_weights: bool = Field(False, description="Initialise from the config with random weights (no checkpoint)")
+    weight_dtype: Literal["auto", "int8", "int4", "fp8"] = Field(
+        "auto", description="Transformer-layer Linear weights: 'auto' = dtype (no quantisation), int8, int4 or fp8"
+    )
+    kv_cache_dtype: Literal["auto", "int8", "fp8"] = Field(
+        "auto", description="KV-cache values: 'auto' = dtype, or int8 / fp8 with a scale per (token, head)"
+    )
 
 
 @dataclass(frozen=True)
@@ -70,17 +78,22 @@ class LLM:
                               "cpu" if cfg.device == "auto" else cfg.device)
         dtype = DTYPES[cfg.dtype]
         loaded = load_model(model, dtype=dtype, device=device, seed=cfg.seed, random_weights=cfg.random_weights)
+        if cfg.weight_dtype != "auto":
+            from engine.quant.swap import quantize_model
+
+            quantize_model(loaded.model, cfg.weight_dtype)
         self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
+        kv_dtype = kv_cache_torch_dtype(cfg.kv_cache_dtype, dtype)
         self.max_model_len = cfg.max_model_len or self.config.max_position_embeddings
         if self.max_model_len > self.config.max_position_embeddings:
             raise InputError("max_model_len", self.max_model_len,
                              f"must not exceed the model's max_position_embeddings={self.config.max_position_embeddings}")
-        self.num_blocks = cfg.num_kv_blocks or self._blocks_that_fit(device, dtype)
+        self.num_blocks = cfg.num_kv_blocks or self._blocks_that_fit(device, kv_dtype)
         self.scheduler = Scheduler(
             cfg.scheduler_config(self.max_model_len),
             KVCacheManager(self.num_blocks, cfg.block_size_tokens, cfg.enable_prefix_caching),
         )
-        self.runner = ModelRunner(self.model, self.config, self.num_blocks, cfg.block_size_tokens, dtype, device, cfg.seed)
+        self.runner = ModelRunner(self.model, self.config, self.num_blocks, cfg.block_size_tokens, kv_dtype, device, cfg.seed)
         self._ids = itertools.count()
         self._t0 = time.perf_counter()
         self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer is not None else (
@@ -90,7 +103,7 @@ class LLM:
         """Seconds since the engine started; the scheduler is always handed this clock."""
         return time.perf_counter() - self._t0
 
-    def _blocks_that_fit(self, device: torch.device, dtype: torch.dtype) -> int:
+    def _blocks_that_fit(self, device: torch.device, kv_dtype: torch.dtype) -> int:
         cfg = self.engine_config
         if cfg.kv_cache_gib is not None:
             budget = cfg.kv_cache_gib * GIB
@@ -99,10 +112,18 @@ class LLM:
             budget = free - total * (1 - cfg.gpu_memory_utilization)
         else:
             budget = 1.0 * GIB
-        blocks = int(budget // ModelRunner.kv_bytes_per_block(self.config, cfg.block_size_tokens, dtype))
+        blocks = int(budget // self.kv_bytes_per_block(kv_dtype))
         if blocks < 1:
             raise InputError("kv_cache_gib", cfg.kv_cache_gib, "leaves no room for a single KV block")
         return blocks
+
+    def kv_bytes_per_block(self, kv_dtype: torch.dtype) -> int:
+        """Real bytes of one KV block across all layers; quantised caches count their scales too."""
+        if not is_quantized_kv(kv_dtype):  # unquantised: the runner's count, as before
+            return ModelRunner.kv_bytes_per_block(self.config, self.engine_config.block_size_tokens, kv_dtype)
+        c = self.config
+        per_token = c.num_layers * kv_bytes_per_token_per_layer(c.num_kv_heads, c.head_dim, kv_dtype)
+        return per_token * self.engine_config.block_size_tokens
 
     # ------------------------------------------------------------------ requests
 

@@ -6,8 +6,9 @@ one tensor [2, num_blocks, block_size, num_kv_heads, head_dim], addressed throug
 sequence's block table. A query row at position p attends to keys at positions <= p (and,
 with a sliding window w, > p - w).
 
-`paged_attention` is the seam where a Triton kernel plugs in on CUDA; the torch reference
-here is what runs on the CPU and what kernels are checked against.
+`paged_attention` and `write_kv_cache` run the Triton kernels of engine.kernels on CUDA
+tensors (imported lazily, so the CPU path never imports triton); elsewhere they run the torch
+reference here, which is also what the kernels are checked against.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 import torch.nn.functional as F
+
+from engine.quant.kv import dequantize_kv, is_quantized_kv, kv_last_dim, quantize_kv
 
 
 @dataclass(frozen=True)
@@ -77,14 +80,29 @@ def allocate_kv_cache(
     dtype: torch.dtype,
     device: torch.device | str = "cpu",
 ) -> Tensor:
-    """One layer's paged cache: [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]."""
-    return torch.zeros(2, num_blocks, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+    """One layer's paged cache: [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim].
+
+    A quantised dtype (torch.int8, torch.float8_e4m3fn) gets head_dim + 4: each head's
+    values followed by its fp32 scale (engine.quant.kv).
+    """
+    last = kv_last_dim(head_dim, dtype)
+    return torch.zeros(2, num_blocks, block_size, num_kv_heads, last, dtype=dtype, device=device)
 
 
 def write_kv_cache(kv_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
     """Store the new tokens' K/V [T, num_kv_heads, head_dim] at their slots; padding rows (-1) are skipped."""
+    if _use_triton(kv_cache) and not is_quantized_kv(kv_cache.dtype):  # quantised caches: torch path only
+        from engine.kernels.kv_cache import write_kv_cache_triton
+
+        write_kv_cache_triton(kv_cache, k, v, slot_mapping)
+        return
     keep = slot_mapping >= 0
     slots = slot_mapping[keep]
+    if is_quantized_kv(kv_cache.dtype):  # quantise per (token, head); scales stored in-line
+        raw = kv_cache.view(torch.uint8)
+        raw[0].flatten(0, 1)[slots] = quantize_kv(k[keep], kv_cache.dtype)
+        raw[1].flatten(0, 1)[slots] = quantize_kv(v[keep], kv_cache.dtype)
+        return
     kv_cache[0].flatten(0, 1)[slots] = k[keep]
     kv_cache[1].flatten(0, 1)[slots] = v[keep]
 
@@ -95,9 +113,23 @@ def paged_attention(
     """Causal GQA attention of q [T, num_heads, head_dim] over the cache -> [T, num_heads, head_dim].
 
     The new tokens' K/V must already be in the cache. Rows past the last sequence
-    (padding) come back as zeros. This is the seam for a CUDA kernel.
+    (padding) come back as zeros.
     """
+    if _use_triton(q) and not is_quantized_kv(kv_cache.dtype):
+        from engine.kernels.paged_attention import paged_attention_triton
+
+        return paged_attention_triton(q, kv_cache, metadata, scale, window)
     return _reference_paged_attention(q, kv_cache, metadata, scale, window)
+
+
+def _use_triton(x: Tensor) -> bool:
+    # CUDA only: under TRITON_INTERPRET=1 (kernel tests) triton would also run CPU tensors, and
+    # the CPU path must stay the reference.
+    if not x.is_cuda:
+        return False
+    from engine.kernels import triton_available
+
+    return triton_available(x.device)
 
 
 def _reference_paged_attention(
@@ -156,8 +188,13 @@ def _attend_padded(
     num_blocks = -(-max_kv // block_size)
     tables = block_tables[:, :num_blocks].long()
     # [B, num_blocks, block_size, Hkv, D] -> [B, Hkv, keys, D]
-    k = kv_cache[0][tables].flatten(1, 2)[:, :max_kv].transpose(1, 2)
-    v = kv_cache[1][tables].flatten(1, 2)[:, :max_kv].transpose(1, 2)
+    if is_quantized_kv(kv_cache.dtype):  # dequantise only the gathered blocks
+        raw = kv_cache.view(torch.uint8)
+        k = dequantize_kv(raw[0][tables], kv_cache.dtype, q.dtype).flatten(1, 2)[:, :max_kv].transpose(1, 2)
+        v = dequantize_kv(raw[1][tables], kv_cache.dtype, q.dtype).flatten(1, 2)[:, :max_kv].transpose(1, 2)
+    else:
+        k = kv_cache[0][tables].flatten(1, 2)[:, :max_kv].transpose(1, 2)
+        v = kv_cache[1][tables].flatten(1, 2)[:, :max_kv].transpose(1, 2)
 
     q_pos = (seq_lens - query_lens)[:, None] + torch.arange(max_q, device=q.device)  # [B, Lq]
     k_pos = torch.arange(max_kv, device=q.device)

@@ -1,0 +1,64 @@
+"""Micro-benchmark of the quantised Linears against fp32 F.linear on SmolLM2-135M shapes.
+
+    OMP_NUM_THREADS=2 python -m engine.quant.bench [--rows 1 16] [--threads 2]
+
+Prints the best-of-5 mean time per call (microseconds) for each shape and row count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import torch
+
+from engine.model.layers import Linear
+from engine.quant.linear import Fp8Linear, Int4Linear, Int8Linear
+
+# SmolLM2-135M: hidden 576, FFN 1536, 9 heads / 3 KV heads of 64 -> qkv 960 rows.
+SHAPES = {"qkv 576->960": (576, 960), "o 576->576": (576, 576), "gate_up 576->3072": (576, 3072),
+          "down 1536->576": (1536, 576), "576->1536": (576, 1536)}
+
+
+def best_us(fn, budget_s: float = 0.05, reps: int = 5) -> float:
+    fn()
+    t = time.perf_counter()
+    fn()
+    calls = max(2, min(50, int(budget_s / max(time.perf_counter() - t, 1e-6))))
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        best = min(best, (time.perf_counter() - t) / calls)
+    return best * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, cpu capability {torch.backends.cpu.get_cpu_capability()}")
+    kinds = ["fp32", "int8 int8pack", "int8 dequant", "int8 dynamic", "int4 int4pack", "int4 dequant", "fp8"]
+    print(f"{'shape':20s} rows " + " ".join(f"{k:>14s}" for k in kinds))
+    with torch.inference_mode():
+        for name, (k, n) in SHAPES.items():
+            lin = Linear(k, n).requires_grad_(False)
+            lin.weight.normal_(0, 0.02)
+            mods = [lin, Int8Linear.from_linear(lin, "int8pack"), Int8Linear.from_linear(lin, "dequant"),
+                    Int8Linear.from_linear(lin, "dynamic"), Int4Linear.from_linear(lin, 128, cpu_kernel=True),
+                    Int4Linear.from_linear(lin, 128, cpu_kernel=False), Fp8Linear.from_linear(lin)]
+            for rows in args.rows:
+                x = torch.randn(rows, k)
+                times = [best_us(lambda m=m: m(x)) for m in mods]
+                print(f"{name:20s} {rows:4d} " + " ".join(f"{t:12.0f}us" for t in times))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,222 @@
+"""Weight-only quantised drop-ins for engine.model.layers.Linear: Int8Linear, Int4Linear, Fp8Linear.
+
+Each is built from a float Linear with `from_linear` and keeps its weight in the quantised
+format as buffers (the bias, when there is one, stays in the activation dtype). Activations
+are never quantised on the default kernels, so each module's output equals
+F.linear(x, dequantized_weight(), bias) up to float rounding.
+
+CPU kernels (measured on the 2-core AVX2 machine, torch 2.13; see engine/quant/README.md):
+torch's weight-only kernels `_weight_int8pack_mm` and `_weight_int4pack_mm_for_cpu` are
+vectorised for AVX-512 (and ARM) only; on AVX2 they run a scalar loop and are 5-20x SLOWER
+than an fp32 F.linear. On such machines the quantised weights save memory, not time. The
+one fast int8 path there is fbgemm's dynamic-quantised linear (Int8Linear kernel="dynamic"),
+which also quantises the activations (per tensor, per call) and so is opt-in: its numerics
+differ from weight-only int8 and depend on which rows share a batch.
+"""
+
+from __future__ import annotations
+
+import platform
+from typing import Literal
+import warnings
+
+import torch
+from torch import Tensor, nn
+import torch.nn.functional as F
+
+from engine.model.layers import Linear
+from engine.quant import formats
+
+Int8Kernel = Literal["auto", "int8pack", "dynamic", "dequant"]
+
+
+def cpu_weight_only_kernels_vectorised() -> bool:
+    """Whether torch's _weight_int8pack_mm / _weight_int4pack_mm_for_cpu have SIMD code for this
+    CPU: on x86 only the AVX-512 builds do (AVX2 and older run a scalar loop)."""
+    if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
+        return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+    return True
+
+
+def _flat(x: Tensor) -> Tensor:
+    return x.reshape(-1, x.shape[-1])
+
+
+def _add_bias(y: Tensor, bias: Tensor | None) -> Tensor:
+    return y if bias is None else y + bias
+
+
+class _QuantLinear(nn.Module):
+    bias: Tensor | None
+
+    def __init__(self, in_features: int, out_features: int, bias: Tensor | None) -> None:
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("bias", None if bias is None else bias.detach().clone())
+
+    def dequantized_weight(self) -> Tensor:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def reference_forward(self, x: Tensor) -> Tensor:
+        """F.linear on the dequantised weight, in x's dtype: what forward must match."""
+        bias = None if self.bias is None else self.bias.to(x.dtype)
+        return F.linear(x, self.dequantized_weight().to(x.dtype), bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+class Int8Linear(_QuantLinear):
+    """int8 weight-only, symmetric per-output-channel scales: weight int8 [N, K], scales [N].
+
+    kernel: "int8pack" = torch._weight_int8pack_mm (CPU/MPS; exact weight-only numerics),
+    "dequant" = (x @ weight.to(x.dtype)^T) * scales (any device), "dynamic" = fbgemm's
+    quantized::linear_dynamic (CPU only, quantises x per tensor to 7-bit uint8 on each call,
+    ~1% relative output error; the fastest int8 path on AVX2; keeps a second, fbgemm-packed
+    copy of the int8 weight),
+    "auto" = int8pack on a CPU where it is vectorised (AVX-512, ARM), else dequant (faster
+    than the scalar int8pack loop on AVX2, see engine/quant/README.md).
+    """
+
+    def __init__(self, weight: Tensor, scales: Tensor, bias: Tensor | None, kernel: Int8Kernel = "auto") -> None:
+        out_features, in_features = weight.shape
+        super().__init__(in_features, out_features, bias)
+        self.register_buffer("weight", weight.contiguous())
+        self.register_buffer("scales", scales.contiguous())
+        if kernel == "auto":
+            on_cpu = weight.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm")
+            kernel = "int8pack" if on_cpu and cpu_weight_only_kernels_vectorised() else "dequant"
+        if kernel not in ("int8pack", "dynamic", "dequant"):
+            raise ValueError(f"kernel must be auto, int8pack, dynamic or dequant, got {kernel!r}")
+        self.kernel = kernel
+        self._packed = self._fbgemm_pack() if kernel == "dynamic" else None
+
+    @classmethod
+    def from_linear(cls, linear: Linear, kernel: Int8Kernel = "auto") -> Int8Linear:
+        q, scales = formats.quantize_int8(linear.weight)
+        return cls(q, scales.to(linear.weight.dtype), linear.bias, kernel)
+
+    def _fbgemm_pack(self) -> object:
+        if self.weight.device.type != "cpu" or not ({"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines)):
+            raise ValueError("Int8Linear kernel='dynamic' needs a CPU tensor and torch's fbgemm/x86 quantized engine")
+        with warnings.catch_warnings():  # torch 2.13 flags quantized tensors as deprecated
+            warnings.simplefilter("ignore", UserWarning)
+            qweight = torch._make_per_channel_quantized_tensor(
+                self.weight, self.scales.double(), torch.zeros(self.out_features, dtype=torch.long), 0
+            )
+            return torch.ops.quantized.linear_prepack(qweight, None)
+
+    def dequantized_weight(self) -> Tensor:
+        return formats.dequantize_int8(self.weight, self.scales)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x2 = _flat(x)
+        if self.kernel == "int8pack":
+            y = torch._weight_int8pack_mm(x2.contiguous(), self.weight, self.scales.to(x.dtype))
+        elif self.kernel == "dynamic":
+            # reduce_range: 7-bit activations; with 8 bits fbgemm's AVX2 int16 accumulation saturates (2% error)
+            y = torch.ops.quantized.linear_dynamic(x2.float().contiguous(), self._packed, True).to(x.dtype)
+        else:
+            y = F.linear(x2, self.weight.to(x.dtype)) * self.scales.to(x.dtype)
+        return _add_bias(y.reshape(*x.shape[:-1], self.out_features), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, kernel={self.kernel}"
+
+
+class Int4Linear(_QuantLinear):
+    """int4 weight-only, asymmetric per group of `group_size` input columns (see formats).
+
+    Buffers: weight uint8 and scales_and_zeros [Kp/g, N, 2] in the activation dtype (torch's
+    int4pack layout: [..., 0] = scale, [..., 1] = zero, w = (q - 8) * scale + zero). On CPU,
+    when torch has `_weight_int4pack_mm_for_cpu` and N is a multiple of 16, weight is
+    torch's opaque CPU int4pack [N, Kp/2] and forward uses that kernel; otherwise weight is
+    plain nibbles [N, Kp/2] (formats.pack_int4) and forward dequantises then matmuls.
+    cpu_kernel=False forces the nibble layout; None (from_linear's default) uses the CPU
+    kernel only where it is vectorised (on AVX2 it is a scalar loop, slower than dequantising).
+    Inputs are zero-padded from K to Kp when K is not a multiple of group_size.
+    """
+
+    def __init__(
+        self,
+        q: Tensor,
+        scales: Tensor,
+        zeros: Tensor,
+        in_features: int,
+        bias: Tensor | None,
+        dtype: torch.dtype,
+        cpu_kernel: bool = True,
+    ) -> None:
+        out_features, padded = q.shape
+        super().__init__(in_features, out_features, bias)
+        self.padded_in_features, self.group_size = padded, padded // scales.shape[1]
+        self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(dtype))
+        self.cpu_kernel = (
+            cpu_kernel
+            and q.device.type == "cpu" and out_features % 16 == 0 and hasattr(torch, "_weight_int4pack_mm_for_cpu")
+        )
+        if self.cpu_kernel:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
+        else:
+            packed = formats.pack_int4(q)
+        self.register_buffer("weight", packed)
+
+    @classmethod
+    def from_linear(cls, linear: Linear, group_size: int = 128, cpu_kernel: bool | None = None) -> Int4Linear:
+        q, scales, zeros = formats.quantize_int4(linear.weight, group_size)
+        if cpu_kernel is None:
+            cpu_kernel = cpu_weight_only_kernels_vectorised()
+        return cls(q, scales, zeros, linear.weight.shape[1], linear.bias, linear.weight.dtype, cpu_kernel)
+
+    def _pad(self, x2: Tensor) -> Tensor:
+        return F.pad(x2, (0, self.padded_in_features - self.in_features)) if self.padded_in_features != self.in_features else x2
+
+    def dequantized_weight(self) -> Tensor:
+        """fp32 [N, K], from the stored buffers."""
+        sz = self.scales_and_zeros.float()
+        if self.cpu_kernel:  # the CPU pack is opaque: read it back through the kernel itself
+            eye = torch.eye(self.padded_in_features, dtype=torch.float32, device=self.weight.device)
+            w = torch._weight_int4pack_mm_for_cpu(eye, self.weight, self.group_size, sz).t()
+        else:
+            w = formats.dequantize_int4(formats.unpack_int4(self.weight), sz[..., 0].t(), sz[..., 1].t())
+        return w[:, : self.in_features]
+
+    def forward(self, x: Tensor) -> Tensor:
+        x2 = _flat(x)
+        if self.cpu_kernel and x.device.type == "cpu":
+            sz = self.scales_and_zeros if self.scales_and_zeros.dtype == x.dtype else self.scales_and_zeros.to(x.dtype)
+            y = torch._weight_int4pack_mm_for_cpu(self._pad(x2).contiguous(), self.weight, self.group_size, sz)
+        else:
+            y = F.linear(x2, self.dequantized_weight().to(x.dtype))
+        return _add_bias(y.reshape(*x.shape[:-1], self.out_features), self.bias)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, group_size={self.group_size}, cpu_kernel={self.cpu_kernel}"
+
+
+class Fp8Linear(_QuantLinear):
+    """fp8 e4m3 weight with per-output-channel scales: weight float8_e4m3fn [N, K], scales [N].
+
+    On the CPU (and any device without fp8 GEMMs) forward upcasts the weight to the
+    activation dtype, matmuls and scales the output columns. The target on Hopper is a native
+    fp8 GEMM, torch._scaled_mm(x_fp8, weight.t(), scale_a, scale_b) with activations
+    quantised per token; that path is not implemented here.
+    """
+
+    def __init__(self, weight: Tensor, scales: Tensor, bias: Tensor | None) -> None:
+        out_features, in_features = weight.shape
+        super().__init__(in_features, out_features, bias)
+        self.register_buffer("weight", weight.contiguous())
+        self.register_buffer("scales", scales.contiguous())
+
+    @classmethod
+    def from_linear(cls, linear: Linear) -> Fp8Linear:
+        q, scales = formats.quantize_fp8(linear.weight)
+        return cls(q, scales.to(linear.weight.dtype), linear.bias)
+
+    def dequantized_weight(self) -> Tensor:
+        return formats.dequantize_fp8(self.weight, self.scales)
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = F.linear(x, self.weight.to(x.dtype)) * self.scales.to(x.dtype)
+        return _add_bias(y, self.bias)

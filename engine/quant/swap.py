@@ -1,0 +1,63 @@
+"""quantize_model: the state-dict pass plus module swap (gpt-fast style).
+
+Every engine.model.layers.Linear inside the transformer layers (model.model.layers: qkv_proj,
+o_proj, gate_up_proj, down_proj) is replaced by its quantised counterpart, its weight
+quantised on the way. Left in the model dtype, on purpose:
+- the embedding and lm_head (also when tied): the planner's memory model counts them
+  unquantised, and the logits are the most quantisation-sensitive matmul;
+- the MoE router (SparseMoE.gate): tiny, and routing decisions flip under weight noise
+  (vLLM also keeps it unquantised);
+- MoE experts: stored as stacked [E, ...] tensors (engine.model.moe.Experts), not Linear
+  modules, so they stay in the model dtype. Quantising them needs a grouped quantised
+  matmul, which this pass does not provide.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, get_args
+
+import torch
+from torch import nn
+
+from engine.model.layers import Linear
+from engine.model.moe import SparseMoE
+from engine.quant.linear import Fp8Linear, Int4Linear, Int8Kernel, Int8Linear
+
+WeightDtype = Literal["int8", "int4", "fp8"]
+WEIGHT_DTYPES: tuple[str, ...] = get_args(WeightDtype)
+
+
+def quantizable_linears(model: nn.Module) -> list[tuple[nn.Module, str, Linear]]:
+    """(parent, attribute, Linear) for every Linear quantize_model replaces."""
+    found = []
+    for parent in model.model.layers.modules():
+        for attr, child in parent.named_children():
+            if type(child) is Linear and not (isinstance(parent, SparseMoE) and attr == "gate"):
+                found.append((parent, attr, child))
+    return found
+
+
+@torch.no_grad()
+def quantize_model(
+    model: nn.Module, weight_dtype: WeightDtype, group_size: int = 128, int8_kernel: Int8Kernel = "auto"
+) -> nn.Module:
+    """Quantise the transformer layers' Linear weights in place; returns the model.
+
+    weight_dtype: "int8" (per-channel symmetric), "int4" (group-wise asymmetric, group_size
+    input columns per group) or "fp8" (e4m3, per-channel). int8_kernel picks Int8Linear's
+    kernel (see its docstring). Quantising a model twice is an error.
+    """
+    if weight_dtype not in WEIGHT_DTYPES:
+        raise ValueError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {weight_dtype!r}")
+    if getattr(model, "weight_dtype", None) not in (None, "auto"):
+        raise ValueError(f"model is already quantised to {model.weight_dtype}")
+    for parent, attr, linear in quantizable_linears(model):
+        if weight_dtype == "int8":
+            new: nn.Module = Int8Linear.from_linear(linear, int8_kernel)
+        elif weight_dtype == "int4":
+            new = Int4Linear.from_linear(linear, group_size)
+        else:
+            new = Fp8Linear.from_linear(linear)
+        setattr(parent, attr, new)
+    model.weight_dtype = weight_dtype
+    return model

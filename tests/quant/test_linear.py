@@ -1,0 +1,113 @@
+"""Each quantised Linear computes F.linear on its own dequantised weight, and the stored
+format dequantises to exactly what the reference formats give (torch's kernels included)."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.model.layers import Linear
+from engine.quant import formats
+from engine.quant.linear import Fp8Linear, Int4Linear, Int8Linear, cpu_weight_only_kernels_vectorised
+
+
+def make_linear(k: int, n: int, bias: bool, dtype: torch.dtype = torch.float32, seed: int = 0) -> Linear:
+    g = torch.Generator().manual_seed(seed)
+    lin = Linear(k, n, bias=bias)
+    lin.weight.data = torch.randn(n, k, generator=g).to(dtype)
+    if bias:
+        lin.bias.data = torch.randn(n, generator=g).to(dtype)
+    return lin.requires_grad_(False)
+
+
+def inputs(k: int, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randn(*shape, k, generator=g).to(dtype) for shape in [(1,), (5,), (16,), (2, 3)]]
+
+
+def assert_matches(y: torch.Tensor, ref: torch.Tensor, rel: float) -> None:
+    assert y.shape == ref.shape and y.dtype == ref.dtype
+    err = (y.float() - ref.float()).abs().max().item()
+    assert err <= rel * ref.float().abs().max().item(), f"max abs err {err:.3g}"
+
+
+def reference(x: torch.Tensor, w_deq: torch.Tensor, lin: Linear) -> torch.Tensor:
+    return F.linear(x.double(), w_deq.double(), None if lin.bias is None else lin.bias.double()).to(x.dtype)
+
+
+@pytest.mark.parametrize("kernel", ["int8pack", "dequant"])
+@pytest.mark.parametrize("k,n,bias", [(96, 48, False), (72, 40, True)])
+def test_int8_linear_matches_its_dequantised_weight(kernel: str, k: int, n: int, bias: bool) -> None:
+    lin = make_linear(k, n, bias)
+    q, scales = formats.quantize_int8(lin.weight)
+    mod = Int8Linear.from_linear(lin, kernel)
+    assert mod.kernel == kernel and mod.weight.dtype == torch.int8 and mod.weight.shape == (n, k)
+    assert torch.equal(mod.weight, q) and torch.equal(mod.scales, scales)
+    for x in inputs(k):
+        assert_matches(mod(x), reference(x, formats.dequantize_int8(q, scales), lin), 1e-5)
+
+
+def test_int8_auto_kernel_on_cpu() -> None:
+    expected = "int8pack" if cpu_weight_only_kernels_vectorised() else "dequant"
+    assert Int8Linear.from_linear(make_linear(64, 32, False)).kernel == expected
+
+
+def test_int8_dynamic_kernel_is_close() -> None:
+    # fbgemm also quantises the activations (per tensor): close, not exact.
+    lin = make_linear(128, 64, True)
+    mod = Int8Linear.from_linear(lin, "dynamic")
+    q, scales = formats.quantize_int8(lin.weight)
+    for x in inputs(128):
+        ref = reference(x, formats.dequantize_int8(q, scales), lin)
+        assert ((mod(x) - ref).norm() / ref.norm()).item() < 0.03
+
+
+@pytest.mark.parametrize("k,n,group,cpu_kernel", [(256, 48, 128, True), (200, 32, 64, True), (96, 40, 32, False)])
+def test_int4_linear_matches_its_dequantised_weight(k: int, n: int, group: int, cpu_kernel: bool) -> None:
+    # N=40 is not a multiple of 16: torch's CPU int4pack refuses it, so the nibble layout is used.
+    lin = make_linear(k, n, bias=True)
+    q, scales, zeros = formats.quantize_int4(lin.weight, group)
+    w_deq = formats.dequantize_int4(q, scales, zeros, k)
+    for mod in (Int4Linear.from_linear(lin, group, cpu_kernel=True), Int4Linear.from_linear(lin, group, cpu_kernel=False)):
+        assert mod.group_size == group
+        # The stored weight reads back as our reference dequantisation: torch's packing and
+        # its (q - 8) * scale + zero convention agree with engine.quant.formats.
+        assert torch.allclose(mod.dequantized_weight(), w_deq, atol=1e-5)
+        for x in inputs(k):
+            assert_matches(mod(x), reference(x, w_deq, lin), 1e-5)
+    assert Int4Linear.from_linear(lin, group, cpu_kernel=True).cpu_kernel == cpu_kernel
+    assert not Int4Linear.from_linear(lin, group, cpu_kernel=False).cpu_kernel
+
+
+@pytest.mark.parametrize("k,n,bias", [(96, 48, False), (72, 40, True)])
+def test_fp8_linear_matches_its_dequantised_weight(k: int, n: int, bias: bool) -> None:
+    lin = make_linear(k, n, bias)
+    q, scales = formats.quantize_fp8(lin.weight)
+    mod = Fp8Linear.from_linear(lin)
+    assert mod.weight.dtype == torch.float8_e4m3fn
+    for x in inputs(k):
+        assert_matches(mod(x), reference(x, formats.dequantize_fp8(q, scales), lin), 1e-5)
+
+
+@pytest.mark.parametrize("make", [
+    lambda lin: Int8Linear.from_linear(lin),
+    lambda lin: Int8Linear.from_linear(lin, "dequant"),
+    lambda lin: Int4Linear.from_linear(lin, 64, cpu_kernel=True),
+    lambda lin: Int4Linear.from_linear(lin, 64, cpu_kernel=False),
+    lambda lin: Fp8Linear.from_linear(lin),
+], ids=["int8-auto", "int8-dequant", "int4-cpu-kernel", "int4-nibbles", "fp8"])
+def test_bf16_activations(make) -> None:
+    lin = make_linear(128, 64, True, torch.bfloat16)
+    mod = make(lin)
+    assert mod.bias.dtype == torch.bfloat16
+    for x in inputs(128, torch.bfloat16):
+        # bf16 output rounding (2^-8 relative) plus bf16 scales/zeros.
+        assert_matches(mod(x), mod.reference_forward(x.float()).to(torch.bfloat16), 0.02)
+
+
+def test_quantised_output_is_close_to_the_float_linear() -> None:
+    lin = make_linear(256, 64, False)
+    x = inputs(256)[2]
+    exact = F.linear(x, lin.weight)
+    for mod, tol in [(Int8Linear.from_linear(lin), 0.01), (Fp8Linear.from_linear(lin), 0.05), (Int4Linear.from_linear(lin), 0.15)]:
+        err = (mod(x) - exact).norm() / exact.norm()
+        assert err < tol, (type(mod).__name__, err.item())
