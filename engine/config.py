@@ -7,12 +7,12 @@ parameter counts, KV-cache bytes and FLOPs from the very same object.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 import json
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.core.scheduler import Policy, SchedulerConfig
 from engine.errors import InputError
@@ -177,6 +177,14 @@ class ModelConfig:
             raise InputError("config.json", str(path), f"is not valid JSON ({exc})") from None
         return cls.from_hf_config(cfg, name=name or path.parent.name)
 
+    def first_layers(self, num_layers: int) -> ModelConfig:
+        """The same model cut after its first `num_layers` layers (embedding, final norm and LM
+        head kept): the early-exit self-speculative draft, for the engine and the cost model."""
+        if not 1 <= num_layers <= self.num_layers:
+            raise InputError("draft_layers", num_layers, f"must be in 1..{self.num_layers} (layers of {self.name or self.model_type})")
+        return replace(self, num_layers=num_layers, layer_windows=self.layer_windows[:num_layers],
+                       layer_is_moe=self.layer_is_moe[:num_layers], name=f"{self.name or self.model_type}[:{num_layers}]")
+
     # ------------------------------------------------------------------ parameters
 
     @property
@@ -293,14 +301,58 @@ class ModelConfig:
 
 
 class SpeculativeSettings(BaseModel):
+    """Speculative decoding: one definition for the engine (which runs it) and the simulator
+    (which draws acceptance from `acceptance_probabilities()`). See docs/speculative.md."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     method: Literal["ngram", "draft", "self"] = Field(description="Proposer: n-gram lookup, draft model or early-exit self-draft")
     num_speculative_tokens: int = Field(ge=1, le=16, description="Draft tokens proposed per step (k)")
-    draft_model: str | None = Field(None, description="Catalog name or path of the draft model, for method='draft'")
+    draft_model: str | None = Field(None, description="Catalog name, checkpoint folder or .gguf of the draft model, for method='draft'")
+    draft_layers: int | None = Field(
+        None, ge=1, description="Target layers the self-speculative draft runs before exiting, for method='self'"
+    )
+    ngram_min_n: int = Field(2, ge=1, le=64, description="Shortest suffix n-gram looked up in prompt + output, for method='ngram'")
+    ngram_max_n: int = Field(4, ge=1, le=64, description="Longest suffix n-gram looked up (tried first), for method='ngram'")
     acceptance_rate: float | None = Field(
         None, gt=0, le=1, description="Per-position acceptance probability when no measured profile is given"
     )
+    acceptance_profile: tuple[float, ...] | None = Field(
+        None,
+        description="Simulator: per draft position i, probability that it is accepted given that drafts were "
+        "proposed and all before it accepted (k entries in [0, 1]; measured as llm.spec_stats.acceptance_profile)",
+    )
+    proposal_rate: float = Field(
+        1.0, ge=0, le=1,
+        description="Simulator: share of decoding steps in which a request gets drafts at all (n-gram lookups can "
+        "miss; model drafts always propose; measured as llm.spec_stats.proposal_rate)",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpeculativeSettings:
+        if self.method == "draft" and not self.draft_model:
+            raise ValueError("method='draft' needs draft_model (a catalog name or checkpoint of the draft)")
+        if self.method == "self" and self.draft_layers is None:
+            raise ValueError("method='self' needs draft_layers (how many target layers the draft runs)")
+        if self.ngram_min_n > self.ngram_max_n:
+            raise ValueError(f"ngram_min_n={self.ngram_min_n} must be <= ngram_max_n={self.ngram_max_n}")
+        profile = self.acceptance_profile
+        if profile is not None:
+            if len(profile) != self.num_speculative_tokens:
+                raise ValueError(f"acceptance_profile has {len(profile)} entries; it needs one per draft position "
+                                 f"(num_speculative_tokens={self.num_speculative_tokens})")
+            if not all(0.0 <= a <= 1.0 for a in profile):  # also rejects NaN
+                raise ValueError(f"acceptance_profile={profile} must hold probabilities in [0, 1]")
+        return self
+
+    def acceptance_probabilities(self) -> tuple[float, ...] | None:
+        """Per-position conditional acceptance for the simulator: the profile, else the constant
+        rate at every position, else None (nothing to simulate with)."""
+        if self.acceptance_profile is not None:
+            return self.acceptance_profile
+        if self.acceptance_rate is not None:
+            return (self.acceptance_rate,) * self.num_speculative_tokens
+        return None
 
 
 class EngineKnobs(BaseModel):

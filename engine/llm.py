@@ -24,6 +24,8 @@ from engine.errors import InputError
 from engine.model.loader import load_model
 from engine.quant.kv import is_quantized_kv, kv_bytes_per_token_per_layer, kv_cache_torch_dtype
 from engine.runner import ModelRunner
+from engine.spec import SpecStats, draft_budget
+from engine.spec.factory import TargetInfo, build_proposer
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 GIB = 2**30
@@ -94,6 +96,12 @@ class LLM:
             KVCacheManager(self.num_blocks, cfg.block_size_tokens, cfg.enable_prefix_caching),
         )
         self.runner = ModelRunner(self.model, self.config, self.num_blocks, cfg.block_size_tokens, kv_dtype, device, cfg.seed)
+        spec = cfg.speculative
+        self.proposer = None if spec is None else build_proposer(spec, TargetInfo(
+            self.model, self.config, self.tokenizer, self.max_model_len, self.num_blocks, cfg.block_size_tokens,
+            cfg.max_num_seqs, kv_dtype, dtype, device, cfg.seed, cfg.random_weights))
+        # Acceptance per position, accepted length, draft and verify time; None without speculation.
+        self.spec_stats = None if spec is None else SpecStats(spec.num_speculative_tokens)
         self._ids = itertools.count()
         self._t0 = time.perf_counter()
         self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer is not None else (
@@ -166,9 +174,46 @@ class LLM:
         return request.request_id
 
     def step(self) -> list[RequestUpdate]:
+        if self.proposer is not None:
+            return self._speculative_step()
         output = self.scheduler.schedule(self.now())
         sampled = self.runner.execute(output)
         return self.scheduler.update(output, sampled, self.now())
+
+    def _speculative_step(self) -> list[RequestUpdate]:
+        """The same three calls, with drafts proposed for decoding requests before schedule()."""
+        assert self.proposer is not None and self.spec_stats is not None and self.engine_config.speculative is not None
+        stats, k = self.spec_stats, self.engine_config.speculative.num_speculative_tokens
+        t0 = time.perf_counter()
+        rooms: dict[str, int] = {}
+        drafting: list[Request] = []
+        for request in self.scheduler.running:
+            if room := draft_budget(request, k):
+                rooms[request.request_id] = room
+                drafting.append(request)
+        proposals = self.proposer.propose(drafting, list(rooms.values())) if drafting else {}
+        for request in drafting:
+            request.spec_token_ids = proposals.get(request.request_id, [])
+        t1 = time.perf_counter()
+        output = self.scheduler.schedule(self.now())
+        sampled = self.runner.execute(output)
+        t2 = time.perf_counter()
+        updates = self.scheduler.update(output, sampled, self.now())
+        self.proposer.forget(output.finished_request_ids)
+        stats.draft_s += t1 - t0
+        if any(s.num_draft_tokens for s in output.scheduled):
+            stats.verify_s += t2 - t1
+            stats.num_steps += 1
+        for s in output.scheduled:
+            room = rooms.get(s.request_id)
+            if room is None or not s.samples:
+                continue
+            # The scheduler may cut drafts to fit its token budget: then only those had room.
+            if s.num_draft_tokens < len(proposals.get(s.request_id, ())):
+                room = s.num_draft_tokens
+            if room:
+                stats.record(room, s.num_draft_tokens, len(sampled[s.request_id]) - 1)
+        return updates
 
     # ------------------------------------------------------------------ batch and streaming
 

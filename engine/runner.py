@@ -72,8 +72,23 @@ class ModelRunner:
         if not sampling:
             return {}
         ends = list(itertools.accumulate(query_lens))
-        last_rows = torch.tensor([ends[i] - 1 for i, _ in sampling], device=self.device)
-        logits = self.model.compute_logits(hidden[last_rows])
         ids = [s.request_id for _, s in sampling]
-        tokens = self.sampler(logits, ids, [s.sampling_params for _, s in sampling])
-        return {request_id: [token] for request_id, token in zip(ids, tokens, strict=True)}
+        if not any(s.num_draft_tokens for _, s in sampling):
+            last_rows = torch.tensor([ends[i] - 1 for i, _ in sampling], device=self.device)
+            logits = self.model.compute_logits(hidden[last_rows])
+            tokens = self.sampler(logits, ids, [s.sampling_params for _, s in sampling])
+            return {request_id: [token] for request_id, token in zip(ids, tokens, strict=True)}
+        # Speculative step: a request with d drafts (the last d of its token_ids) is scored at
+        # its last d+1 rows: the row before the first draft predicts it, each draft's row the
+        # next, the last row the bonus token. Rejected drafts' KV stays in the cache past the
+        # rolled-back num_computed_tokens: nothing attends to it, and the next step overwrites it.
+        rows = [r for i, s in sampling for r in range(ends[i] - 1 - s.num_draft_tokens, ends[i])]
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        out: dict[str, list[int]] = {}
+        start = 0
+        for _, s in sampling:
+            d = s.num_draft_tokens
+            drafts = list(s.token_ids[len(s.token_ids) - d :])
+            out[s.request_id] = self.sampler.verify(logits[start : start + d + 1], s.request_id, s.sampling_params, drafts)
+            start += d + 1
+        return out

@@ -11,6 +11,7 @@ import zlib
 import torch
 
 from engine.core import SamplingParams
+from engine.spec.verify import greedy_verify, rejection_sample
 
 
 class Sampler:
@@ -34,6 +35,15 @@ class Sampler:
             probs = self.probabilities(logits[row], p)
             tokens[row] = int(torch.multinomial(probs, 1, generator=self._generator(request_id, p)).item())
         return tokens
+
+    def verify(self, logits: torch.Tensor, request_id: str, p: SamplingParams, drafts: list[int]) -> list[int]:
+        """Score d drafts with the target's fp32 logits [d+1, V] of their positions (and the one
+        before them): the accepted drafts plus one corrected or bonus token. Greedy requests
+        accept on argmax equality; others by rejection sampling with the request's generator."""
+        if p.temperature == 0.0:
+            return greedy_verify(logits.argmax(dim=-1).tolist(), drafts)
+        probs = torch.stack([self.probabilities(row, p) for row in logits])
+        return rejection_sample(probs, drafts, None, self._generator(request_id, p))
 
     @staticmethod
     def probabilities(logits: torch.Tensor, p: SamplingParams) -> torch.Tensor:

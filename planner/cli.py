@@ -12,7 +12,8 @@ import json
 import os
 from pathlib import Path
 import sys
-from typing import get_args
+import time
+from typing import TYPE_CHECKING, get_args
 
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
@@ -28,6 +29,9 @@ from planner.playback import Replay
 from planner.sim import ROUTERS, simulate
 from planner.specs import SLO, Deployment, Dtype, EngineKnobs, HardwareProfile
 from planner.workload import PRESETS, Workload, get_workload
+
+if TYPE_CHECKING:
+    from planner.search import CandidatePlan, PlanResult
 
 DTYPES = list(get_args(Dtype))
 # Deployment field -> the flag that sets it, so validation errors name what the user typed.
@@ -296,32 +300,39 @@ def add_workload_args(p: argparse.ArgumentParser, default: str = "chat") -> None
     p.add_argument("--seed", type=int, help="seed of every random draw (default: the workload's)")
 
 
-def replay_from_args(args: argparse.Namespace, vocab_size: int | None) -> Replay:
-    """A Replay for the workload flags; every bad value is an InputError naming its flag."""
-    if args.rate is not None and args.concurrency is not None:
-        raise InputError("--rate", args.rate, "give either --rate (open loop) or --concurrency (closed loop), not both")
-    if args.rate is not None and not args.rate > 0:
-        raise InputError("--rate", args.rate, "must be > 0 requests/s")
-    if args.concurrency is not None and args.concurrency < 1:
-        raise InputError("--concurrency", args.concurrency, "must be >= 1 user")
+def workload_overrides(args: argparse.Namespace) -> dict[str, object]:
+    """Workload fields the flags replace; every bad value is an InputError naming its flag."""
+    rate, concurrency = args.rate, getattr(args, "concurrency", None)
+    if rate is not None and concurrency is not None:
+        raise InputError("--rate", rate, "give either --rate (open loop) or --concurrency (closed loop), not both")
+    if rate is not None and not rate > 0:
+        raise InputError("--rate", rate, "must be > 0 requests/s")
+    if concurrency is not None and concurrency < 1:
+        raise InputError("--concurrency", concurrency, "must be >= 1 user")
     if args.requests is not None and args.requests < 1:
         raise InputError("--requests", args.requests, "must be >= 1")
     if args.seed is not None and args.seed < 0:
         raise InputError("--seed", args.seed, "must be >= 0")
+    overrides: dict[str, object] = {}
+    if rate is not None:
+        overrides["arrival"] = {"kind": "poisson", "rate_per_s": rate}
+    if concurrency is not None:
+        overrides["arrival"] = {"kind": "closed_loop", "concurrency": concurrency}
+    if args.requests is not None:
+        overrides["num_requests"] = args.requests
+    if args.seed is not None:
+        overrides["seed"] = args.seed
+    return overrides
+
+
+def replay_from_args(args: argparse.Namespace, vocab_size: int | None) -> Replay:
+    """A Replay for the workload flags: a preset or workload file with the flags applied, or a trace."""
+    overrides = workload_overrides(args)
     if args.workload.lower().endswith((".jsonl", ".csv")):
         for flag in ("rate", "concurrency", "requests"):
             if getattr(args, flag) is not None:
                 raise InputError(f"--{flag}", getattr(args, flag), "does not apply to a trace, which records its own requests")
         return Replay.from_trace(args.workload, vocab_size=vocab_size, seed=args.seed or 0)
-    overrides: dict[str, object] = {}
-    if args.rate is not None:
-        overrides["arrival"] = {"kind": "poisson", "rate_per_s": args.rate}
-    if args.concurrency is not None:
-        overrides["arrival"] = {"kind": "closed_loop", "concurrency": args.concurrency}
-    if args.requests is not None:
-        overrides["num_requests"] = args.requests
-    if args.seed is not None:
-        overrides["seed"] = args.seed
     return Replay.of(get_workload(args.workload, **overrides), vocab_size=vocab_size)
 
 
@@ -395,6 +406,153 @@ def cmd_engine_bench(args: argparse.Namespace) -> None:
         render_summary(summary, summary.hardware)
 
 
+# --------------------------------------------------------------------------- calibrate
+
+
+def cmd_calibrate(args: argparse.Namespace) -> None:
+    from planner.calibrate import calibrate
+
+    cal, path = calibrate(args.model, device=args.device, dtype=args.dtype, quick=args.quick, out=args.out,
+                          random_weights=args.random_weights, threads=args.threads)
+    t = Table(title=f"{cal.model} on {cal.device.name} ({cal.hardware_profile}): "
+                    f"fit median |error| {cal.fit_median_abs_error_pct:.1f} %, max {cal.fit_max_abs_error_pct:.1f} %")
+    for col in ("grid step", "measured ms", "predicted ms", "error %"):
+        t.add_column(col, justify="left" if col == "grid step" else "right")
+    for s in cal.steps:
+        t.add_row(s.label, f"{s.measured_s * 1e3:,.1f}", f"{s.predicted_s * 1e3:,.1f}",
+                  f"{(s.predicted_s / s.measured_s - 1) * 100:+.1f}")
+    console.print(t)
+    m = cal.microbenchmarks
+    console.print(f"memory bandwidth {m.memory_bandwidth_gb_s:,.1f} GB/s; best matmul "
+                  f"{max(m.matmul_tflops.values()) * 1e3:,.1f} GFLOPS ({cal.dtype})")
+    console.print("fitted: " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in cal.params.items()))
+    console.print(f"wrote {path} (hardware profile: {cal.hardware_profile})")
+
+
+# --------------------------------------------------------------------------- plan and compare
+
+
+def _csv(text: str | None) -> list[str] | None:
+    return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
+
+
+def cmd_plan(args: argparse.Namespace) -> None:
+    from planner.search import DEFAULT_CACHE_DIR, plan  # keeps `serveplan simulate` start-up lean
+
+    if args.workload.lower().endswith((".jsonl", ".csv")):
+        raise InputError("--workload", args.workload, "plan needs a preset or workload spec file; traces are not supported")
+    slo = SLO.parse(args.slo)
+    workload = get_workload(args.workload, **({"seed": args.seed} if args.seed is not None else {}))
+    started = time.perf_counter()
+    result = plan(
+        args.model, workload, args.rate, slo, hardware=_csv(args.hw), max_gpus_per_replica=args.max_gpus,
+        budget_usd_per_hour=args.budget_usd_per_hour, weight_dtypes=_csv(args.weight_dtypes),
+        kv_dtypes=_csv(args.kv_dtypes), headroom=args.headroom, requests_per_probe=args.requests_per_probe,
+        executor=args.executor, workers=args.workers,
+        cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
+    )
+    if args.json:
+        print_json(result)
+    else:
+        render_plan(result, time.perf_counter() - started)
+
+
+def render_plan(r: PlanResult, wall_s: float) -> None:
+    slo = ", ".join(f"{k}<={v:g}" for k, v in r.slo.targets.items()) or "no latency target"
+    console.print(f"[bold]{r.model}[/bold], workload {r.workload} at {r.rate_per_s:g} req/s, SLO {slo} "
+                  f"(goodput >= {r.slo.goodput_share:.0%})")
+    rec, v = r.recommended, r.verification
+    if rec is not None and v is not None:
+        d = rec.deployment
+        console.print(f"[bold green]recommended:[/bold green] {rec.replicas} x {rec.label}: {rec.gpus} GPUs, "
+                      f"US${rec.usd_per_hour:,.2f}/h, US${rec.usd_per_million_output_tokens:,.3f} per 1M output tokens")
+        console.print(f"  deployment: hardware={d.hardware} tp={d.tensor_parallel} pp={d.pipeline_parallel} "
+                      f"ep={d.expert_parallel} replicas={d.replicas} weights={d.weight_dtype} kv={d.kv_dtype} "
+                      f"max_num_batched_tokens={d.knobs.max_num_batched_tokens} max_num_seqs={d.knobs.max_num_seqs}")
+        console.print(f"  at {r.rate_per_s:g} req/s (verification run, round robin over {d.replicas}): "
+                      f"TTFT P50 {v.ttft_ms.p50:,.0f} / P99 {v.ttft_ms.p99:,.0f} ms, "
+                      f"TPOT P50 {v.tpot_ms.p50:,.1f} / P99 {v.tpot_ms.p99:,.1f} ms, "
+                      f"goodput {v.goodput.share:.1%}, SLO {'MET' if v.goodput.slo_met else 'MISSED'}")
+    else:
+        console.print(f"[bold red]no recommendation:[/bold red] {r.nearest_miss}")
+
+    def table(title: str, plans: list[CandidatePlan]) -> None:
+        t = Table(title=title)
+        for col in ("candidate", "replicas", "GPUs", "US$/h", "US$/1M out", "req/s per replica",
+                    "TTFT P50", "TTFT P99", "TPOT P50", "TPOT P99"):
+            t.add_column(col, justify="left" if col == "candidate" else "right")
+        for p in plans:
+            t.add_row(p.label, str(p.replicas), str(p.gpus), f"{p.usd_per_hour:,.2f}", f"{p.usd_per_million_output_tokens:,.3f}",
+                      f"{p.sustained_rate_per_s:,.2f}", *(f"{getattr(p, k):,.1f}" for k in
+                                                          ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")))
+        console.print(t)
+
+    if r.ranked:
+        table(f"top {min(10, len(r.ranked))} of {len(r.ranked)} candidates that meet the SLO (latency ms at the "
+              "per-replica load sized with headroom)", r.ranked[:10])
+        table(f"cost vs {r.pareto_metric} Pareto front", r.pareto)
+    t = Table(title="why not: the closest candidate of each other hardware (all in --json)")
+    t.add_column("hardware")
+    t.add_column("closest candidate")
+    t.add_column("why it lost")
+    shown = {rec.deployment.hardware} if rec is not None else set()
+    for p in r.rejected:
+        if p.deployment.hardware not in shown:
+            shown.add(p.deployment.hardware)
+            t.add_row(p.deployment.hardware, p.label, p.reason)
+    console.print(t)
+    console.print(f"searched {r.candidates:,} candidates: {r.simulated_candidates} simulated in {r.probes} probes, "
+                  f"the rest pruned by memory, the analytic screen or cost; {wall_s:,.1f} s")
+    for line in r.assumptions:
+        console.print(f"assumed: {line}")
+
+
+def cmd_compare(args: argparse.Namespace) -> None:
+    from planner.compare import compare, load_side
+
+    slo = SLO.parse(args.slo) if args.slo else None
+    overrides = workload_overrides(args)
+    a, b = (load_side(path, args.model, args.workload, overrides, slo, args.router) for path in (args.a, args.b))
+    result = compare(a, b)
+    if args.json:
+        print_json(result)
+        return
+    t = Table(title=f"A = {a.path} ({a.model}, {a.workload}) vs B = {b.path} ({b.model}, {b.workload})")
+    for col in ("metric", "A", "B", "B - A", "%"):
+        t.add_column(col, justify="left" if col == "metric" else "right")
+    for m in result.metrics:
+        t.add_row(m.metric, *(f"{v:,.3f}" if v is not None else "-" for v in (m.a, m.b, m.delta)),
+                  f"{m.delta_pct:+.1f}%" if m.delta_pct is not None else "-")
+    console.print(t)
+
+
+def cmd_validate(args: argparse.Namespace) -> None:
+    from planner.validate import markdown, validate
+
+    report = validate(args.model, args.calibration, random_weights=args.random_weights, quick=args.quick,
+                      only=args.workloads, force=args.force)
+    if args.report:
+        Path(args.report).write_text(markdown(report, "serveplan validate " + " ".join(sys.argv[2:])))
+    if args.json:
+        print_json(report)
+        return
+    t = Table(title=f"{report.model}: simulator vs engine on {report.hardware_profile} "
+                    f"(signed error %, calibration fit residual {report.fit_median_abs_error_pct:.1f} %)")
+    columns = ["ttft_ms.mean", "ttft_ms.p99", "tpot_ms.mean", "itl_ms.p99", "e2e_ms.mean",
+               "throughput.output_tokens_per_s", "prefix_cache_hit_rate", "preemptions"]
+    t.add_column("workload")
+    for col in columns:
+        t.add_column(col.replace("throughput.", "").replace("_ms", ""), justify="right")
+    for row in report.rows:
+        t.add_row(row.scenario, *("n/a" if row.error_pct[c] is None else f"{row.error_pct[c]:+.1f}" for c in columns))
+    console.print(t)
+    for metric, bound in report.bounds_pct.items():
+        value = report.median_abs_error_pct[metric]
+        console.print(f"median |error| {metric}: {value:.1f} % (bound {bound:g} %) {'ok' if value <= bound else 'MISSED'}")
+    if not report.passed:
+        raise SystemExit(1)
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -435,6 +593,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the full result in the stable schema of docs/simulate.md")
     p.set_defaults(func=cmd_simulate)
 
+    p = sub.add_parser("plan", help="the cheapest deployment that serves a workload at a rate within an SLO")
+    p.add_argument("--model", default="llama-3.1-8b", help="catalog name or path to a config.json / checkpoint folder")
+    p.add_argument("--workload", default="chat", help=f"preset ({', '.join(PRESETS)}) or a workload YAML/JSON file")
+    p.add_argument("--rate", type=float, required=True, help="target Poisson arrival rate, requests/s")
+    p.add_argument("--slo", required=True, help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=50'")
+    p.add_argument("--seed", type=int, help="seed of every random draw (default: the workload's)")
+    p.add_argument("--hw", help="comma-separated profiles or YAML files (default: every catalog profile with a price)")
+    p.add_argument("--max-gpus", type=int, default=8, help="most GPUs per replica")
+    p.add_argument("--budget-usd-per-hour", type=float, help="most US$/h to spend on all replicas")
+    p.add_argument("--weight-dtypes", help="comma-separated weight formats (default: bf16, fp8 where native, int8, int4)")
+    p.add_argument("--kv-dtypes", help="comma-separated KV-cache formats (default: bf16,fp8)")
+    p.add_argument("--headroom", type=float, default=0.1, help="size replicas for rate x (1 + headroom)")
+    p.add_argument("--requests-per-probe", type=int, default=300, help="requests per simulation (at least 3 x max_num_seqs)")
+    p.add_argument("--executor", default="process", choices=["process", "serial", "ray"],
+                   help="local process pool, in-process, or a Ray cluster (pip install 'serveplan[cluster]')")
+    p.add_argument("--workers", type=int, help="processes of the local pool (default: CPU count)")
+    p.add_argument("--cache-dir", help="where simulation results are cached (default: ~/.cache/serveplan)")
+    p.add_argument("--no-cache", action="store_true", help="neither read nor write cached results")
+    p.add_argument("--json", action="store_true", help="the PlanResult (recommendation, ranking, Pareto front, rejections)")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("compare", help="two deployment YAML files simulated side by side, with deltas")
+    p.add_argument("a", help="deployment YAML (Deployment fields, optional model: and workload:)")
+    p.add_argument("b", help="deployment YAML to compare against A")
+    p.add_argument("--model", default="llama-3.1-8b", help="model for a file without model:")
+    p.add_argument("--workload", default="chat", help="workload for a file without workload:")
+    p.add_argument("--rate", type=float, help="Poisson arrival rate for both, requests/s")
+    p.add_argument("--requests", type=int, help="number of requests (default: the workload's)")
+    p.add_argument("--seed", type=int, help="seed of every random draw (default: the workload's)")
+    p.add_argument("--slo", help="latency targets for goodput, e.g. 'ttft_p99_ms<=500'")
+    p.add_argument("--router", default="round_robin", choices=list(ROUTERS), help="how replicas share requests")
+    p.add_argument("--json", action="store_true", help="both summaries and the deltas")
+    p.set_defaults(func=cmd_compare)
+
     engine = add_engine_commands(sub)
     p = engine.add_parser("bench", help="play a workload against the real engine in real time; same summary as simulate")
     add_workload_args(p)
@@ -454,6 +646,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo", help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=100'")
     p.add_argument("--json", action="store_true", help="the RunSummary schema of docs/simulate.md (source: engine)")
     p.set_defaults(func=cmd_engine_bench)
+
+    p = sub.add_parser("calibrate", help="measure this machine and real engine steps; fit the cost model")
+    p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
+    p.add_argument("--random-weights", action="store_true", help="random weights from the config (no checkpoint)")
+    p.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda[:N]'")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats")
+    p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's); validate reuses the count")
+    p.add_argument("--out", help="calibration file (default: hwprofiles/calibrations/<device>__<model>__<dtype>.json)")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("validate", help="run the same workloads through the engine and the calibrated simulator")
+    p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
+    p.add_argument("--random-weights", action="store_true", help="random weights from the config (no checkpoint)")
+    p.add_argument("--calibration", required=True, help="a file written by `serveplan calibrate`")
+    p.add_argument("--workloads", nargs="+", help="validate only these scenarios (default: all)")
+    p.add_argument("--quick", action="store_true", help="fewer requests per workload")
+    p.add_argument("--force", action="store_true", help="apply a calibration made for another model or device")
+    p.add_argument("--report", help="also write the comparison as markdown to this file")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("schema", help="export the JSON Schema of the specs")
     p.add_argument("--out", default="docs/schemas", help="output folder")

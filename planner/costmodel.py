@@ -31,7 +31,7 @@ Rules worth knowing (all listed by `assumptions()`):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from engine.config import ModelConfig
 from engine.core.scheduler import SchedulerOutput
@@ -57,6 +57,7 @@ OPERATORS: tuple[str, ...] = (
     "tp_allreduce",
     "pp_transfer",
     "overhead",
+    "spec_draft",
 )
 """Keys of `CostModel.breakdown()`, always all present (0.0 where an operator does not apply)."""
 
@@ -77,13 +78,19 @@ class StepCost(NamedTuple):
     bytes: float
 
 
+NO_COST = StepCost(0.0, 0.0, 0.0)
+
+
 @dataclass(frozen=True)
 class CostParams:
     """The tunable figures of the cost model; calibration fits them (e.g. with SciPy).
 
-    Defaults come from the hardware profile (`CostParams.from_hardware`). `gemm_half_size_tokens`
-    models under-utilisation of matmuls with few rows: compute efficiency at T tokens is
-    compute_efficiency x T / (T + gemm_half_size_tokens); 0 turns the falloff off.
+    Defaults come from the hardware profile (`CostParams.from_hardware`). Matmuls with few rows
+    under-use the hardware: compute efficiency at T rows is
+    compute_efficiency x (f + (1 - f) x T / (T + gemm_half_size_tokens)) with f =
+    `gemm_efficiency_floor`, the share kept however few the rows (a GPU's tensor cores fall off
+    towards 0; a CPU's small-M GEMM keeps a flat, low rate). gemm_half_size_tokens = 0 turns the
+    falloff off.
     """
 
     compute_efficiency: float
@@ -93,6 +100,11 @@ class CostParams:
     step_overhead_s: float
     layer_overhead_s: float = 0.0
     gemm_half_size_tokens: float = 0.0
+    gemm_efficiency_floor: float = 0.0
+    # "causal": the kernel skips masked (query, key) pairs and keys outside windows (FlashAttention,
+    # the Triton kernels). "dense": it computes the whole masked score matrix of each prefill chunk
+    # and pads a decode batch to its longest context (the engine's torch reference path on CPU).
+    attention_pairs: Literal["causal", "dense"] = "causal"
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "interconnect_efficiency"):
@@ -103,6 +115,10 @@ class CostParams:
             value = getattr(self, name)
             if not value >= 0.0:  # also rejects NaN
                 raise InputError(name, value, "must be >= 0")
+        if not 0.0 <= self.gemm_efficiency_floor <= 1.0:
+            raise InputError("gemm_efficiency_floor", self.gemm_efficiency_floor, "must be in [0, 1]")
+        if self.attention_pairs not in ("causal", "dense"):
+            raise InputError("attention_pairs", self.attention_pairs, "allowed: causal, dense")
 
     @classmethod
     def from_hardware(cls, hw: HardwareProfile) -> CostParams:
@@ -174,6 +190,7 @@ class CostModel:
         self._attn_bw_eff = bw * p.attention_memory_efficiency
         self._ce = p.compute_efficiency
         self._half = p.gemm_half_size_tokens
+        self._floor = p.gemm_efficiency_floor
         dq_rate = self._vector_peak * p.compute_efficiency
         dq = (DEQUANT_OPS_PER_WEIGHT / dq_rate) if self.dequant else 0.0  # seconds per weight element
 
@@ -265,6 +282,24 @@ class CostModel:
             self._pp_bpt = self._pp_fixed = 0.0
         self._overhead = p.step_overhead_s + p.layer_overhead_s * L
 
+        # Speculative decoding: the drafts' verification is already in the token counts (drafts
+        # are tokens of the step); what remains is proposing them. n-gram lookup costs ~nothing;
+        # a draft model (or the target's first draft_layers layers, self-speculative) runs one
+        # forward pass per draft position, costed by a CostModel of the draft itself.
+        spec = dep.knobs.speculative
+        self._draft_model: CostModel | None = None
+        if spec is not None and spec.method != "ngram":
+            if spec.method == "self":
+                assert spec.draft_layers is not None  # SpeculativeSettings requires it
+                draft_config = model.first_layers(spec.draft_layers)
+            else:
+                from engine.catalog import resolve_model  # torch-free; only needed for draft models
+
+                assert spec.draft_model is not None
+                draft_config = resolve_model(spec.draft_model)
+            plain = dep.model_copy(update={"knobs": dep.knobs.model_copy(update={"speculative": None})})
+            self._draft_model = CostModel(draft_config, hw, plain, calibration)
+
     # ------------------------------------------------------------------ public API
 
     def step_time(self, output: SchedulerOutput) -> float:
@@ -274,15 +309,15 @@ class CostModel:
     def step(self, output: SchedulerOutput) -> StepCost:
         """Seconds, FLOPs and bytes of one engine step, per GPU of the replica."""
         if not output.scheduled:
-            return StepCost(0.0, 0.0, 0.0)
-        times, flops, nbytes = self._times(self._aggregate(output))
+            return NO_COST
+        times, flops, nbytes = self._times(self._aggregate(output), self._draft_cost(output))
         return StepCost(sum(times), flops, nbytes)
 
     def breakdown(self, output: SchedulerOutput) -> dict[str, float]:
         """Seconds per operator (keys: OPERATORS); the values sum to step_time(output)."""
         if not output.scheduled:
             return dict.fromkeys(OPERATORS, 0.0)
-        return dict(zip(OPERATORS, self._times(self._aggregate(output))[0], strict=True))
+        return dict(zip(OPERATORS, self._times(self._aggregate(output), self._draft_cost(output))[0], strict=True))
 
     def decode_time_per_token_s(self, batch: int, context: int) -> float:
         """One decode step of `batch` requests, each with `context` tokens already cached."""
@@ -297,6 +332,16 @@ class CostModel:
 
     def prefill_breakdown(self, tokens: int, cached: int = 0) -> dict[str, float]:
         return dict(zip(OPERATORS, self._times(self._synthetic([(tokens, cached, True)]))[0], strict=True))
+
+    def decode_cost(self, batch: int, context: int) -> StepCost:
+        """Seconds, FLOPs and bytes (per GPU) of the decode step of decode_time_per_token_s: for rooflines."""
+        times, flops, nbytes = self._times(self._synthetic([(1, context, False)] * batch))
+        return StepCost(sum(times), flops, nbytes)
+
+    def prefill_cost(self, tokens: int, cached: int = 0) -> StepCost:
+        """Seconds, FLOPs and bytes (per GPU) of the prefill step of prefill_time_s: for rooflines."""
+        times, flops, nbytes = self._times(self._synthetic([(tokens, cached, True)]))
+        return StepCost(sum(times), flops, nbytes)
 
     def assumptions(self) -> dict[str, object]:
         """Every figure the model uses, for reports."""
@@ -331,6 +376,14 @@ class CostModel:
             )
         if model.mla is not None:
             notes.append("MLA: absorbed formulation; the KV latent is replicated on every TP rank; projections split over TP")
+        spec = dep.knobs.speculative
+        if spec is not None:
+            notes.append(
+                f"speculative ({spec.method}, k={spec.num_speculative_tokens}): drafts are verified as extra decode tokens "
+                "and LM-head rows of the step; proposing them costs "
+                + ("nothing (n-gram lookup)" if self._draft_model is None else
+                   f"one forward pass of {self._draft_model.model.name} per draft position (operator spec_draft)")
+            )
         out: dict[str, object] = {
             "model": model.name or model.model_type,
             "hardware": hw.name,
@@ -360,6 +413,8 @@ class CostModel:
     # ------------------------------------------------------------------ internals
 
     def _aggregate(self, output: SchedulerOutput) -> _Sums:
+        if self.params.attention_pairs == "dense":
+            return self._aggregate_dense(output)
         windows = self._windows
         sampled = 0
         if len(windows) == 1 and windows[0] is None:  # fast path: every layer attends to the full context
@@ -400,6 +455,29 @@ class CostModel:
                     kg[j] += min(c + q, w)
         return _Sums(int(g_tokens[0] + g_tokens[1]), sampled, g_tokens, pairs, kv)
 
+    def _aggregate_dense(self, output: SchedulerOutput) -> _Sums:
+        """Pairs and KV reads of a kernel that neither skips masked pairs nor honours windows:
+        each prefill chunk attends to its whole context, every decode to the batch's longest."""
+        sampled = 0
+        d_count = d_max = 0
+        p_tok = p_pairs = p_kv = 0.0
+        for s in output.scheduled:
+            q = len(s.token_ids)
+            ctx = s.num_computed_tokens + q
+            if s.samples:
+                sampled += 1 + s.num_draft_tokens
+            if s.is_prefill:
+                p_tok += q
+                p_pairs += q * ctx
+                p_kv += ctx
+            else:
+                d_count += q
+                d_max = max(d_max, ctx)
+        padded = float(d_count * d_max)
+        nw = len(self._windows)
+        return _Sums(int(d_count + p_tok), sampled, [float(d_count), p_tok],
+                     [[padded] * nw, [p_pairs] * nw], [[padded] * nw, [p_kv] * nw])
+
     def _synthetic(self, requests: list[tuple[int, int, bool]]) -> _Sums:
         """Sums for (query tokens, cached tokens, is_prefill) requests that all sample."""
         if not requests or any(q < 1 or c < 0 for q, c, _ in requests):
@@ -425,14 +503,34 @@ class CostModel:
         flops, nbytes = fpt * tokens, wb + apt * tokens
         work[0] += flops
         work[1] += nbytes
-        eff = self._ce * tokens / (tokens + self._half) if self._half else self._ce
+        eff = self._gemm_efficiency(tokens)
         return max(flops / (peak * eff) + dq, nbytes / self._bw_eff)
 
-    def _times(self, s: _Sums) -> tuple[tuple[float, ...], float, float]:
-        """(seconds per operator in OPERATORS order, FLOPs, bytes moved), per GPU."""
+    def _draft_cost(self, output: SchedulerOutput) -> StepCost:
+        """Proposing this step's drafts with a draft model: draft pass j feeds one token of each
+        request that has more than j drafts, over its context so far (engine/spec/draft.py)."""
+        draft = self._draft_model
+        if draft is None:
+            return NO_COST
+        with_drafts = [(s.num_draft_tokens, s.num_computed_tokens) for s in output.scheduled if s.num_draft_tokens]
+        seconds = flops = nbytes = 0.0
+        for j in range(max((d for d, _ in with_drafts), default=0)):
+            times, f, b = draft._times(draft._synthetic([(1, c + j, False) for d, c in with_drafts if d > j]))
+            seconds, flops, nbytes = seconds + sum(times), flops + f, nbytes + b
+        return StepCost(seconds, flops, nbytes)
+
+    def _gemm_efficiency(self, rows: float) -> float:
+        if not self._half:
+            return self._ce
+        floor = self._floor
+        return self._ce * (floor + (1.0 - floor) * rows / (rows + self._half))
+
+    def _times(self, s: _Sums, draft: StepCost = NO_COST) -> tuple[tuple[float, ...], float, float]:
+        """(seconds per operator in OPERATORS order, FLOPs, bytes moved), per GPU; `draft` is the
+        step's draft-model cost, reported as its own operator."""
         T = s.tokens
         peak = self._gemm_peak
-        work = [0.0, 0.0]
+        work = [draft.flops, draft.bytes]
         qkv = self._gemm(T, self._qkv, peak, work)
         o = self._gemm(T, self._o, peak, work)
         mlp = self._gemm(T, self._mlp, peak, work)
@@ -441,7 +539,7 @@ class CostModel:
         if self._n_moe:
             touched = expected_distinct_experts(self._experts, self._top_k, T)
             per_expert = T * self._top_k / touched
-            eff = self._ce * per_expert / (per_expert + self._half) if self._half else self._ce
+            eff = self._gemm_efficiency(per_expert)
             flops, nbytes = self._expert_fpt * T, touched * self._expert_w + self._expert_apt * T
             work[0] += flops
             work[1] += nbytes
@@ -471,7 +569,8 @@ class CostModel:
         sampling = sampling_bytes / self._bw_eff
         allreduce = T * self._ar_bpt + self._ar_fixed
         pp = T * self._pp_bpt + self._pp_fixed
-        times = (qkv, o, attention, mlp, moe, router, elementwise, lm_head, sampling, allreduce, pp, self._overhead)
+        times = (qkv, o, attention, mlp, moe, router, elementwise, lm_head, sampling, allreduce, pp, self._overhead,
+                 draft.seconds)
         return times, work[0], work[1]
 
 

@@ -13,7 +13,7 @@ import platform
 import time
 from typing import TYPE_CHECKING
 
-from engine.core import SamplingParams
+from engine.core import SamplingParams, SchedulerOutput
 from engine.core.metrics import RequestMetrics
 from planner.metrics import PricingBasis, RunRecord, RunSummary, StepSample, summarize
 from planner.playback import Playback, Replay, Submission, check_lengths
@@ -37,6 +37,7 @@ def bench_engine(llm: LLM, replay: Replay, *, model_name: str, slo: SLO | None =
             heapq.heappush(due, (sub.due_s, order, sub))
             order += 1
 
+    warm_up(llm)
     samples: list[StepSample] = []
     finished: list[str] = []
     t0 = llm.now()  # run time 0; requests arrive at t0 + due_s on the engine's clock
@@ -98,6 +99,21 @@ def bench_engine(llm: LLM, replay: Replay, *, model_name: str, slo: SLO | None =
     summary = summarize(record, source="engine", model=model_name, hardware=device, workload=replay.name, slo=slo,
                         pricing=pricing, assumptions=assumptions)
     return summary, record
+
+
+def warm_up(llm: LLM) -> None:
+    """One untimed step of the largest prefill plus a few decodes before the clock starts, as a
+    server does at start-up: the first passes over fresh memory pay page faults and allocator
+    growth (glibc raises its mmap threshold only after large frees) that steady serving does not."""
+    from planner.calibrate import synthetic_output
+
+    cfg = llm.scheduler.config
+    tokens = min(cfg.max_num_batched_tokens, cfg.max_model_len - 1,
+                 llm.scheduler.kv_cache_manager.num_blocks * cfg.block_size // 2)
+    decodes = min(4, cfg.max_num_seqs - 1)
+    output = synthetic_output([(tokens, 0, True)] + [(1, 0, False)] * decodes, cfg.block_size, "warm-up")
+    llm.runner.execute(output)
+    llm.runner.execute(SchedulerOutput((), 0, (), tuple(s.request_id for s in output.scheduled), 0, 0, 0.0))
 
 
 def describe_device(device: object) -> str:

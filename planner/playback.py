@@ -97,20 +97,27 @@ class Playback:
         return Submission(due_s, request, prompt)
 
 
-def check_lengths(replay: Replay, max_model_len: int, num_blocks: int, block_size: int, where: str) -> None:
-    """Reject, before anything runs, a request the server could never take, naming it.
+def request_lengths(replay: Replay) -> dict[str, tuple[int, int]]:
+    """request id -> (prompt tokens, prompt + output tokens) as the request will be submitted.
 
     Follow-up prompts are known only at run time, but their lengths are not: the parent's
     prompt and output plus the new message."""
-    lengths: dict[str, int] = {}
+    lengths: dict[str, tuple[int, int]] = {}
     for r in replay.requests:  # a parent comes before its follow-ups
         prompt = len(r.prompt_token_ids) if r.parent_id is None else (
-            lengths[r.parent_id] + len(r.new_prompt_token_ids))
-        total = lengths[r.request_id] = prompt + r.output_tokens
+            lengths[r.parent_id][1] + len(r.new_prompt_token_ids))
+        lengths[r.request_id] = (prompt, prompt + r.output_tokens)
+    return lengths
+
+
+def check_lengths(replay: Replay, max_model_len: int, num_blocks: int, block_size: int, where: str) -> None:
+    """Reject, before anything runs, a request the server could never take, naming it."""
+    for request_id, (prompt, total) in request_lengths(replay).items():
+        output = total - prompt
         if total > max_model_len:
-            raise InputError(f"request {r.request_id}", f"{prompt} prompt + {r.output_tokens} output tokens",
+            raise InputError(f"request {request_id}", f"{prompt} prompt + {output} output tokens",
                              f"must fit max_model_len={max_model_len}")
         blocks = -(-(total - 1) // block_size)
         if blocks > num_blocks:
-            raise InputError(f"request {r.request_id}", f"{prompt} prompt + {r.output_tokens} output tokens",
+            raise InputError(f"request {request_id}", f"{prompt} prompt + {output} output tokens",
                              f"needs {blocks} KV blocks but {where} holds {num_blocks}")

@@ -13,6 +13,7 @@ import simpy
 from engine.core import Request, Scheduler
 from planner.costmodel import CostModel
 from planner.metrics import StepSample
+from planner.sim.speculative import SyntheticDrafts
 
 # Outputs are synthetic: every sampled token gets this id. Only follow-up turns ever read
 # them back (as part of their prompt), and the block hashes chain over everything before
@@ -29,11 +30,13 @@ class Replica:
         cost_model: CostModel,
         on_finished: Callable[[Request], None],
         samples: list[StepSample],
+        drafts: SyntheticDrafts | None = None,
     ) -> None:
         self.env, self.index = env, index
         self.scheduler, self.cost_model = scheduler, cost_model
         self.on_finished = on_finished
         self.samples = samples
+        self.drafts = drafts  # speculative decoding: synthetic drafts and their acceptance
         self.outstanding_requests = 0
         self.outstanding_tokens = 0  # prompt + output tokens of unfinished requests: what routers balance
         self.flops = self.bytes = 0.0
@@ -54,6 +57,8 @@ class Replica:
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None
+            if self.drafts is not None:
+                self.drafts.propose(scheduler.running)
             output = scheduler.schedule(env.now)
             if output.is_empty:
                 # add_request guarantees every request fits an empty cache, so an empty step
@@ -64,7 +69,10 @@ class Replica:
             self.bytes += cost.bytes
             start = env.now
             yield env.timeout(cost.seconds)
-            sampled = {s.request_id: (SYNTHETIC_TOKEN_ID,) for s in output.scheduled if s.samples}
+            if self.drafts is None:
+                sampled = {s.request_id: (SYNTHETIC_TOKEN_ID,) for s in output.scheduled if s.samples}
+            else:
+                sampled = self.drafts.sampled(output)
             updates = scheduler.update(output, sampled, env.now)
             self.samples.append(StepSample(self.index, start, env.now, output.kv_cache_usage, output.num_running,
                                            output.num_waiting, output.total_num_scheduled_tokens))

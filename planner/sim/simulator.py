@@ -15,8 +15,9 @@ from planner.costmodel import CostModel, CostParams
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import PricingBasis, RunRecord, RunSummary, StepSample, summarize
 from planner.playback import Playback, Replay, Submission, check_lengths
-from planner.sim.replica import Replica
+from planner.sim.replica import SYNTHETIC_TOKEN_ID, Replica
 from planner.sim.router import ROUTERS, RouterName
+from planner.sim.speculative import SyntheticDrafts
 from planner.specs import SLO, Deployment, HardwareProfile
 from planner.workload import Workload
 
@@ -38,9 +39,13 @@ def simulate(
     router: RouterName = "round_robin",
     calibration: CostParams | None = None,
     max_model_len: int | None = None,
+    kv_cache_blocks: int | None = None,
+    seed: int = 0,
 ) -> SimulationResult:
     """Play `workload` (a spec to draw, or a trace / already drawn Replay) against `dep` until
-    every request finishes."""
+    every request finishes. `kv_cache_blocks` replaces the memory plan's count per replica (to
+    mirror an engine run whose cache size was set by hand). `seed` seeds the simulator's own draws
+    (speculative acceptance); the workload carries its own seed."""
     if router not in ROUTERS:
         raise unknown_name_error("router", router, ROUTERS)
     max_len = max_model_len or model.max_position_embeddings
@@ -49,9 +54,19 @@ def simulate(
     memory = plan_memory(model, hw, dep, context_tokens=max_len)
     # Only "no KV cache at all" is fatal here: requests are checked one by one below, so a
     # default max_model_len beyond what the cache holds does not stop a workload of short ones.
+    if kv_cache_blocks is not None:
+        if kv_cache_blocks < 1:
+            raise InputError("kv_cache_blocks", kv_cache_blocks, "must be >= 1")
+        memory = memory.model_copy(update={"kv_cache_blocks": kv_cache_blocks,
+                                           "kv_cache_tokens": kv_cache_blocks * dep.knobs.block_size_tokens})
     if memory.kv_cache_blocks < 1:
         raise InputError("deployment", f"{memory.model} on {dep.replicas} x {dep.gpus_per_replica} {hw.name}", memory.reason)
     cost_model = CostModel(model, hw, dep, calibration)
+    spec = dep.knobs.speculative
+    acceptance = None if spec is None else spec.acceptance_probabilities()
+    if spec is not None and acceptance is None:
+        raise InputError("speculative.acceptance_profile", None,
+                         "the simulator needs acceptance_profile (per draft position) or acceptance_rate")
     sched_config = dep.knobs.scheduler_config(max_len)
     replay = workload if isinstance(workload, Replay) else Replay.of(workload, vocab_size=model.vocab_size)
     check_lengths(replay, max_len, memory.kv_cache_blocks, sched_config.block_size, where="a replica")
@@ -89,7 +104,10 @@ def simulate(
     replicas = [
         Replica(env, i, Scheduler(sched_config, KVCacheManager(memory.kv_cache_blocks, sched_config.block_size,
                                                                sched_config.enable_prefix_caching)),
-                cost_model, on_finished, samples)
+                cost_model, on_finished, samples,
+                None if spec is None or acceptance is None else
+                SyntheticDrafts(spec.num_speculative_tokens, acceptance, (seed, i), SYNTHETIC_TOKEN_ID,
+                                spec.proposal_rate))
         for i in range(dep.replicas)
     ]
     env.process(arrivals())
@@ -147,6 +165,9 @@ def simulate(
         "gpu_memory_utilization": dep.knobs.gpu_memory_utilization,
         "workload": replay.description,
         "output_lengths": "drawn by the workload and generated exactly (ignore_eos)",
+        "speculative": None if spec is None else {
+            "method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+            "acceptance_profile": list(acceptance or ()), "proposal_rate": spec.proposal_rate, "seed": seed},
     }
     summary = summarize(record, source="simulator", model=memory.model, hardware=hw.name, workload=replay.name,
                         slo=slo, pricing=pricing, assumptions=assumptions)

@@ -1,0 +1,420 @@
+"""Calibration: measure the local device and real engine steps, fit the cost model to them.
+
+`serveplan calibrate` (1) detects the device, (2) runs micro-benchmarks — sustained memory
+bandwidth, matmul throughput at several shapes, paged attention at several context lengths —
+whose best figures become the device's hardware profile (created when absent), (3) times a
+grid of real engine steps (prefill chunks over cached context, decode batches at several
+context lengths, mixed batches) built as SchedulerOutputs and run by the engine's ModelRunner,
+and (4) fits CostParams with SciPy least squares so that `CostModel.step_time` of each
+SchedulerOutput matches its measured time. The result, with raw measurements, residuals, the
+device and the date, is written under hwprofiles/calibrations/.
+
+The grid is synthetic single steps; `serveplan validate` then checks whole workloads the fit
+never saw. Torch is imported inside functions only (planner/ must start without it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+import datetime as dt
+import hashlib
+import json
+import os
+from pathlib import Path
+import platform
+import re
+import statistics
+import time
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from scipy.optimize import least_squares
+import yaml
+
+from engine.config import ModelConfig
+from engine.core import SamplingParams, ScheduledRequest, SchedulerOutput
+from engine.errors import InputError
+from hwprofiles import PROFILE_DIR
+from planner.costmodel import CostModel, CostParams
+from planner.hardware import hardware_catalog
+from planner.specs import Deployment, EngineKnobs, HardwareProfile
+
+if TYPE_CHECKING:
+    from engine.llm import LLM
+
+CALIBRATION_DIR = PROFILE_DIR / "calibrations"
+GIB = 2**30
+# The engine's dtype name -> the cost model's.
+ENGINE_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+# --------------------------------------------------------------------------- records
+
+
+class _Rec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DeviceInfo(_Rec):
+    kind: Literal["cpu", "cuda"]
+    name: str = Field(description="CPU model name or GPU name")
+    slug: str = Field(description="Hardware profile name derived from the device")
+    threads: int = Field(description="Torch intra-op threads (CPU) or streaming multiprocessors (GPU)")
+    memory_gib: float
+    torch_version: str
+
+
+class MicroBenchmarks(_Rec):
+    memory_bandwidth_gb_s: float = Field(description="Best sustained copy bandwidth (read + write bytes / time)")
+    matmul_tflops: dict[str, float] = Field(description="'dtype MxKxN' -> achieved TFLOPS")
+    attention_kv_gb_s: dict[str, float] = Field(description="'decode batch B ctx C' -> KV bytes read / time")
+
+
+class StepMeasurement(_Rec):
+    label: str
+    requests: list[tuple[int, int, bool]] = Field(description="(query tokens, cached tokens, is_prefill) per request")
+    measured_s: float = Field(description="Median of the repeats")
+    repeats_s: list[float]
+    predicted_s: float = Field(0.0, description="The fitted cost model's prediction")
+
+
+class Calibration(_Rec):
+    """A fitted cost model for one (device, model, dtype); what `--calibration FILE` loads."""
+
+    format_version: int = 1
+    created_utc: str
+    device: DeviceInfo
+    hardware_profile: str
+    profile: HardwareProfile = Field(description="The measured profile (also written to hwprofiles/ when absent)")
+    model: str
+    model_fingerprint: str = Field(description="SHA-256 of the model's architecture (config), to refuse a mismatch")
+    dtype: str
+    block_size_tokens: int
+    microbenchmarks: MicroBenchmarks
+    steps: list[StepMeasurement]
+    params: dict[str, float | str] = Field(description="Fitted CostParams")
+    fit_median_abs_error_pct: float
+    fit_max_abs_error_pct: float
+    notes: list[str]
+
+    def cost_params(self) -> CostParams:
+        return CostParams(**self.params)
+
+
+# What decides the FLOPs and bytes of a step; numerics (norm eps, RoPE base, dtype tags, token
+# ids) do not, and differ harmlessly between a checkpoint's metadata and its config.json.
+_SHAPE_FIELDS = ("model_type", "num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim",
+                 "intermediate_size", "vocab_size", "tie_word_embeddings", "attention_bias", "qk_norm",
+                 "norms_per_layer", "layer_windows", "layer_is_moe", "moe", "mla")
+
+
+def model_fingerprint(model: ModelConfig) -> str:
+    arch = {name: getattr(model, name) for name in _SHAPE_FIELDS}
+    return hashlib.sha256(json.dumps(arch, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load_calibration(path: str | Path, model: ModelConfig | None = None, hardware: str | None = None,
+                     force: bool = False) -> Calibration:
+    """Read a calibration; refuse one made for another model or device unless `force` (then warn)."""
+    path = Path(path)
+    try:
+        cal = Calibration.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        raise InputError("--calibration", str(path), "no such file") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "file"
+        raise InputError("--calibration", str(path), f"not a valid calibration file ({where}: {first['msg']})") from None
+    problems = []
+    if model is not None and cal.model_fingerprint != model_fingerprint(model):
+        problems.append(f"it was made for model {cal.model!r}, not {model.name!r}")
+    if hardware is not None and cal.hardware_profile != hardware:
+        problems.append(f"it was made on {cal.hardware_profile!r}, not {hardware!r}")
+    if problems:
+        if not force:
+            raise InputError("--calibration", str(path), "; ".join(problems) + " (use --force to apply it anyway)")
+        import warnings
+
+        warnings.warn(f"calibration {path}: " + "; ".join(problems), stacklevel=2)
+    return cal
+
+
+# --------------------------------------------------------------------------- device
+
+
+def detect_device(device: str = "auto") -> DeviceInfo:
+    import torch
+
+    if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", device):
+        raise InputError("--device", device, "allowed: auto, cpu, cuda, cuda:N")
+    use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        if not torch.cuda.is_available():
+            raise InputError("--device", device, "no CUDA device is visible to torch")
+        props = torch.cuda.get_device_properties(torch.device(device if device != "auto" else "cuda"))
+        return DeviceInfo(kind="cuda", name=props.name, slug=_slug("gpu-" + props.name), threads=props.multi_processor_count,
+                          memory_gib=props.total_memory / GIB, torch_version=torch.__version__)
+    name = _cpu_name()
+    threads = torch.get_num_threads()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    return DeviceInfo(kind="cpu", name=name, slug=_slug(f"cpu-{name}-{threads}t"), threads=threads,
+                      memory_gib=memory, torch_version=torch.__version__)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9.]+", "-", text.lower()).strip("-")
+
+
+# --------------------------------------------------------------------------- micro-benchmarks
+
+
+def _median_time(fn: Callable[[], object], repeats: int, sync: Callable[[], None]) -> float:
+    fn()  # warm-up: allocation, caches, lazy initialisation
+    sync()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def micro_benchmarks(device_kind: str, dtype: str, quick: bool) -> MicroBenchmarks:
+    import torch
+
+    from engine.model.attention import allocate_kv_cache, build_attention_metadata, paged_attention
+
+    dev = torch.device("cuda" if device_kind == "cuda" else "cpu")
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    tdtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]
+    reps = 3 if quick else 5
+
+    n = (1 << 28 if dev.type == "cuda" else 1 << 26) // (2 if quick else 1)  # 0.5 or 1 GiB fp32 on a GPU, 128-256 MiB on CPU
+    src, dst = torch.ones(n, device=dev), torch.empty(n, device=dev)
+    bandwidth = 2 * n * 4 / _median_time(lambda: dst.copy_(src), reps, sync) / 1e9
+    del src, dst
+
+    matmul: dict[str, float] = {}
+    shapes = [(1, 2048, 2048), (16, 2048, 2048), (256, 2048, 2048), (1024, 1024, 1024)]
+    if dev.type == "cuda":
+        shapes += [(4096, 4096, 4096)]
+    for m, k, nn in shapes:
+        a, b = torch.randn(m, k, device=dev, dtype=tdtype), torch.randn(k, nn, device=dev, dtype=tdtype)
+        seconds = _median_time(lambda a=a, b=b: a @ b, reps, sync)
+        matmul[f"{dtype} {m}x{k}x{nn}"] = 2 * m * k * nn / seconds / 1e12
+
+    attention: dict[str, float] = {}
+    heads, kv_heads, head_dim, block = 8, 2, 64, 16
+    for batch, ctx in ((4, 256), (4, 2048)) if quick else ((4, 256), (4, 1024), (4, 4096)):
+        blocks_per_seq = -(-ctx // block)
+        cache = allocate_kv_cache(batch * blocks_per_seq, block, kv_heads, head_dim, tdtype, dev)
+        tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
+        _, meta = build_attention_metadata([1] * batch, [ctx] * batch, tables, block, dev)
+        q = torch.randn(batch, heads, head_dim, device=dev, dtype=tdtype)
+        seconds = _median_time(lambda q=q, cache=cache, meta=meta: paged_attention(q, cache, meta, 0.125, None), reps, sync)
+        kv_bytes = batch * ctx * 2 * kv_heads * head_dim * cache.element_size()
+        attention[f"decode batch {batch} ctx {ctx}"] = kv_bytes / seconds / 1e9
+    return MicroBenchmarks(memory_bandwidth_gb_s=bandwidth, matmul_tflops=matmul, attention_kv_gb_s=attention)
+
+
+def local_profile(device: DeviceInfo, micro: MicroBenchmarks, dtype: str) -> HardwareProfile:
+    """The device as a HardwareProfile whose peaks are the best micro-benchmark figures, so the
+    fitted efficiencies read as shares of what this machine demonstrably reaches."""
+    peak_tflops = max(micro.matmul_tflops.values())
+    return HardwareProfile(
+        name=device.slug,
+        display_name=f"{device.name} ({device.threads} threads)" if device.kind == "cpu" else device.name,
+        vendor=device.name.split()[0],
+        kind="cpu" if device.kind == "cpu" else "gpu",
+        family=f"local-{device.kind}",
+        memory_gib=round(device.memory_gib, 2),
+        memory_bandwidth_gb_s=round(micro.memory_bandwidth_gb_s, 2),
+        peak_tflops={dtype: round(peak_tflops, 4)},
+        provenance={
+            "memory_bandwidth_gb_s": "measured: best sustained copy by serveplan calibrate",
+            f"peak_tflops.{dtype}": "measured: best matmul by serveplan calibrate (not a datasheet peak)",
+            "memory_gib": "physical memory of the machine",
+        },
+        sources=[f"measured by `serveplan calibrate` on {dt.date.today().isoformat()} (torch {device.torch_version})"],
+    )
+
+
+# --------------------------------------------------------------------------- engine step grid
+
+
+def step_grid(quick: bool, max_context: int) -> list[tuple[str, list[tuple[int, int, bool]]]]:
+    """(label, requests) for single engine steps: (query tokens, cached tokens, is_prefill)."""
+    contexts = [c for c in ((64, 1024) if quick else (64, 512, 1536)) if c < max_context]
+    grid: list[tuple[str, list[tuple[int, int, bool]]]] = []
+    for batch in (1, 4, 16) if quick else (1, 2, 4, 8, 16, 32):
+        for ctx in contexts:
+            grid.append((f"decode b{batch} ctx{ctx}", [(1, ctx - 1, False)] * batch))
+    for tokens in (16, 128, 512) if quick else (16, 64, 256, 512, 1024):
+        for cached in (0, 512) if quick else (0, 1024):
+            if tokens + cached < max_context:
+                grid.append((f"prefill {tokens} cached {cached}", [(tokens, cached, True)]))
+    for chunk, decodes in ((64, 4), (256, 8)) if quick else ((64, 4), (256, 8), (512, 16)):
+        grid.append((f"mixed prefill {chunk} + {decodes} decodes",
+                     [(chunk, 0, True)] + [(1, 255, False)] * decodes))
+    return grid
+
+
+def synthetic_output(requests: list[tuple[int, int, bool]], block_size: int, tag: str) -> SchedulerOutput:
+    """A SchedulerOutput with fresh request ids and disjoint blocks: what the scheduler would hand
+    the runner for these shapes (the KV contents are irrelevant to timing)."""
+    scheduled = []
+    next_block = 0
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    for i, (q, cached, prefill) in enumerate(requests):
+        num_blocks = -(-(cached + q) // block_size)
+        scheduled.append(ScheduledRequest(
+            request_id=f"{tag}-{i}", token_ids=tuple(1 + j % 50 for j in range(q)), num_computed_tokens=cached,
+            new_block_ids=tuple(range(next_block, next_block + num_blocks)), reset_block_table=True,
+            num_draft_tokens=0, samples=True, sampling_params=params, prompt_len=cached + q if prefill else cached,
+            is_prefill=prefill))
+        next_block += num_blocks
+    return SchedulerOutput(scheduled=tuple(scheduled), total_num_scheduled_tokens=sum(r[0] for r in requests),
+                           preempted_request_ids=(), finished_request_ids=(), num_waiting=0,
+                           num_running=len(requests), kv_cache_usage=0.0)
+
+
+def grid_blocks_needed(grid: list[tuple[str, list[tuple[int, int, bool]]]], block_size: int) -> int:
+    return max(sum(-(-(q + c) // block_size) for q, c, _ in reqs) for _, reqs in grid)
+
+
+def measure_steps(llm: LLM, grid: list[tuple[str, list[tuple[int, int, bool]]]], repeats: int,
+                  on_step: Callable[[], None] = lambda: None) -> list[StepMeasurement]:
+    """Time each grid step through the engine's ModelRunner (tensor building, forward, sampling)."""
+    import torch
+
+    runner = llm.runner
+    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+    out = []
+    for n, (label, reqs) in enumerate(grid):
+        times = []
+        for r in range(repeats + 1):  # the first run warms up
+            output = synthetic_output(reqs, runner.block_size, f"{n}.{r}")
+            sync()
+            t = time.perf_counter()
+            runner.execute(output)
+            sync()
+            times.append(time.perf_counter() - t)
+            # Drop the runner's per-request state, as the scheduler's finished ids would.
+            runner.execute(SchedulerOutput((), 0, (), tuple(s.request_id for s in output.scheduled), 0, 0, 0.0))
+        out.append(StepMeasurement(label=label, requests=reqs, measured_s=statistics.median(times[1:]),
+                                   repeats_s=times[1:]))
+        on_step()
+    return out
+
+
+# --------------------------------------------------------------------------- fit
+
+_FITTED = ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "step_overhead_s",
+           "layer_overhead_s", "gemm_half_size_tokens", "gemm_efficiency_floor")
+_LOWER = (0.01, 0.01, 0.005, 0.0, 0.0, 0.0, 0.0)
+_UPPER = (1.0, 1.0, 1.0, 0.5, 0.05, 4096.0, 1.0)
+
+
+def fit_cost_params(model: ModelConfig, hw: HardwareProfile, dep: Deployment,
+                    steps: list[StepMeasurement]) -> tuple[CostParams, list[float]]:
+    """Least squares on relative error (every step counts alike, short or long); returns the
+    parameters and each step's prediction."""
+    outputs = [synthetic_output(s.requests, dep.knobs.block_size_tokens, "fit") for s in steps]
+    measured = np.array([s.measured_s for s in steps])
+    base = CostParams.from_hardware(hw)
+
+    def params(x: np.ndarray) -> CostParams:
+        return CostParams(**{**asdict(base), **dict(zip(_FITTED, map(float, x))),
+                             "attention_pairs": "dense"})
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        cm = CostModel(model, hw, dep, params(x))
+        return np.array([cm.step_time(o) for o in outputs])
+
+    x0 = np.array([0.5, 0.5, 0.2, 0.002, 0.0005, 16.0, 0.3])
+    result = least_squares(lambda x: predict(x) / measured - 1.0, x0, bounds=(_LOWER, _UPPER), x_scale="jac")
+    return params(result.x), predict(result.x).tolist()
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", quick: bool = False,
+              out: str | Path | None = None, random_weights: bool = False, threads: int | None = None,
+              write_profile: bool = True, progress: bool = True) -> tuple[Calibration, Path]:
+    import torch
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from engine.llm import LLM
+
+    if dtype not in ENGINE_DTYPES:
+        raise InputError("--dtype", dtype, f"allowed: {', '.join(ENGINE_DTYPES)}")
+    if threads is not None:
+        if not 1 <= threads <= (os.cpu_count() or 1):
+            raise InputError("--threads", threads, f"must be in 1..{os.cpu_count()} (this machine's CPUs)")
+        torch.set_num_threads(threads)
+    info = detect_device(device)
+    cm_dtype = ENGINE_DTYPES[dtype]
+    micro = micro_benchmarks(info.kind, cm_dtype, quick)
+    profile = local_profile(info, micro, cm_dtype)
+    profile_path = PROFILE_DIR / f"{profile.name}.yaml"
+    if write_profile and not profile_path.exists():
+        profile_path.write_text(yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False))
+        hardware_catalog.cache_clear()
+
+    block_size = 16
+    probe = LLM(model_name, device=info.kind, dtype=dtype, random_weights=random_weights, num_kv_blocks=1,
+                block_size_tokens=block_size, max_num_batched_tokens=4096, max_num_seqs=64)
+    config = probe.config
+    grid = step_grid(quick, config.max_position_embeddings)
+    del probe
+    llm = LLM(model_name, device=info.kind, dtype=dtype, random_weights=random_weights,
+              num_kv_blocks=grid_blocks_needed(grid, block_size), block_size_tokens=block_size,
+              max_num_batched_tokens=4096, max_num_seqs=64)
+    with Progress(console=Console(stderr=True), disable=not progress) as bar:
+        task = bar.add_task(f"timing {len(grid)} engine steps of {model_name}", total=len(grid))
+        steps = measure_steps(llm, grid, repeats=2 if quick else 3, on_step=lambda: bar.advance(task))
+    dep = Deployment(hardware=profile.name, weight_dtype=cm_dtype, kv_dtype=cm_dtype,
+                     knobs=EngineKnobs(block_size_tokens=block_size))
+    params, predicted = fit_cost_params(config, profile, dep, steps)
+    steps = [s.model_copy(update={"predicted_s": p}) for s, p in zip(steps, predicted, strict=True)]
+    errors = [abs(s.predicted_s / s.measured_s - 1) * 100 for s in steps]
+    cal = Calibration(
+        created_utc=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
+        device=info,
+        hardware_profile=profile.name,
+        profile=profile,
+        model=config.name or model_name,
+        model_fingerprint=model_fingerprint(config),
+        dtype=cm_dtype,
+        block_size_tokens=block_size,
+        microbenchmarks=micro,
+        steps=steps,
+        params=asdict(params),
+        fit_median_abs_error_pct=float(np.median(errors)),
+        fit_max_abs_error_pct=float(max(errors)),
+        notes=[
+            "steps timed through ModelRunner.execute (tensor building, forward pass, sampling), median of repeats",
+            "fit: scipy.optimize.least_squares on relative error of CostModel.step_time over the grid",
+            "attention_pairs='dense': the torch reference path computes the whole masked score matrix",
+            f"torch threads: {torch.get_num_threads()}" if info.kind == "cpu" else f"GPU: {info.name}",
+        ],
+    )
+    path = Path(out) if out else CALIBRATION_DIR / f"{profile.name}__{_slug(config.name or model_name)}__{cm_dtype}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(cal.model_dump_json(indent=1) + "\n")
+    return cal, path

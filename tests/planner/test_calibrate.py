@@ -1,0 +1,86 @@
+"""Calibration and validation on a tiny random-weight model: structure and sanity, never wall-clock bounds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from engine.catalog import resolve_model
+from engine.errors import InputError
+from planner.calibrate import Calibration, calibrate, detect_device, load_calibration, step_grid
+from planner.cli import main
+from planner.costmodel import CostParams
+from planner.validate import COMPARED, scenarios, validate
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model: Callable[..., Path]) -> Path:
+    return tiny_model("tiny-cal", vocab_size=512, max_position_embeddings=2048)
+
+
+@pytest.fixture(scope="module")
+def calibrated(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Calibration, Path]:
+    out = tmp_path_factory.mktemp("cal") / "tiny.json"
+    return calibrate(str(tiny), device="cpu", quick=True, out=out, random_weights=True, write_profile=False,
+                     progress=False)
+
+
+def test_calibration_file_holds_measurements_fit_and_provenance(calibrated: tuple[Calibration, Path]) -> None:
+    cal, path = calibrated
+    assert Calibration.model_validate_json(path.read_text()) == cal
+    assert len(cal.steps) == len(step_grid(quick=True, max_context=2048))
+    assert all(s.measured_s > 0 and s.predicted_s > 0 and len(s.repeats_s) == 2 for s in cal.steps)
+    params = cal.cost_params()
+    assert isinstance(params, CostParams) and params.attention_pairs == "dense"
+    assert 0 < params.compute_efficiency <= 1 and 0 < params.memory_efficiency <= 1
+    # The fitted model explains the grid better than the profile's untuned defaults.
+    assert cal.fit_median_abs_error_pct < 100
+    assert cal.profile.name == cal.hardware_profile == cal.device.slug
+    assert cal.profile.memory_bandwidth_gb_s == pytest.approx(cal.microbenchmarks.memory_bandwidth_gb_s, rel=1e-3)
+    assert cal.model_fingerprint and cal.created_utc
+
+
+def test_validation_report_compares_the_same_requests(tiny: Path, calibrated: tuple[Calibration, Path]) -> None:
+    _, path = calibrated
+    report = validate(str(tiny), path, random_weights=True, quick=True, only=["chat-low", "overload"], progress=False)
+    assert [r.scenario for r in report.rows] == ["chat-low", "overload"]
+    for row in report.rows:
+        assert row.engine.source == "engine" and row.simulator.source == "simulator"
+        assert row.engine.num_finished == row.simulator.num_finished == row.engine.num_requests
+        assert set(row.error_pct) == set(COMPARED)
+    overload = report.rows[1]
+    # A 48-block cache cannot hold everyone: both the engine and the simulator preempt.
+    assert overload.engine.preemptions > 0 and overload.simulator.preemptions > 0
+    assert set(report.median_abs_error_pct) == set(report.bounds_pct)
+
+
+def test_scenarios_cover_the_required_behaviours() -> None:
+    names = {s.name for s in scenarios(quick=False)}
+    assert {"chat-low", "chat-high", "long-prompt", "shared-prefix", "overload"} <= names
+    assert sum(n.startswith("closed-loop") for n in names) >= 3
+
+
+def test_a_calibration_for_another_model_is_refused_unless_forced(calibrated: tuple[Calibration, Path]) -> None:
+    _, path = calibrated
+    other = resolve_model("smollm2-135m")
+    with pytest.raises(InputError, match="made for model .*use --force"):
+        load_calibration(path, model=other)
+    with pytest.warns(UserWarning, match="made for model"):
+        load_calibration(path, model=other, force=True)
+    with pytest.raises(InputError, match="made on"):
+        load_calibration(path, hardware="h100-sxm")
+
+
+def test_corrupt_calibration_and_unknown_device_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format_version": 1, "model": ')
+    with pytest.raises(InputError, match="not a valid calibration file"):
+        load_calibration(bad)
+    with pytest.raises(InputError, match="--device='tpu' is invalid"):
+        detect_device("tpu")
+    assert main(["validate", "--calibration", str(tmp_path / "missing.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main(["calibrate", "--device", "tpu"]) == 2
+    assert "--device='tpu' is invalid" in capsys.readouterr().err
