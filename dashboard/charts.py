@@ -1,0 +1,120 @@
+"""Altair charts of planner results; axis titles carry units."""
+
+from __future__ import annotations
+
+import altair as alt
+import numpy as np
+import pandas as pd
+
+from planner.memory import MemoryPlan
+from planner.search import CandidatePlan
+
+
+def latency_cdf(requests: pd.DataFrame, columns: dict[str, str]) -> alt.Chart:
+    """Empirical CDFs, one line per metric (column -> label), on a log latency axis."""
+    frames = []
+    for column, label in columns.items():
+        values = np.sort(requests[column].dropna().to_numpy())
+        if values.size:
+            frames.append(pd.DataFrame({"metric": label, "latency (ms)": values,
+                                        "share of requests": np.arange(1, values.size + 1) / values.size}))
+    data = pd.concat(frames, ignore_index=True)
+    return alt.Chart(data).mark_line(interpolate="step-after").encode(
+        x=alt.X("latency (ms):Q", scale=alt.Scale(type="log")),
+        y=alt.Y("share of requests:Q", axis=alt.Axis(format="%")),
+        color=alt.Color("metric:N", title=None),
+        tooltip=["metric", alt.Tooltip("latency (ms):Q", format=",.1f"), alt.Tooltip("share of requests:Q", format=".1%")],
+    ).properties(height=280)
+
+
+def step_series(samples: pd.DataFrame, column: str, title: str) -> alt.Chart:
+    """One engine-step state over simulated time, one line per replica (full resolution)."""
+    data = samples[["replica", "start_s", column]].rename(columns={"start_s": "time (s)", column: title})
+    return alt.Chart(data).mark_line(strokeWidth=1, interpolate="step-after").encode(
+        x=alt.X("time (s):Q"),
+        # The title goes above the chart: a y-axis title this long would be clipped.
+        y=alt.Y(f"{title}:Q", title=None, axis=alt.Axis(format="%" if "share" in title else "~s")),
+        color=alt.Color("replica:N"),
+    ).properties(height=170, title=title)
+
+
+def operator_breakdown(breakdown: pd.DataFrame) -> alt.Chart:
+    data = breakdown[breakdown.ms > 0]
+    return alt.Chart(data).mark_bar().encode(
+        x=alt.X("ms:Q", title="step time (ms)"),
+        y=alt.Y("phase:N", title=None),
+        color=alt.Color("operator:N"),
+        order=alt.Order("operator:N"),
+        tooltip=["phase", "operator", alt.Tooltip("ms:Q", format=",.3f")],
+    ).properties(height=140)
+
+
+def pareto(candidates: list[CandidatePlan], front: list[CandidatePlan], metric: str) -> alt.Chart:
+    """Cost against latency for every candidate that meets the SLO; the front joined by a line."""
+    latency_title = metric.replace("_p99_ms", " P99 (ms)").replace("ttft", "TTFT").replace("tpot", "TPOT")
+    on_front = {p.label for p in front}
+    data = pd.DataFrame([{"candidate": p.label, "US$/h": p.usd_per_hour, latency_title: getattr(p, metric),
+                          "replicas": p.replicas, "GPUs": p.gpus, "on front": p.label in on_front} for p in candidates])
+    base = alt.Chart(data).encode(x=alt.X("US$/h:Q", title="cost (US$/h)"), y=alt.Y(f"{latency_title}:Q"))
+    points = base.mark_circle(size=90).encode(
+        color=alt.Color("on front:N", title="Pareto front", scale=alt.Scale(domain=[True, False],
+                                                                            range=["#d62728", "#9e9e9e"])),
+        tooltip=["candidate", "replicas", "GPUs", alt.Tooltip("US$/h:Q", format=",.2f"),
+                 alt.Tooltip(f"{latency_title}:Q", format=",.1f")],
+    )
+    line = base.transform_filter(alt.datum["on front"]).mark_line(color="#d62728")
+    return (line + points).properties(height=320)
+
+
+MEMORY_PARTS = ("transformer layers", "embedding", "LM head", "activation reserve", "runtime overhead", "KV cache",
+                "reserved (1 - utilisation)")
+
+
+def memory_parts(plan: MemoryPlan) -> pd.DataFrame:
+    """Per-GPU GiB by part; the KV cache is what is left (negative when it does not fit)."""
+    return pd.DataFrame({"part": MEMORY_PARTS, "GiB": [
+        plan.weights.transformer_layers_gib, plan.weights.embedding_gib, plan.weights.lm_head_gib,
+        plan.activation_reserve_gib, plan.runtime_overhead_gib, plan.kv_cache_gib,
+        plan.device_memory_gib - plan.usable_memory_gib]})
+
+
+def memory_bar(parts: pd.DataFrame, device_gib: float) -> alt.Chart:
+    data = parts.assign(order=range(len(parts)), gpu="per GPU")
+    bar = alt.Chart(data[data.GiB > 0]).mark_bar().encode(
+        x=alt.X("GiB:Q", title="memory per GPU (GiB)", scale=alt.Scale(domain=[0, max(device_gib, data.GiB.clip(0).sum())])),
+        y=alt.Y("gpu:N", title=None),
+        color=alt.Color("part:N", sort=list(MEMORY_PARTS)),
+        order=alt.Order("order:Q"),
+        tooltip=["part", alt.Tooltip("GiB:Q", format=",.2f")],
+    )
+    rule = alt.Chart(pd.DataFrame({"GiB": [device_gib]})).mark_rule(color="black", strokeDash=[4, 2]).encode(x="GiB:Q")
+    return (bar + rule).properties(height=110)
+
+
+def concurrency_curve(data: pd.DataFrame) -> alt.Chart:
+    return alt.Chart(data).mark_line(point=True).encode(
+        x=alt.X("context (tokens):Q", scale=alt.Scale(type="log", base=2)),
+        y=alt.Y("max concurrent sequences:Q"),
+        tooltip=["context (tokens)", "max concurrent sequences"],
+    ).properties(height=260)
+
+
+def roofline(roofs: pd.DataFrame, points: pd.DataFrame) -> alt.Chart:
+    x = alt.X("intensity (FLOP/byte):Q", scale=alt.Scale(type="log"))
+    lines = alt.Chart(roofs).mark_line().encode(
+        x=x, y=alt.Y("attainable (TFLOP/s):Q", scale=alt.Scale(type="log"), title="TFLOP/s per GPU"),
+        color=alt.Color("chip:N"))
+    dots = alt.Chart(points).mark_point(size=110, filled=True).encode(
+        x=x, y=alt.Y("achieved (TFLOP/s):Q", scale=alt.Scale(type="log")),
+        color=alt.Color("chip:N"), shape=alt.Shape("phase:N"),
+        tooltip=["chip", "phase", alt.Tooltip("intensity (FLOP/byte):Q", format=",.1f"),
+                 alt.Tooltip("achieved (TFLOP/s):Q", format=",.1f"), alt.Tooltip("step (ms):Q", format=",.2f"),
+                 "peak dtype"])
+    return (lines + dots).properties(height=380)
+
+
+def grouped_bars(data: pd.DataFrame, x: str, y: str, color: str, title: str) -> alt.Chart:
+    return alt.Chart(data).mark_bar().encode(
+        x=alt.X(f"{x}:N", title=None), xOffset=f"{color}:N", y=alt.Y(f"{y}:Q", title=title),
+        color=alt.Color(f"{color}:N"), tooltip=[x, color, alt.Tooltip(f"{y}:Q", format=",.2f")],
+    ).properties(height=260)

@@ -1,0 +1,219 @@
+"""Cached calls into the planner: the dashboard's only path to results.
+
+Each function takes plain values and pydantic specs (hashed by their JSON, so equal specs hit
+the same cache entry), calls the planner's public API and returns what the pages draw. Errors
+propagate as InputError / ValidationError for `ui.attempt` to show; Streamlit never caches a
+raised call, so a corrected input is computed afresh.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+import math
+from pathlib import Path
+import tempfile
+
+import pandas as pd
+from pydantic import BaseModel
+import streamlit as st
+
+from engine.catalog import resolve_model
+from engine.config import EngineKnobs
+from engine.errors import InputError
+from planner.compare import Comparison, Side, compare
+from planner.costmodel import CostModel
+from planner.hardware import get_hardware, hardware_catalog
+from planner.memory import MemoryPlan, plan_memory
+from planner.metrics import RunSummary
+from planner.playback import Replay
+from planner import search
+from planner.search import PlanResult
+from planner.sim import simulate
+from planner.specs import SLO, Deployment, HardwareProfile
+from planner.validate import ValidationReport
+from planner.workload import Workload
+
+
+def _json(model: BaseModel) -> str:
+    return model.model_dump_json()
+
+
+# Streamlit matches hash_funcs by exact type, so each spec type is listed.
+SPEC_HASH = {cls: _json for cls in (Deployment, EngineKnobs, Workload, SLO, HardwareProfile)}
+
+
+def _slo(text: str) -> SLO | None:
+    return SLO.parse(text) if text.strip() else None
+
+
+def _replay(workload: Workload | None, trace_name: str | None, trace_bytes: bytes | None, vocab_size: int) -> Replay:
+    if workload is not None:
+        return Replay.of(workload, vocab_size=vocab_size)
+    if trace_name is None or trace_bytes is None:
+        raise InputError("workload", None, "choose a preset or upload a trace")
+    # load_trace reads a path and picks the format by suffix; the upload lives in memory.
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(trace_name).name
+        path.write_bytes(trace_bytes)
+        return Replay.from_trace(path, vocab_size=vocab_size)
+
+
+# --------------------------------------------------------------------------- simulate
+
+
+@dataclass(frozen=True)
+class SimView:
+    """One simulation, reduced to what the Simulate page draws (picklable, for st.cache_data)."""
+
+    summary: RunSummary
+    memory: MemoryPlan
+    requests: pd.DataFrame  # one row per finished request, latencies in ms
+    samples: pd.DataFrame  # one row per engine step per replica (full resolution)
+    breakdown: pd.DataFrame  # phase, operator, ms: the cost model's step time split by operator
+    breakdown_basis: list[str]
+
+
+@st.cache_data(show_spinner="Simulating…", hash_funcs=SPEC_HASH, max_entries=64)
+def simulate_view(model_name: str, dep: Deployment, workload: Workload | None, trace_name: str | None,
+                  trace_bytes: bytes | None, slo_text: str, router: str) -> SimView:
+    model = resolve_model(model_name)
+    hw = get_hardware(dep.hardware)
+    slo = _slo(slo_text)
+    result = simulate(model, hw, dep, _replay(workload, trace_name, trace_bytes, model.vocab_size), slo=slo,
+                      router=router)
+    reqs = pd.DataFrame([
+        {"ttft_ms": r.ttft_s * 1e3, "tpot_ms": r.tpot_s * 1e3 if r.output_tokens > 1 else math.nan,
+         "e2e_ms": r.e2e_s * 1e3, "queueing_ms": r.queueing_s * 1e3, "prompt_tokens": r.prompt_tokens,
+         "cached_prompt_tokens": r.cached_prompt_tokens, "output_tokens": r.output_tokens,
+         "preemptions": r.num_preemptions}
+        for r in result.record.requests
+    ])
+    samples = pd.DataFrame(result.record.samples, columns=["replica", "start_s", "end_s", "kv_cache_usage",
+                                                           "num_running", "num_waiting", "num_batched_tokens"])
+    # The operator split of two representative steps: a decode step at the run's mean batch
+    # and mid-reply context, and one prefill chunk of the mean prompt (capped by the budget).
+    cm = CostModel(model, hw, dep)
+    busy = samples[samples.num_running > 0]
+    batch = max(1, round(busy.num_running.mean())) if len(busy) else 1
+    context = max(1, round(reqs.prompt_tokens.mean() + reqs.output_tokens.mean() / 2))
+    chunk = max(1, min(dep.knobs.max_num_batched_tokens, round(reqs.prompt_tokens.mean())))
+    rows = [{"phase": f"decode step (batch {batch}, context {context})", "operator": op, "ms": s * 1e3}
+            for op, s in cm.decode_breakdown(batch, context).items()]
+    rows += [{"phase": f"prefill chunk ({chunk} tokens)", "operator": op, "ms": s * 1e3}
+             for op, s in cm.prefill_breakdown(chunk).items()]
+    basis = [f"decode: {batch} requests per step (the run's mean batch over busy steps), each with {context} tokens "
+             "of context (mean prompt + half the mean output)",
+             f"prefill: one chunk of {chunk} prompt tokens (mean prompt, capped by the token budget), nothing cached",
+             "seconds per operator from the same cost model the simulator used (planner/costmodel.py)"]
+    return SimView(result.summary, result.memory, reqs, samples, pd.DataFrame(rows), basis)
+
+
+# --------------------------------------------------------------------------- plan
+
+
+@st.cache_data(show_spinner=False, hash_funcs=SPEC_HASH, max_entries=16)
+def plan_result(model_name: str, workload: Workload, rate_per_s: float, slo_text: str, hardware: tuple[HardwareProfile, ...],
+                max_gpus: int, budget: float | None, weight_dtypes: tuple[str, ...], kv_dtypes: tuple[str, ...],
+                knobs_grid: tuple[EngineKnobs, ...], headroom: float, requests_per_probe: int) -> PlanResult:
+    # The bar is created inside the cached function so that Streamlit can replay it on a cache
+    # hit (an element created outside could not be replayed); it is emptied once done.
+    bar = st.progress(0.0, text="Planning: screening candidates…")
+
+    def on_progress(done: int, total: int) -> None:
+        bar.progress(done / max(total, 1), text=f"Planning: {done} of {total} candidates settled")
+
+    # Serial: Streamlit serves from a threaded process, and a fork-based pool there is fragile.
+    # The CLI's on-disk cache is shared (read at call time, so tests can point it elsewhere).
+    result = search.plan(model_name, workload, rate_per_s, SLO.parse(slo_text), hardware=list(hardware),
+                         max_gpus_per_replica=max_gpus, budget_usd_per_hour=budget, weight_dtypes=list(weight_dtypes),
+                         kv_dtypes=list(kv_dtypes), knobs_grid=list(knobs_grid), headroom=headroom,
+                         requests_per_probe=requests_per_probe, executor="serial",
+                         cache_dir=search.DEFAULT_CACHE_DIR, progress=False, on_progress=on_progress)
+    bar.empty()
+    return result
+
+
+# --------------------------------------------------------------------------- compare
+
+
+@st.cache_data(show_spinner="Simulating variants…", hash_funcs=SPEC_HASH, max_entries=16)
+def comparisons(model_name: str, workload: Workload, slo_text: str, variants: tuple[tuple[str, Deployment], ...]
+                ) -> list[Comparison]:
+    """Each variant after the first against the first (planner.compare: B - A and %)."""
+    model = resolve_model(model_name)
+    slo = _slo(slo_text)
+    replay = Replay.of(workload, vocab_size=model.vocab_size)  # one draw: every variant serves the same requests
+    sides = []
+    for name, dep in variants:
+        summary = simulate(model, get_hardware(dep.hardware), dep, replay, slo=slo).summary
+        sides.append(Side(path=name, model=model.name, workload=workload.name, deployment=dep, summary=summary))
+    return [compare(sides[0], b) for b in sides[1:]]
+
+
+# --------------------------------------------------------------------------- memory and hardware
+
+
+@st.cache_data(show_spinner=False, hash_funcs=SPEC_HASH, max_entries=64)
+def memory_plans(model_name: str, dep: Deployment, contexts: tuple[int, ...]) -> list[MemoryPlan]:
+    model = resolve_model(model_name)
+    hw = get_hardware(dep.hardware)
+    return [plan_memory(model, hw, dep, c) for c in contexts]
+
+
+@st.cache_data(show_spinner=False)
+def hardware_table() -> pd.DataFrame:
+    rows = []
+    for hw in hardware_catalog().values():
+        peaks = hw.peak_tflops
+        rows.append({
+            "name": hw.name, "product": hw.display_name, "vendor": hw.vendor, "kind": hw.kind,
+            "memory (GiB)": hw.memory_gib, "bandwidth (GB/s)": hw.memory_bandwidth_gb_s,
+            "BF16 (TFLOPS)": peaks.bf16, "FP8 (TFLOPS)": peaks.fp8, "INT8 (TOPS)": peaks.int8, "FP4 (TFLOPS)": peaks.fp4,
+            "scale-up link": hw.scale_up.name if hw.scale_up else None,
+            "scale-up (GB/s)": hw.scale_up.bandwidth_gb_s if hw.scale_up else None,
+            "power (W)": hw.power_w, "price (US$/GPU-h)": hw.price_usd_per_hour,
+        })
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class RooflinePoints:
+    roofs: pd.DataFrame  # chip, intensity (FLOP/byte), attainable (TFLOP/s)
+    points: pd.DataFrame  # chip, phase, intensity, achieved TFLOP/s, step ms
+    skipped: list[str]  # chips left out, with why
+
+
+@st.cache_data(show_spinner=False)
+def roofline(model_name: str, chips: tuple[str, ...], weight_dtype: str, decode_batch: int, decode_context: int,
+             prefill_tokens: int) -> RooflinePoints:
+    """Each chip's roof (its GEMM peak for this weight dtype, its bandwidth) and where one decode
+    step and one prefill step of the model land on it, per GPU at TP 1 (the cost model's FLOPs and bytes)."""
+    model = resolve_model(model_name)
+    roofs, points, skipped = [], [], []
+    for name in chips:
+        hw = get_hardware(name)
+        try:
+            cm = CostModel(model, hw, Deployment(hardware=name, weight_dtype=weight_dtype, kv_dtype="bf16"))
+        except InputError as exc:
+            skipped.append(f"{name}: {exc}")
+            continue
+        peak, dtype = hw.peak_flops(cm.gemm_dtype)
+        bw = hw.memory_bandwidth_gb_s * 1e9
+        ridge = peak / bw
+        for intensity in (0.1, ridge, 1e5):  # a roofline is two straight lines on log-log axes
+            roofs.append({"chip": name, "intensity (FLOP/byte)": intensity,
+                          "attainable (TFLOP/s)": min(peak, intensity * bw) / 1e12, "peak dtype": dtype})
+        for phase, cost in (("decode", cm.decode_cost(decode_batch, decode_context)),
+                            ("prefill", cm.prefill_cost(prefill_tokens))):
+            points.append({"chip": name, "phase": phase, "intensity (FLOP/byte)": cost.flops / cost.bytes,
+                           "achieved (TFLOP/s)": cost.flops / cost.seconds / 1e12, "step (ms)": cost.seconds * 1e3,
+                           "peak dtype": dtype})
+    return RooflinePoints(pd.DataFrame(roofs), pd.DataFrame(points), skipped)
+
+
+# --------------------------------------------------------------------------- validate
+
+
+@st.cache_data(show_spinner=False)
+def validation_report(path: str, mtime_ns: int) -> ValidationReport:  # noqa: ARG001 (mtime: re-read when the file changes)
+    return ValidationReport.model_validate_json(Path(path).read_text())

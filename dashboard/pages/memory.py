@@ -1,0 +1,54 @@
+"""Memory: the per-GPU memory plan of one deployment and its concurrency by context (planner.memory)."""
+
+from __future__ import annotations
+
+import pandas as pd
+import streamlit as st
+
+from dashboard import charts, compute, ui
+from dashboard.inputs import deployment_inputs, model_input
+from dashboard.state import PageState
+from engine.catalog import resolve_model
+
+
+def render() -> None:
+    state = PageState("memory")
+    st.title("Memory")
+    st.caption("Does the model fit, and how many sequences of a given length can the KV cache hold at once? "
+               "The simulator sizes its KV cache from this same plan.")
+    with st.sidebar:
+        model = model_input(state)
+        dep = ui.attempt(lambda: deployment_inputs(state))
+        context = st.number_input("Context per sequence (tokens)", 1, 10_000_000, step=1024,
+                                  key=state.bind("context", 8192), help="Prompt + output tokens of one sequence")
+    state.sync_url()
+    max_context = ui.attempt(lambda: resolve_model(model)).max_position_embeddings
+    # The curve: powers of two from 256 tokens to the model's context, plus the chosen length.
+    contexts = sorted({*(2**i for i in range(8, 40) if 2**i <= max_context), max_context, context})
+    plans = ui.attempt(lambda: compute.memory_plans(model, dep, tuple(contexts)))
+    plan = plans[contexts.index(context)]
+
+    (st.success if plan.fits else st.error)(plan.reason)
+    cols = st.columns(4)
+    cols[0].metric("Weights per GPU (GiB)", f"{plan.weights.total_gib:,.2f}")
+    cols[1].metric("KV cache per GPU (GiB)", f"{plan.kv_cache_gib:,.2f}")
+    cols[2].metric("KV-cache tokens per replica", f"{plan.kv_cache_tokens:,}",
+                   help=f"{plan.kv_cache_blocks:,} blocks of {plan.block_size_tokens} tokens")
+    cols[3].metric(f"Sequences of {context:,} tokens at once", f"{plan.max_concurrent_sequences:,}",
+                   help=f"the engine runs at most max_num_seqs = {plan.max_num_seqs}")
+
+    parts = charts.memory_parts(plan)
+    st.markdown(f"**Per-GPU memory of {plan.hardware}** ({plan.device_memory_gib:,.1f} GiB; dashed line: device memory)")
+    st.altair_chart(charts.memory_bar(parts, plan.device_memory_gib), width="stretch")
+    ui.table(parts, "Per-GPU memory (GiB)", key="memory.parts")
+
+    curve = pd.DataFrame({"context (tokens)": contexts,
+                          "max concurrent sequences": [p.max_concurrent_sequences for p in plans]})
+    st.markdown("**Max concurrent sequences vs context length**")
+    st.altair_chart(charts.concurrency_curve(curve), width="stretch")
+    ui.table(curve, "Max concurrency by context", key="memory.curve")
+    ui.json_download("Memory plan (JSON, as serveplan memory --json)", plan, "memory-plan.json", key="memory.json")
+    ui.assumptions("memory plan", plan.assumptions)
+
+
+render()

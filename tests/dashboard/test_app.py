@@ -1,0 +1,221 @@
+"""The dashboard, headless (streamlit.testing.v1.AppTest): every page runs, reads its inputs from
+the URL, shows results that come from the planner, and turns bad input into an in-page error,
+never an exception. Inputs are small so the file runs in well under a minute on a laptop CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
+from streamlit.testing.v1 import AppTest  # noqa: E402 (after the skip check)
+
+from dashboard import compute  # noqa: E402
+from engine.catalog import resolve_model  # noqa: E402
+from engine.errors import InputError  # noqa: E402
+from planner.hardware import get_hardware, hardware_catalog  # noqa: E402
+from planner.sim import simulate  # noqa: E402
+from planner.specs import Deployment  # noqa: E402
+from planner.validate import ValidationReport, ValidationRow  # noqa: E402
+from planner.workload import get_workload  # noqa: E402
+
+APP = str(Path(__file__).resolve().parents[2] / "app.py")
+SMALL = {"requests": "60", "rate": "4"}  # a few seconds of simulated chat on an H100
+
+
+@pytest.fixture(autouse=True)
+def plan_cache(tmp_path, monkeypatch):
+    """Keep the planner's on-disk cache out of the user's home."""
+    monkeypatch.setattr("planner.search.DEFAULT_CACHE_DIR", tmp_path / "serveplan-cache")
+
+
+def open_page(page: str, **params: str) -> AppTest:
+    """The app on `page` (dashboard/pages/<page>.py) with URL query parameters `params`, run once."""
+    at = AppTest.from_file(APP, default_timeout=120)
+    if page != "plan":
+        at.run()  # the default page (Plan) draws its form only; switching needs one run first
+        at.switch_page(f"dashboard/pages/{page}.py")
+    for key, value in params.items():
+        at.query_params[key] = value
+    return at.run()
+
+
+def errors(at: AppTest) -> list[str]:
+    return [e.value for e in at.error]
+
+
+def metric(at: AppTest, label: str) -> str:
+    return next(m.value for m in at.metric if m.label == label)
+
+
+# --------------------------------------------------------------------------- Plan
+
+
+def test_plan_waits_for_the_button_then_recommends_from_the_url():
+    at = open_page("plan", hw="h100-sxm", requests="40")
+    assert not at.exception
+    assert "Run plan" in at.info[0].value
+    at.button[0].click().run()
+    assert not at.exception and not errors(at)
+    assert at.subheader[0].value.startswith("Recommended:") and "h100-sxm" in at.subheader[0].value
+    assert float(metric(at, "Cost (US$/h)")) > 0
+    assert at.query_params["run"] == "true"  # a shared link re-runs the plan
+    assert any("Why not" in m.value for m in at.markdown)
+
+
+def test_plan_bad_slo_is_an_in_page_error():
+    at = open_page("plan", hw="h100-sxm", slo="ttft_p99<=abc")
+    at.button[0].click().run()
+    assert not at.exception
+    assert any("ttft_p99<=abc" in e for e in errors(at))
+
+
+def test_plan_zero_rate_is_an_in_page_error():
+    at = open_page("plan", hw="h100-sxm", rate="0", run="true")
+    assert not at.exception
+    assert errors(at) == ["rate=0.0 is invalid: must be > 0 requests/s"]
+
+
+# --------------------------------------------------------------------------- Simulate
+
+
+def test_simulate_shows_latencies_cost_and_breakdown():
+    at = open_page("simulate", **SMALL)
+    assert not at.exception and not errors(at)
+    assert float(metric(at, "TTFT P99 (ms)")) > 0
+    assert float(metric(at, "Cost (US$/h)")) == pytest.approx(get_hardware("h100-sxm").price_usd_per_hour)
+    percentiles = at.dataframe[0].value
+    assert list(percentiles.metric) == ["TTFT (ms)", "ITL (ms)", "TPOT (ms)", "E2E (ms)", "queueing (ms)"]
+    assert any("US$" in c.value and "per GPU-hour" in c.value for c in at.caption)  # the cost basis is shown
+
+
+def test_simulate_input_goes_to_the_url_and_a_cached_rerun_answers():
+    at = open_page("simulate", **SMALL)
+    at.sidebar.number_input(key="simulate.replicas").set_value(2).run()
+    assert not at.exception
+    assert at.query_params["replicas"] == "2"
+    assert "2 × 1 h100-sxm" in at.subheader[0].value
+    at.run()  # same inputs: served from st.cache_data
+    assert "2 × 1 h100-sxm" in at.subheader[0].value
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"tp": "3"}, "tp=3 is invalid: must divide the 32 attention heads"),
+    ({"rate": "0"}, "rate=0.0 is invalid"),
+    ({"slo": "latency<=5"}, "--slo='latency<=5' is invalid"),
+    ({"model": "llama-3.1-70b", "hw": "l4"}, "is invalid"),  # 70B in bf16 does not fit one L4
+])
+def test_simulate_bad_input_is_an_in_page_error(params, message):
+    at = open_page("simulate", **{**SMALL, **params})
+    assert not at.exception
+    assert any(message in e for e in errors(at)), errors(at)
+
+
+def test_simulate_replays_a_trace_and_names_a_bad_line():
+    trace = "\n".join(json.dumps({"arrival_s": i * 0.5, "input_tokens": 200, "output_tokens": 50}) for i in range(20))
+    dep = Deployment(hardware="h100-sxm")
+    view = compute.simulate_view("llama-3.1-8b", dep, None, "t.jsonl", trace.encode(), "", "round_robin")
+    assert view.summary.num_finished == 20 and len(view.requests) == 20
+    with pytest.raises(InputError, match="t.jsonl"):
+        compute.simulate_view("llama-3.1-8b", dep, None, "t.jsonl", b'{"arrival_s": 0}\n', "", "round_robin")
+
+
+# --------------------------------------------------------------------------- Compare
+
+
+def test_compare_two_variants_with_deltas():
+    at = open_page("compare", **SMALL)
+    assert not at.exception and not errors(at)
+    wide = at.dataframe[1].value  # [0] is the variants editor
+    assert {"metric", "A: bf16", "B: fp8", "B: fp8 vs A (%)"} <= set(wide.columns)
+    tpot = wide[wide.metric == "TPOT P99, ms"].iloc[0]
+    assert tpot["B: fp8"] < tpot["A: bf16"]  # fp8 weights read half the bytes per decode step
+
+
+def test_compare_bad_variant_and_speculative_variant_are_reported_in_page():
+    rows = [{"name": "A", "hardware": "h100-sxm", "tp": 1, "weight_dtype": "bf16", "kv_dtype": "bf16",
+             "prefix_caching": True, "token_budget": 8192, "speculative_tokens": 0},
+            {"name": "B", "hardware": "h100-sxm", "tp": 3, "weight_dtype": "bf16", "kv_dtype": "bf16",
+             "prefix_caching": True, "token_budget": 8192, "speculative_tokens": 0},
+            {"name": "C", "hardware": "h100-sxm", "tp": 1, "weight_dtype": "bf16", "kv_dtype": "bf16",
+             "prefix_caching": True, "token_budget": 8192, "speculative_tokens": 4}]
+    at = open_page("compare", variants=json.dumps(rows), **SMALL)
+    assert not at.exception
+    assert any("Speculative decoding is not modelled" in w.value for w in at.warning)
+    assert any("tp=3 is invalid" in e for e in errors(at))
+
+
+# --------------------------------------------------------------------------- Memory
+
+
+def test_memory_breakdown_and_concurrency_curve():
+    at = open_page("memory", model="llama-3.1-70b", tp="4", weight_dtype="fp8", kv_dtype="fp8", context="8192")
+    assert not at.exception and not errors(at)
+    parts = at.dataframe[0].value
+    assert parts.GiB.sum() == pytest.approx(get_hardware("h100-sxm").memory_gib, rel=1e-6)
+    curve = at.dataframe[1].value
+    assert curve["max concurrent sequences"].is_monotonic_decreasing
+
+
+def test_memory_bad_context_is_an_in_page_error():
+    at = open_page("memory", context="999999")
+    assert not at.exception
+    assert any("context=999999 is invalid" in e for e in errors(at))
+
+
+# --------------------------------------------------------------------------- Hardware
+
+
+def test_hardware_catalog_and_roofline():
+    at = open_page("hardware", chips="h100-sxm,l4")
+    assert not at.exception and not errors(at)
+    assert len(at.dataframe[0].value) == len(hardware_catalog())
+    points = at.dataframe[1].value
+    assert set(points.phase) == {"decode", "prefill"} and set(points.chip) == {"h100-sxm", "l4"}
+    decode = points[points.phase == "decode"]
+    prefill = points[points.phase == "prefill"]
+    # Prefill reuses each weight read across its tokens: far higher arithmetic intensity.
+    assert (prefill["intensity (FLOP/byte)"].to_numpy() > 5 * decode["intensity (FLOP/byte)"].to_numpy()).all()
+
+
+def test_hardware_unknown_url_value_falls_back_with_a_warning():
+    at = open_page("hardware", batch="many")
+    assert not at.exception
+    assert any("batch='many' ignored" in w.value for w in at.warning)
+
+
+# --------------------------------------------------------------------------- Validate
+
+
+def test_validate_explains_how_to_produce_a_missing_report(tmp_path):
+    at = open_page("validate", report=str(tmp_path / "none.json"))
+    assert not at.exception
+    assert "serveplan validate" in at.info[0].value
+
+
+def test_validate_shows_a_report_and_rejects_a_malformed_one(tmp_path):
+    model = resolve_model("llama-3.1-8b")
+    summary = simulate(model, get_hardware("h100-sxm"), Deployment(hardware="h100-sxm"),
+                       get_workload("chat", num_requests=20)).summary
+    errors_pct = {"ttft_ms.mean": 4.0, "ttft_ms.p99": -12.0, "tpot_ms.mean": 2.0, "e2e_ms.mean": 3.0,
+                  "throughput.output_tokens_per_s": -1.0}
+    report = ValidationReport(
+        model=model.name, calibration="cal.json", hardware_profile="local", fit_median_abs_error_pct=1.5,
+        rows=[ValidationRow(scenario="poisson-2", description="Poisson 2 req/s", engine=summary, simulator=summary,
+                            error_pct=errors_pct)],
+        median_abs_error_pct={k: abs(v) for k, v in errors_pct.items()},
+        bounds_pct={"ttft_ms.mean": 10.0, "ttft_ms.p99": 20.0}, passed=True)
+    good = tmp_path / "validation.json"
+    good.write_text(report.model_dump_json())
+    at = open_page("validate", report=str(good))
+    assert not at.exception and not errors(at)
+    assert at.success[0].value.startswith(model.name)
+    assert at.dataframe[1].value.iloc[0]["ttft_ms.p99"] == -12.0
+
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"model": "x"}')
+    at = open_page("validate", report=str(bad))
+    assert not at.exception
+    assert "is not a ValidationReport" in errors(at)[0]
