@@ -12,7 +12,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.core import SchedulerOutput
-from engine.model.attention import allocate_kv_cache, build_attention_metadata
+from engine.model.attention import allocate_kv_caches, build_attention_metadata
 from engine.sampler import Sampler
 
 
@@ -28,10 +28,7 @@ class ModelRunner:
         seed: int = 0,
     ) -> None:
         self.model, self.config, self.block_size, self.device = model, config, block_size, device
-        self.kv_caches = [
-            allocate_kv_cache(num_blocks, block_size, config.num_kv_heads, config.head_dim, kv_dtype, device)
-            for _ in range(config.num_layers)
-        ]
+        self.kv_caches = allocate_kv_caches(config, num_blocks, block_size, kv_dtype, device)
         self.block_tables: dict[str, list[int]] = {}
         self.sampler = Sampler(device, seed)
 

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 import torch.nn.functional as F
 
+from engine.config import ModelConfig
 from engine.quant.kv import dequantize_kv, is_quantized_kv, kv_last_dim, quantize_kv
 
 
@@ -87,6 +88,16 @@ def allocate_kv_cache(
     """
     last = kv_last_dim(head_dim, dtype)
     return torch.zeros(2, num_blocks, block_size, num_kv_heads, last, dtype=dtype, device=device)
+
+
+def allocate_kv_caches(
+    config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
+) -> list[Tensor]:
+    """One zeroed paged cache per layer of `config` (allocate_kv_cache for each)."""
+    return [
+        allocate_kv_cache(num_blocks, block_size, config.num_kv_heads, config.head_dim, dtype, device)
+        for _ in range(config.num_layers)
+    ]
 
 
 def write_kv_cache(kv_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:

@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from engine.config import ModelConfig
 from engine.errors import InputError
-from engine.model.attention import AttentionMetadata, allocate_kv_cache, paged_attention, write_kv_cache
+from engine.model.attention import AttentionMetadata, allocate_kv_caches, paged_attention, write_kv_cache
 from engine.model.layers import Embedding, GatedMLP, Linear, RMSNorm
 from engine.model.moe import SparseMoE
 from engine.model.rotary import RotaryEmbedding, apply_rotary
@@ -141,8 +141,5 @@ class CausalLM(nn.Module):
         self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None
     ) -> list[Tensor]:
         """One zeroed paged cache per layer, on the model's device and (by default) dtype."""
-        weight, c = self.lm_head.weight, self.config
-        return [
-            allocate_kv_cache(num_blocks, block_size, c.num_kv_heads, c.head_dim, dtype or weight.dtype, weight.device)
-            for _ in self.model.layers
-        ]
+        weight = self.lm_head.weight
+        return allocate_kv_caches(self.config, num_blocks, block_size, dtype or weight.dtype, weight.device)

@@ -19,7 +19,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.core import Request
-from engine.model.attention import allocate_kv_cache, build_attention_metadata
+from engine.model.attention import allocate_kv_caches, build_attention_metadata
 
 
 @dataclass
@@ -42,10 +42,7 @@ class DraftModelProposer:
         """`model` has the CausalLM interface (forward over a paged cache, compute_logits) and
         `config` its shape; the cache holds num_blocks blocks of block_size tokens."""
         self.model, self.block_size, self.device = model, block_size, device
-        self.kv_caches = [
-            allocate_kv_cache(num_blocks, block_size, config.num_kv_heads, config.head_dim, kv_dtype, device)
-            for _ in range(config.num_layers)
-        ]
+        self.kv_caches = allocate_kv_caches(config, num_blocks, block_size, kv_dtype, device)
         self._free = list(range(num_blocks - 1, -1, -1))  # a stack: pop() hands out low ids first
         self._states: dict[str, _State] = {}
 
