@@ -5,7 +5,6 @@ dtypes, one knob setting) with short probes keeps the file fast; serial executor
 from __future__ import annotations
 
 import math
-
 import sys
 
 import pytest
