@@ -30,6 +30,7 @@ Rules worth knowing (all listed by `assumptions()`):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import Literal, NamedTuple
 
@@ -414,7 +415,10 @@ class CostModel:
 
     def _aggregate(self, output: SchedulerOutput) -> _Sums:
         if self.params.attention_pairs == "dense":
-            return self._aggregate_dense(output)
+            return self._aggregate_dense(
+                (len(r.token_ids), r.num_computed_tokens, r.is_prefill, 1 + r.num_draft_tokens if r.samples else 0)
+                for r in output.scheduled
+            )
         windows = self._windows
         sampled = 0
         if len(windows) == 1 and windows[0] is None:  # fast path: every layer attends to the full context
@@ -455,18 +459,17 @@ class CostModel:
                     kg[j] += min(c + q, w)
         return _Sums(int(g_tokens[0] + g_tokens[1]), sampled, g_tokens, pairs, kv)
 
-    def _aggregate_dense(self, output: SchedulerOutput) -> _Sums:
+    def _aggregate_dense(self, shapes: Iterable[tuple[int, int, bool, int]]) -> _Sums:
         """Pairs and KV reads of a kernel that neither skips masked pairs nor honours windows:
-        each prefill chunk attends to its whole context, every decode to the batch's longest."""
+        each prefill chunk attends to its whole context, every decode to the batch's longest.
+        `shapes`: (query tokens, cached tokens, is_prefill, sampled rows) per request."""
         sampled = 0
         d_count = d_max = 0
         p_tok = p_pairs = p_kv = 0.0
-        for s in output.scheduled:
-            q = len(s.token_ids)
-            ctx = s.num_computed_tokens + q
-            if s.samples:
-                sampled += 1 + s.num_draft_tokens
-            if s.is_prefill:
+        for q, cached, prefill, rows in shapes:
+            ctx = cached + q
+            sampled += rows
+            if prefill:
                 p_tok += q
                 p_pairs += q * ctx
                 p_kv += ctx
@@ -482,6 +485,8 @@ class CostModel:
         """Sums for (query tokens, cached tokens, is_prefill) requests that all sample."""
         if not requests or any(q < 1 or c < 0 for q, c, _ in requests):
             raise InputError("tokens", requests[:1], "need at least one request with >= 1 token and >= 0 cached")
+        if self.params.attention_pairs == "dense":
+            return self._aggregate_dense((q, c, prefill, 1) for q, c, prefill in requests)
         nw = len(self._windows)
         sums = _Sums(0, 0, [0.0, 0.0], [[0.0] * nw, [0.0] * nw], [[0.0] * nw, [0.0] * nw])
         for q, c, prefill in requests:
