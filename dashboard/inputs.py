@@ -71,6 +71,9 @@ def deployment_inputs(state: PageState) -> Deployment:
             gpu_memory_utilization=st.slider("GPU memory utilisation (share)", 0.5, 1.0, step=0.01,
                                              key=state.bind("gpu_mem", 0.9),
                                              help="Share of device memory for weights, activations and KV cache"),
+            enforce_eager=st.checkbox("Eager only (no CUDA graphs)", key=state.bind("eager", False),
+                                      help="enforce_eager: launch every kernel of every step; otherwise decode batches "
+                                           "of up to 512 requests replay a captured graph on GPUs that support it"),
         )
     return Deployment(hardware=hw, tensor_parallel=tp, pipeline_parallel=pp, replicas=replicas,
                       weight_dtype=weight, kv_dtype=kv, knobs=knobs)

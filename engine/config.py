@@ -370,6 +370,13 @@ class EngineKnobs(BaseModel):
         0.9, gt=0, le=1, description="Share of device memory the engine may use for weights, activations and KV cache"
     )
     speculative: SpeculativeSettings | None = None
+    enforce_eager: bool = Field(
+        False, description="Launch every kernel of every step; otherwise decode-only steps replay a captured graph "
+        "(CUDA devices; other devices always run eagerly)"
+    )
+    max_graph_batch_size: int = Field(
+        512, ge=1, le=4096, description="Largest decode batch run as a captured graph; larger batches run eagerly"
+    )
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
         try:
@@ -385,6 +392,25 @@ class EngineKnobs(BaseModel):
             )
         except ValueError as exc:  # the scheduler's own checks name the field and value already
             raise InputError.from_value_error(exc) from None
+
+
+def graph_capture_sizes(max_graph_batch_size: int) -> tuple[int, ...]:
+    """Decode batch sizes captured as graphs: 1, 2, 4, then every multiple of 8 up to the maximum
+    (vLLM's spacing: padding a batch wastes at most 7 rows, and few graphs keep capture short)."""
+    sizes = [b for b in (1, 2, 4) if b <= max_graph_batch_size]
+    sizes += range(8, max_graph_batch_size + 1, 8)
+    if sizes[-1] != max_graph_batch_size:
+        sizes.append(max_graph_batch_size)
+    return tuple(sizes)
+
+
+def graph_batch_size(num_seqs: int, max_graph_batch_size: int) -> int | None:
+    """The captured size a decode batch of num_seqs is padded to, or None when it runs eagerly."""
+    if not 0 < num_seqs <= max_graph_batch_size:
+        return None
+    # Arithmetic form of graph_capture_sizes (it runs every simulated step); the maximum is always captured.
+    padded = 1 << (num_seqs - 1).bit_length() if num_seqs <= 4 else -(-num_seqs // 8) * 8
+    return min(padded, max_graph_batch_size)
 
 
 def _kv_bytes(kv_dtype: str) -> int:

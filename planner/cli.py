@@ -46,6 +46,7 @@ FLAG_OF_FIELD = {
     "max_num_batched_tokens": "--max-num-batched-tokens",
     "max_num_seqs": "--max-num-seqs",
     "gpu_memory_utilization": "--gpu-memory-utilization",
+    "max_graph_batch_size": "--max-graph-batch-size",
 }
 
 # Piped output (scripts, CI logs) gets a wide fixed width instead of rich's 80-column default.
@@ -71,6 +72,8 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of device memory the engine may use (0-1]")
     p.add_argument("--no-chunked-prefill", action="store_true", help="prefill whole prompts in one step")
     p.add_argument("--no-prefix-caching", action="store_true", help="do not share KV blocks of equal prefixes")
+    p.add_argument("--enforce-eager", action="store_true", help="launch every kernel; no decode graphs (CUDA graphs)")
+    p.add_argument("--max-graph-batch-size", type=int, default=512, help="largest decode batch replayed as a graph")
 
 
 def deployment_from_args(args: argparse.Namespace) -> Deployment:
@@ -81,6 +84,8 @@ def deployment_from_args(args: argparse.Namespace) -> Deployment:
         enable_chunked_prefill=not args.no_chunked_prefill,
         enable_prefix_caching=not args.no_prefix_caching,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        max_graph_batch_size=args.max_graph_batch_size,
     )
     return Deployment(
         hardware=args.hw,

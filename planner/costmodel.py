@@ -30,11 +30,11 @@ Rules worth knowing (all listed by `assumptions()`):
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Literal, NamedTuple
 
-from engine.config import ModelConfig
+from engine.config import ModelConfig, graph_batch_size
 from engine.core.scheduler import SchedulerOutput
 from engine.errors import InputError
 from planner.memory import (
@@ -58,9 +58,12 @@ OPERATORS: tuple[str, ...] = (
     "tp_allreduce",
     "pp_transfer",
     "overhead",
+    "kernel_launch",
     "spec_draft",
 )
 """Keys of `CostModel.breakdown()`, always all present (0.0 where an operator does not apply)."""
+# Operators that run eagerly after a replayed graph (the graph holds the forward pass only).
+_AFTER_GRAPH = (OPERATORS.index("lm_head"), OPERATORS.index("sampling"))
 
 # Vector operations per weight element to dequantise a weight-only-quantised matrix (unpack,
 # subtract zero, scale), run at the fp32 (non-tensor-core) peak; once per step per weight read.
@@ -100,6 +103,10 @@ class CostParams:
     interconnect_efficiency: float
     step_overhead_s: float
     layer_overhead_s: float = 0.0
+    # Eager steps: the host issues kernels one by one, so an operator takes at least its kernels
+    # x kernel_launch_s. Graph replays: graph_kernel_s per kernel, plus one launch.
+    kernel_launch_s: float = 0.0
+    graph_kernel_s: float = 0.0
     gemm_half_size_tokens: float = 0.0
     gemm_efficiency_floor: float = 0.0
     # "causal": the kernel skips masked (query, key) pairs and keys outside windows (FlashAttention,
@@ -112,7 +119,7 @@ class CostParams:
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise InputError(name, value, "must be in (0, 1]")
-        for name in ("step_overhead_s", "layer_overhead_s", "gemm_half_size_tokens"):
+        for name in ("step_overhead_s", "layer_overhead_s", "gemm_half_size_tokens", "kernel_launch_s", "graph_kernel_s"):
             value = getattr(self, name)
             if not value >= 0.0:  # also rejects NaN
                 raise InputError(name, value, "must be >= 0")
@@ -130,6 +137,8 @@ class CostParams:
             attention_memory_efficiency=e.attention_memory,
             interconnect_efficiency=e.interconnect,
             step_overhead_s=e.step_overhead_us * 1e-6,
+            kernel_launch_s=e.kernel_launch_us * 1e-6,
+            graph_kernel_s=e.graph_kernel_us * 1e-6,
         )
 
 
@@ -162,6 +171,7 @@ class _Sums:
     group_tokens: list[float]
     pairs: list[list[float]]
     kv_read: list[list[float]]
+    graph_batch: int | None = None  # set when the step replays a captured graph: the padded batch size
 
 
 class CostModel:
@@ -283,6 +293,19 @@ class CostModel:
             self._pp_bpt = self._pp_fixed = 0.0
         self._overhead = p.step_overhead_s + p.layer_overhead_s * L
 
+        # Kernels each operator launches per step in the engine's CUDA path (engine/model): one GEMM
+        # per projection; rotary, KV write and attention; gate_up, SwiGLU, down; a fused add+norm per
+        # norm plus the final norm and the embedding gather; routed experts: gather, two grouped GEMMs,
+        # SwiGLU (and a shared expert's three); router: GEMM and top-k; sampling: softmax, draw, copy out.
+        shared_kernels = 3 if model.moe is not None and model.moe.num_shared_experts else 0
+        self._kernels = (L, L, 3 * L, 3 * n_dense, (4 + shared_kernels) * n_moe, 2 * n_moe,
+                         L * (model.norms_per_layer + (2 if model.qk_norm else 0)) + 2, 1, 3,
+                         2 * L if tp > 1 else 0, 2 * (pp - 1))
+        # The captured graph holds the forward pass (all but the LM head and sampling); decode-only
+        # steps of at most max_graph_batch_size requests replay it, padded to a captured size.
+        knobs = dep.knobs
+        self._graph_max = knobs.max_graph_batch_size if hw.graph_capture and not knobs.enforce_eager else 0
+
         # Speculative decoding: the drafts' verification is already in the token counts (drafts
         # are tokens of the step); what remains is proposing them. n-gram lookup costs ~nothing;
         # a draft model (or the target's first draft_layers layers, self-speculative) runs one
@@ -369,6 +392,13 @@ class CostModel:
             "overlap of micro-batches in flight is not modelled",
             f"norms: residual add fused, {NORM_TRAFFIC} x hidden x activation bytes per norm per token",
             "an empty step costs 0 s",
+            (f"decode-only steps of <= {self._graph_max} requests replay a captured graph: batch padded to the captured "
+             "size (1, 2, 4, multiples of 8) for the dense operators, graph_kernel_s per kernel plus one launch; "
+             "LM head, sampling and every other step run eagerly, each operator taking at least its kernels x "
+             "kernel_launch_s")
+            if self._graph_max else
+            ("every step runs eagerly (" + ("enforce_eager" if self.hw.graph_capture else f"{self.hw.name} has no graph capture")
+             + "): each operator takes at least its kernels x kernel_launch_s"),
         ]
         if model.is_moe:
             notes.append(
@@ -399,6 +429,8 @@ class CostModel:
             "gemm_compute_dtype": self.gemm_dtype,
             "gemm_peak_tflops": self._gemm_peak / 1e12,
             "weight_only_dequant": self.dequant,
+            "graph_capture": bool(self._graph_max),
+            "max_graph_batch_size": self._graph_max,
             "dequant_ops_per_weight": DEQUANT_OPS_PER_WEIGHT if self.dequant else 0.0,
             "vector_peak_tflops": self._vector_peak / 1e12,
             "attention_and_lm_head_dtype": self._high_dtype_used,
@@ -436,7 +468,8 @@ class CostModel:
                     d_kv += c + q
                 if s.samples:
                     sampled += 1 + s.num_draft_tokens
-            return _Sums(int(d_tok + p_tok), sampled, [d_tok, p_tok], [[d_pairs], [p_pairs]], [[d_kv], [p_kv]])
+            return _Sums(int(d_tok + p_tok), sampled, [d_tok, p_tok], [[d_pairs], [p_pairs]], [[d_kv], [p_kv]],
+                         self._graph_batch(int(d_tok), p_tok, len(output.scheduled)))
         nw = len(windows)
         g_tokens = [0.0, 0.0]
         pairs = [[0.0] * nw, [0.0] * nw]
@@ -457,18 +490,20 @@ class CostModel:
                 else:
                     pg[j] += q * min(mean_ctx, w)
                     kg[j] += min(c + q, w)
-        return _Sums(int(g_tokens[0] + g_tokens[1]), sampled, g_tokens, pairs, kv)
+        return _Sums(int(g_tokens[0] + g_tokens[1]), sampled, g_tokens, pairs, kv,
+                     self._graph_batch(int(g_tokens[0]), g_tokens[1], len(output.scheduled)))
 
     def _aggregate_dense(self, shapes: Iterable[tuple[int, int, bool, int]]) -> _Sums:
         """Pairs and KV reads of a kernel that neither skips masked pairs nor honours windows:
         each prefill chunk attends to its whole context, every decode to the batch's longest.
         `shapes`: (query tokens, cached tokens, is_prefill, sampled rows) per request."""
         sampled = 0
-        d_count = d_max = 0
+        d_count = d_max = d_requests = 0
         p_tok = p_pairs = p_kv = 0.0
         for q, cached, prefill, rows in shapes:
             ctx = cached + q
             sampled += rows
+            d_requests += not prefill
             if prefill:
                 p_tok += q
                 p_pairs += q * ctx
@@ -479,7 +514,8 @@ class CostModel:
         padded = float(d_count * d_max)
         nw = len(self._windows)
         return _Sums(int(d_count + p_tok), sampled, [float(d_count), p_tok],
-                     [[padded] * nw, [p_pairs] * nw], [[padded] * nw, [p_kv] * nw])
+                     [[padded] * nw, [p_pairs] * nw], [[padded] * nw, [p_kv] * nw],
+                     self._graph_batch(d_count, p_tok, d_requests))
 
     def _synthetic(self, requests: list[tuple[int, int, bool]]) -> _Sums:
         """Sums for (query tokens, cached tokens, is_prefill) requests that all sample."""
@@ -498,7 +534,27 @@ class CostModel:
             for j, w in enumerate(self._windows):
                 sums.pairs[g][j] += q * (mean_ctx if w is None else min(mean_ctx, w))
                 sums.kv_read[g][j] += c + q if w is None else min(c + q, w)
+        sums.graph_batch = self._graph_batch(int(sums.group_tokens[0]), sums.group_tokens[1], len(requests))
         return sums
+
+    def _graph_batch(self, decode_tokens: int, prefill_tokens: float, requests: int) -> int | None:
+        """The captured size a step is padded to when it replays a graph: decode-only, one token
+        per request (speculative steps run eagerly, as in the engine), within max_graph_batch_size."""
+        if prefill_tokens or decode_tokens != requests:
+            return None
+        return graph_batch_size(requests, self._graph_max)
+
+    def _launch_time(self, times: Sequence[float], graph_batch: int | None) -> float:
+        """Seconds the device waits on kernel launches beyond the operators' own times: eagerly, each
+        operator takes at least its kernels x kernel_launch_s (the host issues them while the device
+        works); a replayed graph costs graph_kernel_s per kernel of the forward pass and one launch."""
+        p = self.params
+        eager = range(len(self._kernels)) if graph_batch is None else _AFTER_GRAPH
+        wait = sum(max(0.0, self._kernels[i] * p.kernel_launch_s - times[i]) for i in eager)
+        if graph_batch is not None:
+            in_graph = sum(self._kernels) - sum(self._kernels[i] for i in _AFTER_GRAPH)
+            wait += in_graph * p.graph_kernel_s + p.kernel_launch_s
+        return wait
 
     def _gemm(self, tokens: float, op: tuple[float, float, float, float], peak: float, work: list[float]) -> float:
         """Roofline time of one matmul operator; adds its FLOPs and bytes to `work`."""
@@ -533,7 +589,9 @@ class CostModel:
     def _times(self, s: _Sums, draft: StepCost = NO_COST) -> tuple[tuple[float, ...], float, float]:
         """(seconds per operator in OPERATORS order, FLOPs, bytes moved), per GPU; `draft` is the
         step's draft-model cost, reported as its own operator."""
-        T = s.tokens
+        # A replayed graph runs its padded batch through every dense operator; attention, the LM
+        # head and sampling see only the real requests (padding rows attend to one key).
+        T = s.graph_batch or s.tokens
         peak = self._gemm_peak
         work = [draft.flops, draft.bytes]
         qkv = self._gemm(T, self._qkv, peak, work)
@@ -574,9 +632,9 @@ class CostModel:
         sampling = sampling_bytes / self._bw_eff
         allreduce = T * self._ar_bpt + self._ar_fixed
         pp = T * self._pp_bpt + self._pp_fixed
-        times = (qkv, o, attention, mlp, moe, router, elementwise, lm_head, sampling, allreduce, pp, self._overhead,
-                 draft.seconds)
-        return times, work[0], work[1]
+        times = (qkv, o, attention, mlp, moe, router, elementwise, lm_head, sampling, allreduce, pp)
+        launch = self._launch_time(times, s.graph_batch)
+        return (*times, self._overhead, launch, draft.seconds), work[0], work[1]
 
 
 def _pick_link(hw: HardwareProfile, devices: int, field: str) -> Link:

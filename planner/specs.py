@@ -77,7 +77,14 @@ class Efficiencies(Spec):
     )
     interconnect: float = Field(0.8, gt=0, le=1, description="Fraction of link bandwidth a large all-reduce reaches")
     step_overhead_us: float = Field(
-        200.0, ge=0, description="Fixed host-side cost per engine step (scheduling, launch, sampling), microseconds"
+        200.0, ge=0, description="Fixed host-side cost per engine step (scheduling, input preparation), microseconds"
+    )
+    kernel_launch_us: float = Field(
+        0.0, ge=0, description="Host time to issue one kernel in eager mode, microseconds; the device only waits for it "
+        "when its kernels are shorter (0: not modelled apart, e.g. CPUs, where it sits in the step and layer overheads)"
+    )
+    graph_kernel_us: float = Field(
+        0.0, ge=0, description="Device-side gap per kernel inside a replayed graph (CUDA/HIP graphs), microseconds"
     )
 
 
@@ -97,6 +104,9 @@ class HardwareProfile(Spec):
     scale_up: Link | None = Field(None, description="Intra-node device-to-device link (NVLink, xGMI, ICI); None if PCIe only")
     scale_out: Link | None = Field(None, description="Inter-node network per device")
     pcie: Link | None = Field(None, description="Host link")
+    graph_capture: bool = Field(
+        False, description="The engine can capture a decode step as one graph and replay it (CUDA/HIP graphs)"
+    )
     power_w: float | None = Field(None, gt=0, description="Board or module power, watts")
     price_usd_per_hour: float | None = Field(None, gt=0, description="Typical on-demand cloud price per device-hour, US$")
     efficiency: Efficiencies = Field(default_factory=Efficiencies)

@@ -7,6 +7,7 @@ import time
 import pytest
 
 from engine.catalog import resolve_model
+from engine.config import EngineKnobs
 from engine.core.request import SamplingParams
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.errors import InputError
@@ -63,9 +64,14 @@ def read_weight_bytes(model: str, weight_dtype: str = "bf16") -> float:
 def test_batch1_decode_is_the_weight_read_plus_overhead() -> None:
     cm = cost()
     hw = get_hardware("h100-sxm")
-    expected = read_weight_bytes("llama-3.1-8b") / (hw.memory_bandwidth_gb_s * 1e9 * hw.efficiency.memory)
-    expected += hw.efficiency.step_overhead_us * 1e-6
-    assert cm.step_time(step(req(1, 128))) == pytest.approx(expected, rel=0.02)
+    e = hw.efficiency
+    expected = read_weight_bytes("llama-3.1-8b") / (hw.memory_bandwidth_gb_s * 1e9 * e.memory)
+    # A replayed graph: 32 layers x (qkv, o, 3 attention, 3 MLP, 2 norms) + final norm + embedding
+    # kernels at graph_kernel_us, one launch; then the LM head (long enough to hide its launch) and
+    # sampling's 3 kernels (each far shorter than a launch) eagerly.
+    expected += (32 * 10 + 2) * e.graph_kernel_us * 1e-6 + e.kernel_launch_us * 1e-6 + 3 * e.kernel_launch_us * 1e-6
+    expected += e.step_overhead_us * 1e-6
+    assert cm.step_time(step(req(1, 128))) == pytest.approx(expected, rel=0.01)
     assert cm.decode_time_per_token_s(1, 128) == pytest.approx(cm.step_time(step(req(1, 128))), rel=1e-12)
 
 
@@ -74,8 +80,12 @@ def test_doubling_bandwidth_halves_non_overhead_decode_time() -> None:
     base = cost()
     fast = cost(hw_update={"memory_bandwidth_gb_s": 2 * hw.memory_bandwidth_gb_s})
     out = step(*[req(1, 1000) for _ in range(4)])
-    overhead = base.params.step_overhead_s
-    assert fast.step_time(out) - overhead == pytest.approx((base.step_time(out) - overhead) / 2, rel=1e-3)
+
+    def device_work(cm: CostModel) -> float:  # host-side step overhead and launch waits do not scale with bandwidth
+        b = cm.breakdown(out)
+        return cm.step_time(out) - b["overhead"] - b["kernel_launch"]
+
+    assert device_work(fast) == pytest.approx(device_work(base) / 2, rel=1e-3)
 
 
 def test_long_prefill_is_compute_bound() -> None:
@@ -243,3 +253,57 @@ def test_convenience_functions_match_scheduler_outputs(model: str) -> None:
     cm = cost(model=model)
     assert cm.decode_time_per_token_s(4, 6000) == pytest.approx(cm.step_time(step(*[req(1, 6000)] * 4)), rel=1e-12)
     assert cm.prefill_time_s(5000, cached=2000) == pytest.approx(cm.step_time(step(req(5000, 2000))), rel=1e-12)
+
+
+# ---------------------------------------------------------------- graphs vs eager launches
+
+
+def test_a_replayed_graph_pads_the_dense_operators_to_its_captured_size() -> None:
+    graph, eager = cost(), cost(knobs=EngineKnobs(enforce_eager=True))
+    nine = graph.breakdown(step(*[req(1, 500) for _ in range(9)]))
+    sixteen_eager = eager.breakdown(step(*[req(1, 500) for _ in range(16)]))
+    nine_eager = eager.breakdown(step(*[req(1, 500) for _ in range(9)]))
+    for op in (*GEMMS, "norms_elementwise"):  # 9 requests run as the 16-row graph
+        assert nine[op] == pytest.approx(sixteen_eager[op], rel=1e-12)
+    for op in ("attention", "lm_head", "sampling"):  # only the real requests attend and sample
+        assert nine[op] == pytest.approx(nine_eager[op], rel=1e-12)
+
+
+def test_eager_small_batches_wait_on_launches_that_a_graph_removes() -> None:
+    hw = get_hardware("h100-sxm")
+    e = hw.efficiency
+    out = step(req(1, 128))
+    eager = cost(knobs=EngineKnobs(enforce_eager=True)).breakdown(out)
+    graph = cost().breakdown(out)
+    # 66 norm kernels (2 per layer + final norm + embedding) each take a launch, far longer than the
+    # norm itself: eager waits at least that long on the norms alone.
+    assert eager["kernel_launch"] >= 66 * e.kernel_launch_us * 1e-6 - eager["norms_elementwise"]
+    assert graph["kernel_launch"] == pytest.approx(
+        322 * e.graph_kernel_us * 1e-6 + e.kernel_launch_us * 1e-6 + 3 * e.kernel_launch_us * 1e-6 - graph["sampling"], rel=1e-9
+    )
+    assert graph["kernel_launch"] < eager["kernel_launch"] / 3
+    # Big batches are long enough to hide the launches: eager and graph end up within a few percent.
+    big = step(*[req(1, 2000) for _ in range(256)])
+    assert cost(knobs=EngineKnobs(enforce_eager=True)).step_time(big) == pytest.approx(cost().step_time(big), rel=0.03)
+
+
+@pytest.mark.parametrize(
+    "out",
+    [
+        step(req(1, 100), req(64, 0)),  # a prefill chunk in the step
+        step(req(4, 100, prefill=False, drafts=3)),  # speculative verification
+        step(*[req(1, 100) for _ in range(9)]),  # more requests than max_graph_batch_size below
+    ],
+    ids=["mixed", "speculative", "over-max"],
+)
+def test_steps_a_graph_cannot_hold_run_eagerly(out: SchedulerOutput) -> None:
+    graph = cost(knobs=EngineKnobs(max_graph_batch_size=8)).breakdown(out)
+    eager = cost(knobs=EngineKnobs(enforce_eager=True)).breakdown(out)
+    assert graph == eager
+
+
+def test_devices_without_graph_capture_ignore_the_knob() -> None:
+    out = step(req(1, 100))
+    on_cpu = cost(hw="epyc-9654-2s").breakdown(out)
+    assert on_cpu == cost(hw="epyc-9654-2s", knobs=EngineKnobs(enforce_eager=True)).breakdown(out)
+    assert on_cpu["kernel_launch"] == 0.0  # CPU per-op costs live in the calibrated overheads
