@@ -21,6 +21,8 @@ from engine.config import EngineKnobs
 from engine.core import KVCacheManager, Request, RequestUpdate, SamplingParams, Scheduler
 from engine.core.metrics import RequestMetrics
 from engine.errors import InputError
+from engine.graphs import cuda_graph_recorder
+from engine.kernels import triton_available
 from engine.model.loader import load_model
 from engine.quant.kv import is_quantized_kv, kv_bytes_per_token_per_layer, kv_cache_torch_dtype
 from engine.runner import ModelRunner
@@ -96,6 +98,11 @@ class LLM:
             KVCacheManager(self.num_blocks, cfg.block_size_tokens, cfg.enable_prefix_caching),
         )
         self.runner = ModelRunner(self.model, self.config, self.num_blocks, cfg.block_size_tokens, kv_dtype, device, cfg.seed)
+        # Only the Triton kernels are capturable: the torch reference path (quantised KV caches, no
+        # triton) syncs on data-dependent shapes, so those engines stay eager.
+        if device.type == "cuda" and not cfg.enforce_eager and not is_quantized_kv(kv_dtype) and triton_available(device):
+            max_graph_batch = min(cfg.max_graph_batch_size, cfg.max_num_seqs)
+            self.runner.capture_decode_graphs(max_graph_batch, self.max_model_len, cuda_graph_recorder(device))
         spec = cfg.speculative
         self.proposer = None if spec is None else build_proposer(spec, TargetInfo(
             self.model, self.config, self.tokenizer, self.max_model_len, self.num_blocks, cfg.block_size_tokens,

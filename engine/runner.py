@@ -12,6 +12,7 @@ import torch
 
 from engine.config import ModelConfig
 from engine.core import SchedulerOutput
+from engine.graphs import DecodeGraphs, Recorder
 from engine.model.attention import allocate_kv_caches, build_attention_metadata
 from engine.sampler import Sampler
 
@@ -31,6 +32,15 @@ class ModelRunner:
         self.kv_caches = allocate_kv_caches(config, num_blocks, block_size, kv_dtype, device)
         self.block_tables: dict[str, list[int]] = {}
         self.sampler = Sampler(device, seed)
+        self.graphs: DecodeGraphs | None = None
+
+    def capture_decode_graphs(self, max_batch_size: int, max_model_len: int, record: Recorder) -> None:
+        """From now on, decode-only steps of <= max_batch_size requests replay captured graphs."""
+        self.graphs = DecodeGraphs(
+            lambda ids, positions, metadata: self.model(ids, positions, metadata, self.kv_caches),
+            self.config.hidden_size, self.model.model.embed_tokens.weight.dtype,
+            max_batch_size, max_model_len, self.block_size, self.device, record,
+        )
 
     @staticmethod
     def kv_bytes_per_block(config: ModelConfig, block_size: int, kv_dtype: torch.dtype) -> int:
@@ -61,9 +71,11 @@ class ModelRunner:
             seq_lens.append(s.context_len)
             tables.append(table)
         positions, metadata = build_attention_metadata(query_lens, seq_lens, tables, self.block_size, self.device)
-        hidden = self.model(
-            torch.tensor(input_ids, dtype=torch.long, device=self.device), positions, metadata, self.kv_caches
-        )
+        ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        if self.graphs is not None and self.graphs.can_run(query_lens):
+            hidden = self.graphs.run(ids, positions, metadata)
+        else:
+            hidden = self.model(ids, positions, metadata, self.kv_caches)
 
         sampling = [(i, s) for i, s in enumerate(output.scheduled) if s.samples]
         if not sampling:
