@@ -25,6 +25,12 @@ def triton_available(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda" and _triton_driver_active()
 
 
+def use_triton(x: torch.Tensor) -> bool:
+    """Whether the model runs its Triton kernels on x: CUDA tensors, triton installed. Never CPU
+    tensors, even under TRITON_INTERPRET=1 (the kernel tests): there the torch reference is the path."""
+    return x.is_cuda and triton_available(x.device)
+
+
 @functools.cache
 def _triton_importable() -> bool:
     try:

@@ -2,8 +2,7 @@
 quantisers (the packers a checkpoint converter uses) and dequantisers (what the kernels are
 checked against). Torch only, so CPU code can pack weights without triton.
 
-int8, symmetric per output channel:
-    w [N, K] ~= w_int8 [N, K] * scales[:, None];  scales [N] fp32 = max |w[n]| / 127.
+int8, symmetric per output channel: engine.quant.formats.quantize_int8 (the engine's own format).
 int4, asymmetric per group of `group_size` consecutive input channels (g = k // group_size):
     w[n, k] ~= (q[n, k] - zeros[n, g]) * scales[n, g];  q, zeros in 0..15;
     scales [N, K / group_size] fp32, zeros [N, K / group_size] uint8 (one zero point a byte).
@@ -16,18 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-
-def quantize_int8(w: Tensor) -> tuple[Tensor, Tensor]:
-    """w [N, K] -> (w_int8 [N, K] int8 in -127..127, scales [N] fp32); an all-zero row gets scale 0."""
-    w32 = w.float()
-    scales = w32.abs().amax(dim=1) / 127
-    safe = torch.where(scales > 0, scales, 1.0)
-    return torch.round(w32 / safe[:, None]).clamp(-127, 127).to(torch.int8), scales
-
-
-def dequantize_int8(w_int8: Tensor, scales: Tensor) -> Tensor:
-    """(w_int8 [N, K], scales [N]) -> w [N, K] fp32."""
-    return w_int8.float() * scales.float()[:, None]
+from engine.quant.formats import pack_int4, unpack_int4
 
 
 def quantize_int4(w: Tensor, group_size: int = 128) -> tuple[Tensor, Tensor, Tensor]:
@@ -55,14 +43,3 @@ def dequantize_int4(w_packed: Tensor, scales: Tensor, zeros: Tensor, group_size:
     scales = scales.float().repeat_interleave(group_size, dim=1)
     zeros = zeros.float().repeat_interleave(group_size, dim=1)
     return (q - zeros) * scales
-
-
-def pack_int4(q: Tensor) -> Tensor:
-    """Codes q [N, K] in 0..15 -> [N, K / 2] uint8, even k in the low nibble."""
-    q = q.to(torch.uint8)
-    return q[:, 0::2] | (q[:, 1::2] << 4)
-
-
-def unpack_int4(w_packed: Tensor) -> Tensor:
-    """[N, K / 2] uint8 -> codes [N, K] uint8 in 0..15 (inverse of pack_int4)."""
-    return torch.stack((w_packed & 0xF, w_packed >> 4), dim=-1).flatten(1)

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 import torch.nn.functional as F
 
+from engine import kernels
 from engine.config import ModelConfig
 from engine.quant.kv import dequantize_kv, is_quantized_kv, kv_last_dim, quantize_kv
 
@@ -102,7 +103,7 @@ def allocate_kv_caches(
 
 def write_kv_cache(kv_cache: Tensor, k: Tensor, v: Tensor, slot_mapping: Tensor) -> None:
     """Store the new tokens' K/V [T, num_kv_heads, head_dim] at their slots; padding rows (-1) are skipped."""
-    if _use_triton(kv_cache) and not is_quantized_kv(kv_cache.dtype):  # quantised caches: torch path only
+    if kernels.use_triton(kv_cache) and not is_quantized_kv(kv_cache.dtype):  # quantised caches: torch path only
         from engine.kernels.kv_cache import write_kv_cache_triton
 
         write_kv_cache_triton(kv_cache, k, v, slot_mapping)
@@ -126,21 +127,11 @@ def paged_attention(
     The new tokens' K/V must already be in the cache. Rows past the last sequence
     (padding) come back as zeros.
     """
-    if _use_triton(q) and not is_quantized_kv(kv_cache.dtype):
+    if kernels.use_triton(q) and not is_quantized_kv(kv_cache.dtype):
         from engine.kernels.paged_attention import paged_attention_triton
 
         return paged_attention_triton(q, kv_cache, metadata, scale, window)
     return _reference_paged_attention(q, kv_cache, metadata, scale, window)
-
-
-def _use_triton(x: Tensor) -> bool:
-    # CUDA only: under TRITON_INTERPRET=1 (kernel tests) triton would also run CPU tensors, and
-    # the CPU path must stay the reference.
-    if not x.is_cuda:
-        return False
-    from engine.kernels import triton_available
-
-    return triton_available(x.device)
 
 
 def _reference_paged_attention(

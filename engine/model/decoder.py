@@ -16,7 +16,7 @@ from engine.errors import InputError
 from engine.model.attention import AttentionMetadata, allocate_kv_caches, paged_attention, write_kv_cache
 from engine.model.layers import Embedding, GatedMLP, Linear, RMSNorm
 from engine.model.moe import SparseMoE
-from engine.model.rotary import RotaryEmbedding, apply_rotary
+from engine.model.rotary import RotaryEmbedding, rotate_qk
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
 
@@ -67,7 +67,7 @@ class SelfAttention(nn.Module):
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = rotate_qk(q, k, cos, sin)
         write_kv_cache(kv_cache, k, v, metadata.slot_mapping)
         out = paged_attention(q, kv_cache, metadata, self.scale, self.window)
         return self.o_proj(out.reshape(tokens, self.q_size))
@@ -93,10 +93,17 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, metadata: AttentionMetadata, kv_cache: Tensor
-    ) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, metadata, kv_cache)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        self, x: Tensor, residual: Tensor | None, cos: Tensor, sin: Tensor, metadata: AttentionMetadata, kv_cache: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """(this layer's MLP output, the residual stream before it); the caller adds the two at the
+        next norm, which fuses the add (residual is None on the first layer)."""
+        if residual is None:
+            h, residual = self.input_layernorm(x), x
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(h, cos, sin, metadata, kv_cache)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class DecoderModel(nn.Module):
@@ -111,10 +118,10 @@ class DecoderModel(nn.Module):
         self, input_ids: Tensor, positions: Tensor, metadata: AttentionMetadata, kv_caches: list[Tensor]
     ) -> Tensor:
         cos, sin = self.rotary(positions)  # once per step, shared by every layer
-        x = self.embed_tokens(input_ids)
+        x, residual = self.embed_tokens(input_ids), None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, metadata, kv_cache)
-        return self.norm(x)
+            x, residual = layer(x, residual, cos, sin, metadata, kv_cache)
+        return self.norm(x, residual)[0]
 
 
 class CausalLM(nn.Module):

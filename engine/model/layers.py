@@ -10,6 +10,8 @@ import torch
 from torch import Tensor, nn
 import torch.nn.functional as F
 
+from engine import kernels
+
 
 class Linear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
@@ -36,11 +38,20 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim))
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, residual: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
+        """norm(x); with a residual, (norm(x + residual), x + residual): the residual add fused in."""
+        if kernels.use_triton(x):
+            from engine.kernels.rmsnorm import fused_add_rms_norm, rms_norm
+
+            return rms_norm(x, self.weight, self.eps) if residual is None else fused_add_rms_norm(
+                x, residual, self.weight, self.eps)
+        if residual is not None:
+            x = residual = x + residual
         # Normalise in fp32 so bf16 activations keep the reference's precision.
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        normed = self.weight * x32.to(x.dtype)
+        return normed if residual is None else (normed, residual)
 
 
 def silu_and_mul(gate_up: Tensor) -> Tensor:

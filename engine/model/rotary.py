@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from engine import kernels
 from engine.errors import InputError
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
@@ -59,6 +60,15 @@ class RotaryEmbedding(nn.Module):
         freqs = positions[:, None].float() * self.inv_freq.float()[None, :]
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos(), angles.sin()
+
+
+def rotate_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
+    """Rotate queries and keys [T, heads, head_dim] by their tokens' angles (one Triton kernel on CUDA)."""
+    if kernels.use_triton(q):
+        from engine.kernels.rotary import rotary_embedding
+
+        return rotary_embedding(q, k, cos, sin)
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -24,10 +24,11 @@ import torch
 from torch import Tensor, nn
 import torch.nn.functional as F
 
+from engine import kernels
 from engine.model.layers import Linear
 from engine.quant import formats
 
-Int8Kernel = Literal["auto", "int8pack", "dynamic", "dequant"]
+Int8Kernel = Literal["auto", "triton", "int8pack", "dynamic", "dequant"]
 
 
 def cpu_weight_only_kernels_vectorised() -> bool:
@@ -69,13 +70,15 @@ class _QuantLinear(nn.Module):
 class Int8Linear(_QuantLinear):
     """int8 weight-only, symmetric per-output-channel scales: weight int8 [N, K], scales [N].
 
-    kernel: "int8pack" = torch._weight_int8pack_mm (CPU/MPS; exact weight-only numerics),
+    kernel: "triton" = engine.kernels.quant_matmul's dequantising matmul (CUDA; reads int8 weights
+    only), "int8pack" = torch._weight_int8pack_mm (CPU/MPS; exact weight-only numerics),
     "dequant" = (x @ weight.to(x.dtype)^T) * scales (any device), "dynamic" = fbgemm's
     quantized::linear_dynamic (CPU only, quantises x per tensor to 7-bit uint8 on each call,
     ~1% relative output error; the fastest int8 path on AVX2; keeps a second, fbgemm-packed
     copy of the int8 weight),
-    "auto" = int8pack on a CPU where it is vectorised (AVX-512, ARM), else dequant (faster
-    than the scalar int8pack loop on AVX2, see engine/quant/README.md).
+    "auto" = triton where the model runs Triton kernels (engine.kernels.use_triton), int8pack on a
+    CPU where it is vectorised (AVX-512, ARM), else dequant (faster than the scalar int8pack loop
+    on AVX2, see engine/quant/README.md).
     """
 
     def __init__(self, weight: Tensor, scales: Tensor, bias: Tensor | None, kernel: Int8Kernel = "auto") -> None:
@@ -85,9 +88,10 @@ class Int8Linear(_QuantLinear):
         self.register_buffer("scales", scales.contiguous())
         if kernel == "auto":
             on_cpu = weight.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm")
-            kernel = "int8pack" if on_cpu and cpu_weight_only_kernels_vectorised() else "dequant"
-        if kernel not in ("int8pack", "dynamic", "dequant"):
-            raise ValueError(f"kernel must be auto, int8pack, dynamic or dequant, got {kernel!r}")
+            kernel = ("triton" if kernels.use_triton(weight) else
+                      "int8pack" if on_cpu and cpu_weight_only_kernels_vectorised() else "dequant")
+        if kernel not in ("triton", "int8pack", "dynamic", "dequant"):
+            raise ValueError(f"kernel must be auto, triton, int8pack, dynamic or dequant, got {kernel!r}")
         self.kernel = kernel
         self._packed = self._fbgemm_pack() if kernel == "dynamic" else None
 
@@ -111,7 +115,11 @@ class Int8Linear(_QuantLinear):
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = _flat(x)
-        if self.kernel == "int8pack":
+        if self.kernel == "triton":
+            from engine.kernels.quant_matmul import int8_weight_matmul
+
+            y = int8_weight_matmul(x2, self.weight, self.scales)
+        elif self.kernel == "int8pack":
             y = torch._weight_int8pack_mm(x2.contiguous(), self.weight, self.scales.to(x.dtype))
         elif self.kernel == "dynamic":
             # reduce_range: 7-bit activations; with 8 bits fbgemm's AVX2 int16 accumulation saturates (2% error)
