@@ -298,9 +298,11 @@ class CostModel:
         # norm plus the final norm and the embedding gather; routed experts: gather, two grouped GEMMs,
         # SwiGLU (and a shared expert's three); router: GEMM and top-k; sampling: softmax, draw, copy out.
         shared_kernels = 3 if model.moe is not None and model.moe.num_shared_experts else 0
-        self._kernels = (L, L, 3 * L, 3 * n_dense, (4 + shared_kernels) * n_moe, 2 * n_moe,
-                         L * (model.norms_per_layer + (2 if model.qk_norm else 0)) + 2, 1, 3,
-                         2 * L if tp > 1 else 0, 2 * (pp - 1))
+        self._kernels = (  # in OPERATORS order, qkv_proj .. pp_transfer
+            L, L, 3 * L, 3 * n_dense, (4 + shared_kernels) * n_moe, 2 * n_moe,
+            L * (model.norms_per_layer + (2 if model.qk_norm else 0)) + 2, 1, 3,
+            2 * L if tp > 1 else 0, 2 * (pp - 1),
+        )
         # The captured graph holds the forward pass (all but the LM head and sampling); decode-only
         # steps of at most max_graph_batch_size requests replay it, padded to a captured size.
         knobs = dep.knobs
@@ -549,6 +551,8 @@ class CostModel:
         operator takes at least its kernels x kernel_launch_s (the host issues them while the device
         works); a replayed graph costs graph_kernel_s per kernel of the forward pass and one launch."""
         p = self.params
+        if graph_batch is None and not p.kernel_launch_s:  # CPUs: nothing to add, keep the simulator's hot path lean
+            return 0.0
         eager = range(len(self._kernels)) if graph_batch is None else _AFTER_GRAPH
         wait = sum(max(0.0, self._kernels[i] * p.kernel_launch_s - times[i]) for i in eager)
         if graph_batch is not None:
