@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 .venv/bin/python bench/quant_quality.py              # 100 prompts x 24 tokens
     OMP_NUM_THREADS=1 .venv/bin/python bench/quant_quality.py --prompts 20 --json
+    OMP_NUM_THREADS=1 .venv/bin/python bench/quant_quality.py --variants int4:auto   # one variant
 
 For each weight dtype (fp32, int8, int4, fp8) with an fp32 KV cache, and each KV-cache dtype
 (int8, fp8) with fp32 weights: the mean per-token negative log-likelihood of a fixed English
@@ -76,6 +77,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=100)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--variants", nargs="+", default=[f"{w}:{kv}" for w, kv in VARIANTS],
+                    choices=[f"{w}:{kv}" for w, kv in VARIANTS], help="weights:kv_cache pairs to compare with fp32")
     args = ap.parse_args()
     texts = prompts(args.prompts)
     knobs = dict(max_num_seqs=32, max_num_batched_tokens=2048, kv_cache_gib=0.5)
@@ -86,7 +89,7 @@ def main() -> None:
     del reference
     rows = [{"weights": "fp32", "kv_cache": "fp32", "nll": ref_nll, "nll_delta": 0.0, "exact_match": 1.0,
              "mean_leading_agreement": float(args.max_tokens)}]
-    for weights, kv in VARIANTS:
+    for weights, kv in (v.split(":") for v in args.variants):
         llm = LLM("smollm2-135m", weight_dtype=weights, kv_cache_dtype=kv, **knobs)
         nll = text_nll(llm, TEXT)
         exact, leading = agreement(ref_tokens, greedy(llm, texts, args.max_tokens))

@@ -81,11 +81,8 @@ class LLM:
         device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                               "cpu" if cfg.device == "auto" else cfg.device)
         dtype = DTYPES[cfg.dtype]
-        loaded = load_model(model, dtype=dtype, device=device, seed=cfg.seed, random_weights=cfg.random_weights)
-        if cfg.weight_dtype != "auto":
-            from engine.quant.swap import quantize_model
-
-            quantize_model(loaded.model, cfg.weight_dtype)
+        loaded = load_model(model, dtype=dtype, device=device, seed=cfg.seed, random_weights=cfg.random_weights,
+                            weight_dtype=cfg.weight_dtype)
         self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
         kv_dtype = kv_cache_torch_dtype(cfg.kv_cache_dtype, dtype)
         self.max_model_len = cfg.max_model_len or self.config.max_position_embeddings

@@ -147,6 +147,38 @@ def gguf_tensors(reader: GGUFReader, config: ModelConfig, path: Path) -> Iterato
         yield name, weight, str(path)
 
 
+# 4-bit GGUF formats kept as they are by weight_dtype="int4": bytes per block of GGUF_BLOCK weights
+# (an fp16 scale d, for Q4_1 an fp16 minimum m, then 16 bytes of nibbles) and whether m is there.
+GGUF_BLOCK = 32
+_Q4_FORMATS = {"Q4_0": (18, False), "Q4_1": (20, True)}
+
+
+def gguf_int4_groups(reader: GGUFReader, config: ModelConfig) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
+    """{HF name: (codes uint8 [N, K] in 0..15, scales [N, K/32], zeros [N, K/32])} for every Q4_0 /
+    Q4_1 matrix, exactly as stored, in Int4Linear's convention w = (q - 8) * scale + zero: Q4_1
+    stores w = d * q + m (so zero = m + 8d), Q4_0 w = d * (q - 8) (zero = 0)."""
+    unpermute = config.model_type == "llama"
+    groups = {}
+    for tensor in reader.tensors:
+        if tensor.tensor_type.name not in _Q4_FORMATS:
+            continue
+        block_bytes, has_min = _Q4_FORMATS[tensor.tensor_type.name]
+        blocks = tensor.data.reshape(tensor.data.shape[0], -1, block_bytes)  # [N, K/32, bytes]
+        d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
+        zeros = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d if has_min else np.zeros_like(d)
+        nibbles = blocks[..., 4 if has_min else 2 :]
+        # Byte j of a block holds weight j in its low nibble and weight j + 16 in its high one.
+        codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(blocks.shape[0], -1)
+        arrays = [torch.from_numpy(a) for a in (codes, d, zeros)]
+        name = _hf_name(tensor.name)
+        heads = {"self_attn.q_proj.weight": config.num_attention_heads, "self_attn.k_proj.weight": config.num_kv_heads}
+        for suffix, num_heads in heads.items():
+            if unpermute and name.endswith(suffix):
+                arrays = [_unpermute_rows(a, num_heads) for a in arrays]
+        groups[name] = (arrays[0], arrays[1], arrays[2])
+    return groups
+
+
 def gguf_quant_types(reader: GGUFReader) -> str:
     """A short summary such as 'Q4_1 x 182, F32 x 61, Q8_0 x 1'."""
     counts: dict[str, int] = {}

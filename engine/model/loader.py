@@ -53,18 +53,33 @@ def load_model(
     device: torch.device | str = "cpu",
     seed: int | None = None,
     random_weights: bool = False,
+    weight_dtype: str = "auto",
 ) -> LoadedModel:
     """A model from a checkpoint folder, a .gguf file, a catalog name or a config.json path.
 
     random_weights=True skips reading weights: parameters are drawn from N(0, initializer_range)
     with a generator seeded by `seed` (0 when None), norms set to 1 and biases to 0.
+    weight_dtype other than "auto" quantises the transformer layers' weights
+    (engine.quant.quantize_model); a GGUF file's Q4_0/Q4_1 matrices stay as stored for "int4".
     """
+    loaded = _load(source, dtype, device, seed, random_weights, weight_dtype)
+    if weight_dtype != "auto" and getattr(loaded.model, "weight_dtype", "auto") == "auto":
+        from engine.quant.swap import quantize_model
+
+        quantize_model(loaded.model, weight_dtype)  # type: ignore[arg-type]  # EngineConfig checked the name
+        loaded.source_description += f"; transformer-layer weights quantised to {weight_dtype}"
+    return loaded
+
+
+def _load(
+    source: str, dtype: torch.dtype, device: torch.device | str, seed: int | None, random_weights: bool, weight_dtype: str
+) -> LoadedModel:
     path = Path(source).expanduser()
     key = source.strip().lower()
     if key in gguf_checkpoint.PACKAGED_GGUF and not path.exists() and not random_weights:
-        return _load_gguf(gguf_checkpoint.packaged_gguf_path(key), key, dtype, device, seed, random_weights)
+        return _load_gguf(gguf_checkpoint.packaged_gguf_path(key), key, dtype, device, seed, random_weights, weight_dtype)
     if path.suffix == ".gguf":
-        return _load_gguf(path, path.stem, dtype, device, seed, random_weights)
+        return _load_gguf(path, path.stem, dtype, device, seed, random_weights, weight_dtype)
     if path.is_dir() and not random_weights:
         return _load_folder(path, dtype, device)
     if not path.exists() and (source.startswith((".", "~")) or "/" in source):
@@ -147,7 +162,13 @@ def _load_folder(folder: Path, dtype: torch.dtype, device: torch.device | str) -
 
 
 def _load_gguf(
-    path: Path, name: str, dtype: torch.dtype, device: torch.device | str, seed: int | None, random_weights: bool
+    path: Path,
+    name: str,
+    dtype: torch.dtype,
+    device: torch.device | str,
+    seed: int | None,
+    random_weights: bool,
+    weight_dtype: str,
 ) -> LoadedModel:
     reader = gguf_checkpoint.open_gguf(path)
     config = gguf_checkpoint.gguf_model_config(reader, path, name)
@@ -159,6 +180,15 @@ def _load_gguf(
         load_weights(model, gguf_checkpoint.gguf_tensors(reader, config, path), str(path))
         quants, dtype_name = gguf_checkpoint.gguf_quant_types(reader), str(dtype).removeprefix("torch.")
         description = f"GGUF {path} ({quants}; dequantised to {dtype_name})"
+        if weight_dtype == "int4":  # keep the file's own 4-bit groups rather than quantise them twice
+            from engine.quant.swap import quantizable_linears, quantize_model
+
+            linears = quantizable_linears(model)
+            fused = _fused_rows(model, gguf_checkpoint.gguf_int4_groups(reader, config))
+            kept = {name: groups for name, groups in fused.items() if name in linears}
+            quantize_model(model, "int4", int4_groups=kept)
+            description += (f"; int4: {len(kept)} of {len(linears)} layer matrices keep their Q4 groups of "
+                            f"{gguf_checkpoint.GGUF_BLOCK}, the rest quantised from the dequantised weights")
     return LoadedModel(model, config, gguf_checkpoint.gguf_tokenizer(reader, path), description)
 
 
@@ -211,6 +241,30 @@ def hf_state_dict(model: CausalLM) -> dict[str, Tensor]:
     inverse of loading, so a transformers model can run on exactly our weights."""
     params = dict(model.named_parameters())
     return {hf: params[ours][index] for hf, (ours, index) in _checkpoint_targets(model).items()}
+
+
+def _fused_rows(model: CausalLM, parts: dict[str, tuple[Tensor, ...]]) -> dict[str, tuple[Tensor, ...]]:
+    """Per-row arrays of checkpoint matrices (e.g. int4 codes, scales, zeros keyed by HF name)
+    assembled like their weights into our fused modules: {module name: arrays}. A module gets
+    them only when every checkpoint matrix it fuses has them (a Q4 q_proj beside a Q8 v_proj
+    does not make a Q4 qkv_proj)."""
+    params = dict(model.named_parameters())
+    targets = _checkpoint_targets(model)
+    wanted: dict[str, int] = {}
+    for param_name, _ in targets.values():
+        wanted[param_name] = wanted.get(param_name, 0) + 1
+    fused: dict[str, list[Tensor]] = {}
+    found: dict[str, int] = {}
+    for name, arrays in parts.items():
+        param_name, index = targets.get(_canonical_name(name), ("", ()))
+        if param_name not in params or params[param_name].dim() != 2:  # only plain layer matrices
+            continue
+        rows = params[param_name].shape[0]
+        buffers = fused.setdefault(param_name, [torch.zeros((rows, *a.shape[1:]), dtype=a.dtype) for a in arrays])
+        for buffer, array in zip(buffers, arrays, strict=True):
+            buffer[index] = array
+        found[param_name] = found.get(param_name, 0) + 1
+    return {p.removesuffix(".weight"): tuple(b) for p, b in fused.items() if found[p] == wanted[p]}
 
 
 def _checkpoint_targets(model: CausalLM) -> dict[str, tuple[str, tuple[int | slice, ...]]]:

@@ -171,10 +171,23 @@ class Int4Linear(_QuantLinear):
 
     @classmethod
     def from_linear(cls, linear: Linear, group_size: int = 128, cpu_kernel: bool | None = None) -> Int4Linear:
-        q, scales, zeros = formats.quantize_int4(linear.weight, group_size)
+        return cls.from_groups(linear, *formats.quantize_int4(linear.weight, group_size), cpu_kernel=cpu_kernel)
+
+    @classmethod
+    def from_groups(
+        cls, linear: Linear, q: Tensor, scales: Tensor, zeros: Tensor, cpu_kernel: bool | None = None
+    ) -> Int4Linear:
+        """Replace `linear` with given codes q [N, Kp] in 0..15, scales and zeros [N, Kp / group]
+        (a pre-quantised checkpoint's groups, or formats.quantize_int4's)."""
+        out_features, in_features = linear.weight.shape
+        if q.shape[0] != out_features or q.shape[1] < in_features or scales.shape != zeros.shape or (
+                scales.shape[0] != out_features or q.shape[1] % scales.shape[1]):
+            raise ValueError(f"int4 groups q {tuple(q.shape)}, scales {tuple(scales.shape)}, zeros "
+                             f"{tuple(zeros.shape)} do not fit a Linear of weight {tuple(linear.weight.shape)}")
         if cpu_kernel is None:
             cpu_kernel = cpu_weight_only_kernels_vectorised()
-        return cls(q, scales, zeros, linear.weight.shape[1], linear.bias, linear.weight.dtype, cpu_kernel)
+        device = linear.weight.device
+        return cls(q.to(device), scales.to(device), zeros.to(device), in_features, linear.bias, linear.weight.dtype, cpu_kernel)
 
     def _pad(self, x2: Tensor) -> Tensor:
         return F.pad(x2, (0, self.padded_in_features - self.in_features)) if self.padded_in_features != self.in_features else x2

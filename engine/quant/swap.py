@@ -14,10 +14,13 @@ quantised on the way. Left in the model dtype, on purpose:
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Literal, get_args
 
 import torch
 from torch import nn
+
+from torch import Tensor
 
 from engine.model.layers import Linear
 from engine.model.moe import SparseMoE
@@ -27,35 +30,42 @@ WeightDtype = Literal["int8", "int4", "fp8"]
 WEIGHT_DTYPES: tuple[str, ...] = get_args(WeightDtype)
 
 
-def quantizable_linears(model: nn.Module) -> list[tuple[nn.Module, str, Linear]]:
-    """(parent, attribute, Linear) for every Linear quantize_model replaces."""
-    found = []
-    for parent in model.model.layers.modules():
+def quantizable_linears(model: nn.Module) -> dict[str, tuple[nn.Module, str, Linear]]:
+    """{module name: (parent, attribute, Linear)} for every Linear quantize_model replaces."""
+    found = {}
+    for prefix, parent in model.model.layers.named_modules(prefix="model.layers"):
         for attr, child in parent.named_children():
             if type(child) is Linear and not (isinstance(parent, SparseMoE) and attr == "gate"):
-                found.append((parent, attr, child))
+                found[f"{prefix}.{attr}"] = (parent, attr, child)
     return found
 
 
 @torch.no_grad()
 def quantize_model(
-    model: nn.Module, weight_dtype: WeightDtype, group_size: int = 128, int8_kernel: Int8Kernel = "auto"
+    model: nn.Module,
+    weight_dtype: WeightDtype,
+    group_size: int = 128,
+    int8_kernel: Int8Kernel = "auto",
+    int4_groups: Mapping[str, tuple[Tensor, Tensor, Tensor]] | None = None,
 ) -> nn.Module:
     """Quantise the transformer layers' Linear weights in place; returns the model.
 
     weight_dtype: "int8" (per-channel symmetric), "int4" (group-wise asymmetric, group_size
     input columns per group) or "fp8" (e4m3, per-channel). int8_kernel picks Int8Linear's
-    kernel (see its docstring). Quantising a model twice is an error.
+    kernel (see its docstring). int4_groups: {Linear's module name: (codes, scales, zeros)}
+    kept as given (a pre-quantised checkpoint's own groups, Int4Linear.from_groups) instead of
+    quantising that Linear's float weight. Quantising a model twice is an error.
     """
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {weight_dtype!r}")
     if getattr(model, "weight_dtype", None) not in (None, "auto"):
         raise ValueError(f"model is already quantised to {model.weight_dtype}")
-    for parent, attr, linear in quantizable_linears(model):
+    for name, (parent, attr, linear) in quantizable_linears(model).items():
+        kept = (int4_groups or {}).get(name)
         if weight_dtype == "int8":
             new: nn.Module = Int8Linear.from_linear(linear, int8_kernel)
         elif weight_dtype == "int4":
-            new = Int4Linear.from_linear(linear, group_size)
+            new = Int4Linear.from_groups(linear, *kept) if kept else Int4Linear.from_linear(linear, group_size)
         else:
             new = Fp8Linear.from_linear(linear)
         setattr(parent, attr, new)

@@ -14,6 +14,8 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from engine.catalog import resolve_model
 from engine.errors import InputError
 from engine.model.loader import load_model
+from engine.quant.linear import Int4Linear
+from engine.quant.swap import quantizable_linears
 
 from .reference import PagedDriver, hf_logits, tiny_hf_model, to_hf_state_dict
 
@@ -54,10 +56,12 @@ def llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, 2, rows // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def write_gguf(model: PreTrainedModel, arch: str, path: Path) -> None:
-    """Write model as llama.cpp would: Q8_0 matrices, F32 vectors, q/k permuted for llama.
+def write_gguf(
+    model: PreTrainedModel, arch: str, path: Path, matrix_type: gguf.GGMLQuantizationType = Q8_0
+) -> None:
+    """Write model as llama.cpp would: matrices in matrix_type (Q8_0), F32 vectors, q/k permuted for llama.
 
-    The HF model's matrices are first snapped to the Q8_0 grid, so the file holds exactly the
+    The HF model's matrices are first snapped to that grid, so the file holds exactly the
     reference's weights and the comparison needs no quantisation tolerance.
     """
     c = model.config
@@ -80,12 +84,12 @@ def write_gguf(model: PreTrainedModel, arch: str, path: Path) -> None:
                 continue  # llama.cpp writes a tied head once, as token_embd
             array = param.numpy()
             if array.ndim == 2:
-                snapped = dequantize(quantize(array, Q8_0), Q8_0)
+                snapped = dequantize(quantize(array, matrix_type), matrix_type)
                 param.copy_(torch.from_numpy(snapped))
                 if arch == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
                     heads = c.num_attention_heads if "q_proj" in name else c.num_key_value_heads
                     snapped = llama_cpp_permute(snapped, heads)
-                writer.add_tensor(gguf_name(name), quantize(snapped, Q8_0), raw_dtype=Q8_0)
+                writer.add_tensor(gguf_name(name), quantize(snapped, matrix_type), raw_dtype=matrix_type)
             else:
                 writer.add_tensor(gguf_name(name), array.astype(np.float32))
     writer.write_header_to_file()
@@ -111,6 +115,31 @@ def test_gguf_file_matches_the_model_it_was_written_from(arch: str, tmp_path: Pa
     driver = PagedDriver(loaded.model)
     ours = torch.cat([driver.step({"s": prompt[:7]})["s"], driver.step({"s": prompt[7:]})["s"]])
     assert (ours - hf_logits(hf, prompt)).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_int4_keeps_the_groups_of_a_4_bit_file(kind: str, tmp_path: Path) -> None:
+    """weight_dtype='int4' on a Q4 file: each layer matrix is the file's own codes and scales,
+    equal to gguf's dequantisation, where quantising the dequantised weights again would not be."""
+    hf = LlamaForCausalLM(LlamaConfig(**{**tiny_hf_model("llama", seed=2).config.to_dict(), "rope_parameters": None})).eval()
+    hf.load_state_dict(tiny_hf_model("llama", seed=2).state_dict())
+    path = tmp_path / f"tiny-{kind}.gguf"
+    write_gguf(hf, "llama", path, gguf.GGMLQuantizationType[kind])
+
+    dense = load_model(str(path)).model
+    kept = load_model(str(path), weight_dtype="int4")
+    assert "int4: 8 of 8 layer matrices keep their Q4 groups of 32" in kept.source_description
+    linears = {name: linear for name, (_, _, linear) in quantizable_linears(dense).items()}
+    for name, float_linear in linears.items():
+        ours = kept.model.get_submodule(name)
+        assert isinstance(ours, Int4Linear) and ours.group_size == 32
+        torch.testing.assert_close(ours.dequantized_weight(), float_linear.weight, rtol=0, atol=1e-6)
+    first = next(iter(linears.values()))
+    again = Int4Linear.from_linear(first).dequantized_weight()  # the old path: requantise in groups of 128
+    assert (again - first.weight).abs().max() > 1e-4
+    prompt = list(range(3, 13))
+    torch.testing.assert_close(PagedDriver(kept.model).step({"s": prompt})["s"], PagedDriver(dense).step({"s": prompt})["s"],
+                               rtol=0, atol=1e-4)
 
 
 def test_unreadable_gguf_is_an_input_error(tmp_path: Path) -> None:
