@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=1 .venv/bin/python bench/quant_quality.py --prompts 20 --json
     OMP_NUM_THREADS=1 .venv/bin/python bench/quant_quality.py --variants int4:auto   # one variant
 
-For each weight dtype (fp32, int8, int4, fp8) with an fp32 KV cache, and each KV-cache dtype
+For each weight dtype (fp32, int8, int8 with the dynamic W8A8 kernel, int4, fp8) with an fp32 KV cache, and each KV-cache dtype
 (int8, fp8) with fp32 weights: the mean per-token negative log-likelihood of a fixed English
 text (teacher forcing, one prefill through the paged cache, so KV quantisation is exercised),
 and greedy agreement with fp32 over the same prompts — the share of continuations identical
@@ -38,7 +38,9 @@ SUBJECTS = ["the ocean", "a library", "mountains", "coffee", "the moon", "trains
             "deserts", "lighthouses"]
 FORMS = ["Write one sentence about {}.", "Explain {} to a child.", "List three facts about {}.",
          "What is the most surprising thing about {}?", "Describe {} in a short poem."]
-VARIANTS = [("int8", "auto"), ("int4", "auto"), ("fp8", "auto"), ("auto", "int8"), ("auto", "fp8")]
+VARIANTS = [("int8", "auto"), ("int8-dynamic", "auto"), ("int4", "auto"), ("fp8", "auto"), ("auto", "int8"), ("auto", "fp8")]
+# Weight variants that are an int8 kernel rather than a dtype.
+KERNELS = {"int8-dynamic": {"weight_dtype": "int8", "int8_kernel": "dynamic"}}
 
 
 def prompts(n: int) -> list[str]:
@@ -90,7 +92,7 @@ def main() -> None:
     rows = [{"weights": "fp32", "kv_cache": "fp32", "nll": ref_nll, "nll_delta": 0.0, "exact_match": 1.0,
              "mean_leading_agreement": float(args.max_tokens)}]
     for weights, kv in (v.split(":") for v in args.variants):
-        llm = LLM("smollm2-135m", weight_dtype=weights, kv_cache_dtype=kv, **knobs)
+        llm = LLM("smollm2-135m", **KERNELS.get(weights, {"weight_dtype": weights}), kv_cache_dtype=kv, **knobs)
         nll = text_nll(llm, TEXT)
         exact, leading = agreement(ref_tokens, greedy(llm, texts, args.max_tokens))
         rows.append({"weights": "fp32" if weights == "auto" else weights, "kv_cache": "fp32" if kv == "auto" else kv,

@@ -31,6 +31,8 @@ def add_engine_commands(sub: argparse._SubParsersAction) -> argparse._SubParsers
                    help="quantise the transformer layers' weights (auto = no quantisation)")
     p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
                    help="KV-cache format (auto = the model dtype)")
+    p.add_argument("--int8-kernel", default="auto", choices=["auto", "dynamic"],
+                   help="int8 weights on the CPU: weight-only (auto) or fbgemm W8A8 with per-token dynamic activations")
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--max-num-batched-tokens", type=int, default=2048)
     p.add_argument("--json", action="store_true", help="print outputs and per-request metrics as JSON")
@@ -55,6 +57,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         random_weights=args.random_weights,
         weight_dtype=args.weight_dtype,
         kv_cache_dtype=args.kv_cache_dtype,
+        int8_kernel=args.int8_kernel,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
     )

@@ -33,6 +33,9 @@ SUPPORTED_MODEL_TYPES = (
 )
 
 KV_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
+# 8-bit KV caches store an fp32 scale beside each token's vector of each KV head (engine/quant/kv.py).
+KV_SCALED_DTYPES = ("int8", "fp8")
+KV_SCALE_BYTES = 4
 
 
 @dataclass(frozen=True)
@@ -267,13 +270,21 @@ class ModelConfig:
             return self.mla.kv_lora_rank + self.mla.qk_rope_head_dim
         return 2 * self.num_kv_heads * self.head_dim
 
+    def kv_bytes_per_token_per_layer(self, kv_dtype: str = "bf16") -> int:
+        """KV bytes of one token in one layer, with the scales a quantised cache keeps per token and head."""
+        values = self.kv_elements_per_token_per_layer() * _kv_bytes(kv_dtype)
+        if kv_dtype not in KV_SCALED_DTYPES:
+            return values
+        vectors = 1 if self.mla is not None else 2 * self.num_kv_heads  # the MLA latent is one vector
+        return values + vectors * KV_SCALE_BYTES
+
     def kv_bytes_per_token(self, kv_dtype: str = "bf16") -> int:
         """KV bytes one token occupies across all layers while it is inside every window."""
-        return self.num_layers * self.kv_elements_per_token_per_layer() * _kv_bytes(kv_dtype)
+        return self.num_layers * self.kv_bytes_per_token_per_layer(kv_dtype)
 
     def kv_bytes_for_sequence(self, num_tokens: int, kv_dtype: str = "bf16") -> int:
         """KV bytes a sequence of num_tokens holds; windowed layers keep only their window."""
-        per_layer = self.kv_elements_per_token_per_layer() * _kv_bytes(kv_dtype)
+        per_layer = self.kv_bytes_per_token_per_layer(kv_dtype)
         return sum(min(num_tokens, w) if w else num_tokens for w in self.layer_windows) * per_layer
 
     @property

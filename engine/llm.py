@@ -14,7 +14,7 @@ import itertools
 import time
 from typing import Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 import torch
 
 from engine.config import EngineKnobs
@@ -51,6 +51,17 @@ class EngineConfig(EngineKnobs):
     kv_cache_dtype: Literal["auto", "int8", "fp8"] = Field(
         "auto", description="KV-cache values: 'auto' = dtype, or int8 / fp8 with a scale per (token, head)"
     )
+    int8_kernel: Literal["auto", "dynamic"] = Field(
+        "auto", description="int8 weights: 'auto' = weight-only (Triton on CUDA; on CPUs torch's kernel where it is "
+        "vectorised, else dequantise then matmul), 'dynamic' = CPU only, fbgemm's W8A8 matmul quantising "
+        "each token's activations to 7 bits on each call: the fast int8 path on x86, at a further quality cost"
+    )
+
+    @model_validator(mode="after")
+    def _int8_kernel_applies(self) -> EngineConfig:
+        if self.int8_kernel == "dynamic" and self.weight_dtype != "int8":
+            raise ValueError(f"int8_kernel='dynamic' needs weight_dtype='int8', got {self.weight_dtype!r}")
+        return self
 
 
 @dataclass(frozen=True)
@@ -81,8 +92,10 @@ class LLM:
         device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                               "cpu" if cfg.device == "auto" else cfg.device)
         dtype = DTYPES[cfg.dtype]
+        if cfg.int8_kernel == "dynamic" and device.type != "cpu":
+            raise InputError("int8_kernel", "dynamic", f"runs on the CPU only; the engine chose {device}")
         loaded = load_model(model, dtype=dtype, device=device, seed=cfg.seed, random_weights=cfg.random_weights,
-                            weight_dtype=cfg.weight_dtype)
+                            weight_dtype=cfg.weight_dtype, int8_kernel=cfg.int8_kernel)
         self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
         kv_dtype = kv_cache_torch_dtype(cfg.kv_cache_dtype, dtype)
         self.max_model_len = cfg.max_model_len or self.config.max_position_embeddings

@@ -11,7 +11,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.config import ModelConfig
+from engine.config import KV_SCALE_BYTES, KV_SCALED_DTYPES, ModelConfig
 from engine.errors import InputError
 from planner.specs import BYTES_PER_ELEMENT, Deployment, HardwareProfile
 
@@ -203,11 +203,12 @@ def _stage_layers(num_layers: int, pp: int) -> list[range]:
 
 
 def kv_bytes_per_token_per_layer_per_gpu(model: ModelConfig, dep: Deployment) -> float:
-    dtype_bytes = BYTES_PER_ELEMENT[dep.kv_dtype]
     if model.mla is not None:  # the latent is replicated on every tensor-parallel rank
-        return model.kv_elements_per_token_per_layer() * dtype_bytes
+        return model.kv_bytes_per_token_per_layer(dep.kv_dtype)
+    # The engine's 8-bit caches keep an fp32 scale per token and head beside the values (engine/quant/kv.py).
+    scale = KV_SCALE_BYTES if dep.kv_dtype in KV_SCALED_DTYPES else 0
     kv_heads_per_gpu = max(1, model.num_kv_heads // dep.tensor_parallel)  # fewer heads than ranks: replicated
-    return 2 * kv_heads_per_gpu * model.head_dim * dtype_bytes
+    return 2 * kv_heads_per_gpu * (model.head_dim * BYTES_PER_ELEMENT[dep.kv_dtype] + scale)
 
 
 def _activation_bytes(model: ModelConfig, dep: Deployment, act_bytes: float) -> float:

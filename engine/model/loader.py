@@ -54,20 +54,31 @@ def load_model(
     seed: int | None = None,
     random_weights: bool = False,
     weight_dtype: str = "auto",
+    int8_kernel: str = "auto",
 ) -> LoadedModel:
     """A model from a checkpoint folder, a .gguf file, a catalog name or a config.json path.
 
     random_weights=True skips reading weights: parameters are drawn from N(0, initializer_range)
     with a generator seeded by `seed` (0 when None), norms set to 1 and biases to 0.
     weight_dtype other than "auto" quantises the transformer layers' weights
-    (engine.quant.quantize_model); a GGUF file's Q4_0/Q4_1 matrices stay as stored for "int4".
+    (engine.quant.quantize_model, with int8_kernel for "int8"); a GGUF file's Q4_0/Q4_1 matrices
+    stay as stored for "int4".
     """
     loaded = _load(source, dtype, device, seed, random_weights, weight_dtype)
     if weight_dtype != "auto" and getattr(loaded.model, "weight_dtype", "auto") == "auto":
+        from engine.quant.smooth import CALIBRATION_TEXT
         from engine.quant.swap import quantize_model
 
-        quantize_model(loaded.model, weight_dtype)  # type: ignore[arg-type]  # EngineConfig checked the name
-        loaded.source_description += f"; transformer-layer weights quantised to {weight_dtype}"
+        kernel, calibration = "", None
+        if weight_dtype == "int8":
+            kernel = f" (int8 kernel {int8_kernel})"
+        if weight_dtype == "int8" and int8_kernel == "dynamic":  # W8A8: SmoothQuant needs activations
+            calibration = (loaded.tokenizer.encode(CALIBRATION_TEXT) if loaded.tokenizer is not None else
+                           torch.randint(0, loaded.config.vocab_size, (128,), generator=torch.Generator().manual_seed(0)).tolist())
+            kernel += f", SmoothQuant-calibrated on {len(calibration)} tokens"
+        quantize_model(loaded.model, weight_dtype, int8_kernel=int8_kernel,  # type: ignore[arg-type]  # names checked by EngineConfig
+                       calibration_ids=calibration)
+        loaded.source_description += f"; transformer-layer weights quantised to {weight_dtype}{kernel}"
     return loaded
 
 

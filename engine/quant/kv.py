@@ -22,8 +22,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from engine.config import KV_SCALE_BYTES
+
 KV_CACHE_DTYPES: dict[str, torch.dtype] = {"int8": torch.int8, "fp8": torch.float8_e4m3fn}
-SCALE_BYTES = 4  # one fp32 scale per (token, head)
 _QMAX = {torch.int8: 127.0, torch.float8_e4m3fn: float(torch.finfo(torch.float8_e4m3fn).max)}
 
 
@@ -42,7 +43,7 @@ def kv_cache_torch_dtype(kv_cache_dtype: str, model_dtype: torch.dtype) -> torch
 
 def kv_last_dim(head_dim: int, dtype: torch.dtype) -> int:
     """Size of the cache's last dimension: head_dim, plus the in-line scale when quantised."""
-    return head_dim + SCALE_BYTES if is_quantized_kv(dtype) else head_dim
+    return head_dim + KV_SCALE_BYTES if is_quantized_kv(dtype) else head_dim
 
 
 def kv_bytes_per_token_per_layer(num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -64,6 +65,6 @@ def quantize_kv(x: Tensor, dtype: torch.dtype) -> Tensor:
 
 def dequantize_kv(raw: Tensor, dtype: torch.dtype, out_dtype: torch.dtype) -> Tensor:
     """uint8 [..., head_dim + 4] (as quantize_kv writes it) -> out_dtype [..., head_dim]."""
-    values = raw[..., :-SCALE_BYTES].view(dtype)
-    scale = raw[..., -SCALE_BYTES:].contiguous().view(torch.float32)
+    values = raw[..., :-KV_SCALE_BYTES].view(dtype)
+    scale = raw[..., -KV_SCALE_BYTES:].contiguous().view(torch.float32)
     return (values.float() * scale).to(out_dtype)

@@ -10,8 +10,9 @@ torch's weight-only kernels `_weight_int8pack_mm` and `_weight_int4pack_mm_for_c
 vectorised for AVX-512 (and ARM) only; on AVX2 they run a scalar loop and are 5-20x SLOWER
 than an fp32 F.linear. On such machines the quantised weights save memory, not time. The
 one fast int8 path there is fbgemm's dynamic-quantised linear (Int8Linear kernel="dynamic"),
-which also quantises the activations (per tensor, per call) and so is opt-in: its numerics
-differ from weight-only int8 and depend on which rows share a batch.
+which also quantises the activations (per token, per call) and so is opt-in: it costs more
+quality than weight-only int8 (docs/quantisation.md), and as fbgemm's asymmetric range spans
+all rows, a token's grid still depends slightly on which rows share its batch.
 """
 
 from __future__ import annotations
@@ -73,19 +74,31 @@ class Int8Linear(_QuantLinear):
     kernel: "triton" = engine.kernels.quant_matmul's dequantising matmul (CUDA; reads int8 weights
     only), "int8pack" = torch._weight_int8pack_mm (CPU/MPS; exact weight-only numerics),
     "dequant" = (x @ weight.to(x.dtype)^T) * scales (any device), "dynamic" = fbgemm's
-    quantized::linear_dynamic (CPU only, quantises x per tensor to 7-bit uint8 on each call,
-    ~1% relative output error; the fastest int8 path on AVX2; keeps a second, fbgemm-packed
-    copy of the int8 weight),
+    quantized::linear_dynamic (CPU only, W8A8: quantises each token's activations to 7 bits on
+    each call, ~1% relative output error; the fastest int8 path on AVX2; keeps a second,
+    fbgemm-packed copy of the int8 weight),
     "auto" = triton where the model runs Triton kernels (engine.kernels.use_triton), int8pack on a
     CPU where it is vectorised (AVX-512, ARM), else dequant (faster than the scalar int8pack loop
     on AVX2, see engine/quant/README.md).
+
+    smooth [K] (SmoothQuant, engine/quant/smooth.py): the stored weight is W * smooth per input
+    column and forward divides x by smooth first, moving activation outliers into the weight,
+    where per-channel scales absorb them. Same function, easier activations for W8A8.
     """
 
-    def __init__(self, weight: Tensor, scales: Tensor, bias: Tensor | None, kernel: Int8Kernel = "auto") -> None:
+    def __init__(
+        self,
+        weight: Tensor,
+        scales: Tensor,
+        bias: Tensor | None,
+        kernel: Int8Kernel = "auto",
+        smooth: Tensor | None = None,
+    ) -> None:
         out_features, in_features = weight.shape
         super().__init__(in_features, out_features, bias)
         self.register_buffer("weight", weight.contiguous())
         self.register_buffer("scales", scales.contiguous())
+        self.register_buffer("smooth", None if smooth is None else smooth.float().contiguous())
         if kernel == "auto":
             on_cpu = weight.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm")
             kernel = ("triton" if kernels.use_triton(weight) else
@@ -96,9 +109,10 @@ class Int8Linear(_QuantLinear):
         self._packed = self._fbgemm_pack() if kernel == "dynamic" else None
 
     @classmethod
-    def from_linear(cls, linear: Linear, kernel: Int8Kernel = "auto") -> Int8Linear:
-        q, scales = formats.quantize_int8(linear.weight)
-        return cls(q, scales.to(linear.weight.dtype), linear.bias, kernel)
+    def from_linear(cls, linear: Linear, kernel: Int8Kernel = "auto", smooth: Tensor | None = None) -> Int8Linear:
+        weight = linear.weight if smooth is None else linear.weight * smooth.to(linear.weight.dtype)
+        q, scales = formats.quantize_int8(weight)
+        return cls(q, scales.to(linear.weight.dtype), linear.bias, kernel, smooth)
 
     def _fbgemm_pack(self) -> object:
         if self.weight.device.type != "cpu" or not ({"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines)):
@@ -111,10 +125,13 @@ class Int8Linear(_QuantLinear):
             return torch.ops.quantized.linear_prepack(qweight, None)
 
     def dequantized_weight(self) -> Tensor:
-        return formats.dequantize_int8(self.weight, self.scales)
+        w = formats.dequantize_int8(self.weight, self.scales)
+        return w if self.smooth is None else w / self.smooth
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = _flat(x)
+        if self.smooth is not None:
+            x2 = x2 / self.smooth.to(x.dtype)
         if self.kernel == "triton":
             from engine.kernels.quant_matmul import int8_weight_matmul
 
@@ -122,8 +139,13 @@ class Int8Linear(_QuantLinear):
         elif self.kernel == "int8pack":
             y = torch._weight_int8pack_mm(x2.contiguous(), self.weight, self.scales.to(x.dtype))
         elif self.kernel == "dynamic":
-            # reduce_range: 7-bit activations; with 8 bits fbgemm's AVX2 int16 accumulation saturates (2% error)
-            y = torch.ops.quantized.linear_dynamic(x2.float().contiguous(), self._packed, True).to(x.dtype)
+            # fbgemm quantises its whole input with one scale; dividing each row by its own max first
+            # (and multiplying it back after) makes that one scale fit every token: per-token
+            # quantisation. One scale across a prefill's tokens cost SmolLM2 +1.10 nats/token, this +0.09.
+            # reduce_range: 7-bit activations; with 8 bits fbgemm's AVX2 int16 accumulation saturates.
+            rows = x2.float()
+            row_max = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
+            y = (torch.ops.quantized.linear_dynamic((rows / row_max).contiguous(), self._packed, True) * row_max).to(x.dtype)
         else:
             y = F.linear(x2, self.weight.to(x.dtype)) * self.scales.to(x.dtype)
         return _add_bias(y.reshape(*x.shape[:-1], self.out_features), self.bias)

@@ -14,7 +14,7 @@ quantised on the way. Left in the model dtype, on purpose:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Literal, get_args
 
 import torch
@@ -25,6 +25,7 @@ from torch import Tensor
 from engine.model.layers import Linear
 from engine.model.moe import SparseMoE
 from engine.quant.linear import Fp8Linear, Int4Linear, Int8Kernel, Int8Linear
+from engine.quant.smooth import activation_amax, smoothing_factors
 
 WeightDtype = Literal["int8", "int4", "fp8"]
 WEIGHT_DTYPES: tuple[str, ...] = get_args(WeightDtype)
@@ -47,6 +48,7 @@ def quantize_model(
     group_size: int = 128,
     int8_kernel: Int8Kernel = "auto",
     int4_groups: Mapping[str, tuple[Tensor, Tensor, Tensor]] | None = None,
+    calibration_ids: Sequence[int] | None = None,
 ) -> nn.Module:
     """Quantise the transformer layers' Linear weights in place; returns the model.
 
@@ -54,16 +56,23 @@ def quantize_model(
     input columns per group) or "fp8" (e4m3, per-channel). int8_kernel picks Int8Linear's
     kernel (see its docstring). int4_groups: {Linear's module name: (codes, scales, zeros)}
     kept as given (a pre-quantised checkpoint's own groups, Int4Linear.from_groups) instead of
-    quantising that Linear's float weight. Quantising a model twice is an error.
+    quantising that Linear's float weight. calibration_ids (int8_kernel="dynamic" only): token
+    ids whose prefill sets SmoothQuant factors (engine/quant/smooth.py) for the W8A8 kernel.
+    Quantising a model twice is an error.
     """
     if weight_dtype not in WEIGHT_DTYPES:
         raise ValueError(f"weight_dtype must be one of {', '.join(WEIGHT_DTYPES)}, got {weight_dtype!r}")
     if getattr(model, "weight_dtype", None) not in (None, "auto"):
         raise ValueError(f"model is already quantised to {model.weight_dtype}")
-    for name, (parent, attr, linear) in quantizable_linears(model).items():
+    linears = quantizable_linears(model)
+    x_amax: dict[str, Tensor] = {}
+    if weight_dtype == "int8" and int8_kernel == "dynamic" and calibration_ids is not None:
+        x_amax = activation_amax(model, {n: lin for n, (_, _, lin) in linears.items()}, list(calibration_ids))
+    for name, (parent, attr, linear) in linears.items():
         kept = (int4_groups or {}).get(name)
         if weight_dtype == "int8":
-            new: nn.Module = Int8Linear.from_linear(linear, int8_kernel)
+            smooth = smoothing_factors(linear.weight, x_amax[name]) if name in x_amax else None
+            new: nn.Module = Int8Linear.from_linear(linear, int8_kernel, smooth)
         elif weight_dtype == "int4":
             new = Int4Linear.from_groups(linear, *kept) if kept else Int4Linear.from_linear(linear, group_size)
         else:

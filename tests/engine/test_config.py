@@ -30,7 +30,8 @@ def test_kv_bytes_per_token_from_first_principles() -> None:
     assert resolve_model("llama-3.1-8b").kv_bytes_per_token("bf16") == 32 * 2 * 8 * 128 * 2 == 131_072
     # DeepSeek-V3 MLA: 61 layers x (512 latent + 64 rope) x 2 bytes.
     assert resolve_model("deepseek-v3").kv_bytes_per_token("bf16") == 61 * 576 * 2 == 70_272
-    assert resolve_model("llama-3.1-8b").kv_bytes_per_token("fp8") == 65_536
+    # fp8: a byte per element plus the engine's fp32 scale per token and KV head.
+    assert resolve_model("llama-3.1-8b").kv_bytes_per_token("fp8") == 32 * 2 * 8 * (128 + 4) == 67_584
 
 
 def test_windowed_layers_hold_only_their_window() -> None:

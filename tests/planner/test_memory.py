@@ -21,7 +21,7 @@ def test_issue_example_70b_fp8_on_four_h100() -> None:
     layers = m.total_params - m.embedding_params - m.lm_head_params - m.hidden_size
     expected = (layers * 1.0 + (m.embedding_params + m.lm_head_params) * 2.0) / 4
     assert p.weights.total_gib == pytest.approx(expected / GIB, rel=1e-3)  # final norm aside
-    assert p.kv_bytes_per_token_model == 80 * 2 * 8 * 128  # fp8: one byte per element
+    assert p.kv_bytes_per_token_model == 80 * 2 * 8 * (128 + 4)  # fp8: a byte per element, an fp32 scale per head
     assert p.kv_bytes_per_token_per_gpu == p.kv_bytes_per_token_model // 4
     assert p.fits and p.max_concurrent_sequences == p.kv_cache_blocks // math.ceil(8192 / 16)
 

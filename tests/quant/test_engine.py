@@ -66,3 +66,13 @@ def test_cli_flags() -> None:
     assert parser.parse_args(["engine", "generate", "hi"]).weight_dtype == "auto"
     with pytest.raises(SystemExit):
         parser.parse_args(["engine", "generate", "hi", "--weight-dtype", "int3"])
+
+
+def test_dynamic_int8_kernel_runs_the_engine_and_is_refused_where_it_does_not_apply(model_dirs) -> None:
+    llm = LLM(str(model_dirs["llama"]), random_weights=True, seed=7, weight_dtype="int8", int8_kernel="dynamic",
+              num_kv_blocks=64)
+    assert {m.kernel for m in llm.model.modules() if isinstance(m, Int8Linear)} == {"dynamic"}
+    out = llm.generate([[1, 2, 3, 4, 5]], SamplingParams(max_tokens=6, ignore_eos=True))[0]
+    assert len(out.token_ids) == 6
+    with pytest.raises(InputError, match="int8_kernel='dynamic' needs weight_dtype='int8'"):
+        LLM(str(model_dirs["llama"]), random_weights=True, int8_kernel="dynamic")

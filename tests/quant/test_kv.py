@@ -24,7 +24,7 @@ def test_round_trip_per_token_and_head(dtype: torch.dtype) -> None:
     x[2, 1] *= 100  # one loud head must not cost the others precision
     x[4, 0] = 0.0
     raw = kv.quantize_kv(x, dtype)
-    assert raw.dtype == torch.uint8 and raw.shape == (10, 3, 64 + kv.SCALE_BYTES)
+    assert raw.dtype == torch.uint8 and raw.shape == (10, 3, 64 + kv.KV_SCALE_BYTES)
     back = kv.dequantize_kv(raw, dtype, torch.float32)
     amax = x.abs().amax(-1, keepdim=True)
     if dtype == torch.int8:

@@ -111,3 +111,23 @@ def test_quantised_output_is_close_to_the_float_linear() -> None:
     for mod, tol in [(Int8Linear.from_linear(lin), 0.01), (Fp8Linear.from_linear(lin), 0.05), (Int4Linear.from_linear(lin), 0.15)]:
         err = (mod(x) - exact).norm() / exact.norm()
         assert err < tol, (type(mod).__name__, err.item())
+
+
+def test_smoothing_moves_activation_outliers_into_the_weight_without_changing_the_function() -> None:
+    from engine.quant.smooth import smoothing_factors
+
+    lin = make_linear(64, 32, bias=True)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(16, 64, generator=g)
+    x[:, 5] *= 40.0  # an outlier channel, in every token, as LLM activations have
+    smooth = smoothing_factors(lin.weight, x.abs().amax(0))
+    plain = Int8Linear.from_linear(lin, "dynamic")
+    smoothed = Int8Linear.from_linear(lin, "dynamic", smooth)
+    exact = reference(x, lin.weight, lin)
+    # forward is F.linear on the effective weight (the stored one with the smoothing undone), up to
+    # activation quantisation.
+    assert_matches(smoothed(x), smoothed.reference_forward(x), 0.03)
+    err_plain = (plain(x) - exact).norm() / exact.norm()
+    err_smooth = (smoothed(x) - exact).norm() / exact.norm()
+    assert err_smooth < err_plain / 2, (err_smooth, err_plain)
+    assert smooth[5] > 3 * smooth.median()  # the outlier channel is the one divided most

@@ -1,0 +1,46 @@
+"""Memory: the bytes the engine really allocates for weights and for KV per token, in every
+weight and KV-cache mode, equal what the planner's memory model counts."""
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.config import ModelConfig
+from engine.llm import LLM
+from engine.model.loader import load_model
+from planner.hardware import get_hardware
+from planner.memory import GIB, plan_memory
+from planner.specs import Deployment
+
+# Widths that are multiples of the int4 group (128), as real models' are.
+WIDE = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+@pytest.fixture(scope="module")
+def wide_model(tiny_model: Callable[..., Path]) -> Path:
+    return tiny_model("tiny-wide", **WIDE)
+
+
+def planned(folder: Path, **dep) -> object:
+    return plan_memory(ModelConfig.from_json_file(folder), get_hardware("h100-sxm"), Deployment(hardware="h100-sxm", **dep), 256)
+
+
+@pytest.mark.parametrize("weight_dtype", ["bf16", "int8", "int4", "fp8"])
+def test_transformer_layer_weight_bytes_equal_the_planners(wide_model: Path, weight_dtype: str) -> None:
+    engine_dtype = "auto" if weight_dtype == "bf16" else weight_dtype
+    model = load_model(str(wide_model), dtype=torch.bfloat16, random_weights=True, weight_dtype=engine_dtype).model
+    layers = model.model.layers
+    measured = sum(t.numel() * t.element_size() for t in [*layers.parameters(), *layers.buffers()])
+    plan = planned(wide_model, weight_dtype=weight_dtype)
+    # The planner counts norms at the weight dtype and per-channel scales as free: well under 1 %.
+    assert measured == pytest.approx(plan.weights.transformer_layers_gib * GIB, rel=0.01)
+
+
+@pytest.mark.parametrize(("kv_cache_dtype", "kv_dtype"), [("auto", "bf16"), ("int8", "int8"), ("fp8", "fp8")])
+def test_kv_bytes_per_token_equal_the_planners(wide_model: Path, kv_cache_dtype: str, kv_dtype: str) -> None:
+    llm = LLM(str(wide_model), random_weights=True, dtype="bfloat16", kv_cache_dtype=kv_cache_dtype,
+              num_kv_blocks=8, block_size_tokens=16)
+    allocated = sum(c.numel() * c.element_size() for c in llm.runner.kv_caches)
+    assert allocated / (8 * 16) == planned(wide_model, kv_dtype=kv_dtype).kv_bytes_per_token_per_gpu
