@@ -1,13 +1,15 @@
 """Weight-only quantised matmuls y = x @ dequantize(w).T, dequantising tiles in registers.
 
-Formats (and the torch reference quantisers/dequantisers) are in reference_quant.py. Decode
-is bound by reading weights, so keeping them at 8 or 4 bits in memory is the point; the full
-precision weight never exists in global memory.
+The formats are the engine's own (engine/quant/formats.py, the layouts of Int8Linear and
+Int4Linear), whose torch dequantisers are the references. Decode is bound by reading weights,
+so keeping them at 8 or 4 bits in memory is the point; the full precision weight never exists
+in global memory.
 
-Both kernels feed tl.dot small integers, which are exact in fp16/bf16 (int8 codes, int4
-codes minus zero point), and apply the scales in fp32 afterwards: per output channel once at
-the end (int8), per group once for each K tile (int4; a tile never straddles two groups).
-Used on CUDA once wired into a quantised Linear (the engine runs dense weights today).
+Both kernels feed tl.dot small integers, which are exact in fp16/bf16 (int8 codes; int4 codes
+minus 8), and apply the scales in fp32 afterwards: per output channel once at the end (int8),
+per group once for each K tile (int4; a tile never straddles two groups). int4's zero is an
+offset per group, w = (q - 8) * scale + zero, so a group adds zero x (the sum of its x).
+Int8Linear and Int4Linear run them on CUDA.
 """
 
 from __future__ import annotations
@@ -91,10 +93,11 @@ def _int4_matmul_kernel(
         packed = tl.load(w_rows + (k0 // 2 + offs_byte)[None, :], mask=n_mask[:, None], other=0)
         codes = tl.interleave(packed & 0xF, packed >> 4)  # [BLOCK_N, BLOCK_K], even k from the low nibble
         group = k0 // GROUP_SIZE
-        zeros = tl.load(zeros_ptr + offs_n * stride_zn + group, mask=n_mask, other=0).to(tl.float32)
+        zeros = tl.load(zeros_ptr + offs_n * stride_zn + group, mask=n_mask, other=0.0).to(tl.float32)
         scales = tl.load(scales_ptr + offs_n * stride_sn + group, mask=n_mask, other=0.0).to(tl.float32)
-        w = (codes.to(tl.float32) - zeros[:, None]).to(x.dtype)
+        w = (codes.to(tl.float32) - 8.0).to(x.dtype)
         acc += tl.dot(x, tl.trans(w), input_precision=DOT_PRECISION) * scales[None, :]
+        acc += tl.sum(x.to(tl.float32), axis=1)[:, None] * zeros[None, :]
     tl.store(out_ptr + offs_m[:, None].to(tl.int64) * stride_om + offs_n[None, :],
              acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
 
@@ -134,7 +137,9 @@ def int8_weight_matmul(x: Tensor, w_int8: Tensor, scales: Tensor) -> Tensor:
 def int4_weight_matmul(
     x: Tensor, w_packed: Tensor, scales: Tensor, zeros: Tensor, group_size: int = 128
 ) -> Tensor:
-    """x [..., K] @ dequantize_int4(w_packed, scales, zeros, group_size).T -> [..., N] in x's dtype.
+    """x [..., K] @ w.T -> [..., N] in x's dtype, w = (unpack_int4(w_packed) - 8) * scales + zeros per
+    group of group_size input columns (engine.quant.formats.dequantize_int4): w_packed [N, K / 2]
+    uint8, scales and zeros [N, K / group_size] float.
 
     group_size must be a power of two >= 16 dividing K (the kernel's K tiles sit inside groups).
     """
@@ -145,8 +150,8 @@ def int4_weight_matmul(
     if x.shape[-1] != k or scales.shape != (n, groups) or zeros.shape != (n, groups) or w_packed.stride(1) != 1:
         raise ValueError(f"x {tuple(x.shape)}, w_packed {tuple(w_packed.shape)}, scales {tuple(scales.shape)}, "
                          f"zeros {tuple(zeros.shape)} do not fit")
-    if w_packed.dtype != torch.uint8 or zeros.dtype != torch.uint8:
-        raise ValueError("w_packed and zeros must be uint8")
+    if w_packed.dtype != torch.uint8 or not (scales.is_floating_point() and zeros.is_floating_point()):
+        raise ValueError("w_packed must be uint8, scales and zeros floating point")
     rows, scales, zeros = _rows(x, k), scales.contiguous(), zeros.contiguous()
     m = rows.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)

@@ -164,6 +164,7 @@ class Int4Linear(_QuantLinear):
     plain nibbles [N, Kp/2] (formats.pack_int4) and forward dequantises then matmuls.
     cpu_kernel=False forces the nibble layout; None (from_linear's default) uses the CPU
     kernel only where it is vectorised (on AVX2 it is a scalar loop, slower than dequantising).
+    On CUDA the nibble layout runs engine.kernels.quant_matmul's int4 kernel.
     Inputs are zero-padded from K to Kp when K is not a multiple of group_size.
     """
 
@@ -229,6 +230,11 @@ class Int4Linear(_QuantLinear):
         if self.cpu_kernel and x.device.type == "cpu":
             sz = self.scales_and_zeros if self.scales_and_zeros.dtype == x.dtype else self.scales_and_zeros.to(x.dtype)
             y = torch._weight_int4pack_mm_for_cpu(self._pad(x2).contiguous(), self.weight, self.group_size, sz)
+        elif not self.cpu_kernel and kernels.use_triton(x):
+            from engine.kernels.quant_matmul import int4_weight_matmul
+
+            sz = self.scales_and_zeros
+            y = int4_weight_matmul(self._pad(x2), self.weight, sz[..., 0].t(), sz[..., 1].t(), self.group_size)
         else:
             y = F.linear(x2, self.dequantized_weight().to(x.dtype))
         return _add_bias(y.reshape(*x.shape[:-1], self.out_features), self.bias)
