@@ -10,7 +10,8 @@ shapes (split-KV count) never depend on the step.
 
 The capture itself needs CUDA; everything else here (padding, static buffers, which steps
 qualify) is device-independent, and `record` lets the CPU tests run it with a plain call in
-place of the captured graph.
+place of the captured graph. The same static shapes suit torch.compile (`compile_recorder`),
+on any device, alone or under a CUDA graph.
 """
 
 from __future__ import annotations
@@ -42,6 +43,20 @@ def cuda_graph_recorder(device: torch.device) -> Recorder:
         with torch.cuda.graph(graph, pool=pool):
             run()
         return graph.replay
+
+    return record
+
+
+def compile_recorder(then: Recorder | None = None) -> Recorder:
+    """torch.compile each captured size's forward (static shapes: one specialised graph per size),
+    compiled at capture rather than on the first step, then recorded by `then` (CUDA graphs) if given."""
+
+    def record(run: Callable[[], None]) -> Callable[[], None]:
+        compiled = torch.compile(run, dynamic=False)
+        if then is not None:
+            return then(compiled)  # its warm-up run compiles
+        compiled()
+        return compiled
 
     return record
 

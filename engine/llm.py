@@ -21,7 +21,7 @@ from engine.config import EngineKnobs
 from engine.core import KVCacheManager, Request, RequestUpdate, SamplingParams, Scheduler
 from engine.core.metrics import RequestMetrics
 from engine.errors import InputError
-from engine.graphs import cuda_graph_recorder
+from engine.graphs import compile_recorder, cuda_graph_recorder
 from engine.kernels import triton_available
 from engine.model.loader import load_model
 from engine.quant.kv import is_quantized_kv, kv_bytes_per_token_per_layer, kv_cache_torch_dtype
@@ -50,6 +50,9 @@ class EngineConfig(EngineKnobs):
     )
     kv_cache_dtype: Literal["auto", "int8", "fp8"] = Field(
         "auto", description="KV-cache values: 'auto' = dtype, or int8 / fp8 with a scale per (token, head)"
+    )
+    compile_model: bool = Field(
+        False, description="torch.compile the decode step once per captured batch size (then CUDA-graph it on CUDA)"
     )
     int8_kernel: Literal["auto", "dynamic"] = Field(
         "auto", description="int8 weights: 'auto' = weight-only (Triton on CUDA; on CPUs torch's kernel where it is "
@@ -110,9 +113,13 @@ class LLM:
         self.runner = ModelRunner(self.model, self.config, self.num_blocks, cfg.block_size_tokens, kv_dtype, device, cfg.seed)
         # Only the Triton kernels are capturable: the torch reference path (quantised KV caches, no
         # triton) syncs on data-dependent shapes, so those engines stay eager.
-        if device.type == "cuda" and not cfg.enforce_eager and not is_quantized_kv(kv_dtype) and triton_available(device):
+        capturable = device.type == "cuda" and not is_quantized_kv(kv_dtype) and triton_available(device)
+        record = cuda_graph_recorder(device) if capturable and not cfg.enforce_eager else None
+        if cfg.compile_model:
+            record = compile_recorder(then=record)
+        if record is not None:
             max_graph_batch = min(cfg.max_graph_batch_size, cfg.max_num_seqs)
-            self.runner.capture_decode_graphs(max_graph_batch, self.max_model_len, cuda_graph_recorder(device))
+            self.runner.capture_decode_graphs(max_graph_batch, self.max_model_len, record)
         spec = cfg.speculative
         self.proposer = None if spec is None else build_proposer(spec, TargetInfo(
             self.model, self.config, self.tokenizer, self.max_model_len, self.num_blocks, cfg.block_size_tokens,

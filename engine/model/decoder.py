@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from engine.config import ModelConfig
 from engine.errors import InputError
-from engine.model.attention import AttentionMetadata, allocate_kv_caches, paged_attention, write_kv_cache
+from engine.model.attention import AttentionMetadata, allocate_kv_caches, attend
 from engine.model.layers import Embedding, GatedMLP, Linear, RMSNorm
 from engine.model.moe import SparseMoE
 from engine.model.rotary import RotaryEmbedding, rotate_qk
@@ -68,8 +68,7 @@ class SelfAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = rotate_qk(q, k, cos, sin)
-        write_kv_cache(kv_cache, k, v, metadata.slot_mapping)
-        out = paged_attention(q, kv_cache, metadata, self.scale, self.window)
+        out = attend(q, k, v, kv_cache, metadata, self.scale, self.window)
         return self.o_proj(out.reshape(tokens, self.q_size))
 
 

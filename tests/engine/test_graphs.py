@@ -105,3 +105,13 @@ def test_padding_rows_are_inert(model_dir) -> None:
 def test_bad_graph_knobs_are_refused(model_dir, bad) -> None:
     with pytest.raises(InputError, match=next(iter(bad))):
         make_llm(model_dir, **bad)
+
+
+def test_compiled_decode_gives_the_eager_tokens(model_dir) -> None:
+    """compile_model: torch.compile of each captured size's forward (here on the CPU, without CUDA graphs)."""
+    ps = prompts(n=3, seed=8)
+    params = [SamplingParams(max_tokens=3 + 3 * i, ignore_eos=True) for i in range(len(ps))]
+    expected = tokens(make_llm(model_dir).generate(ps, params))
+    llm = make_llm(model_dir, compile_model=True, max_graph_batch_size=2)
+    assert llm.runner.graphs is not None and llm.runner.graphs.sizes == (1, 2)
+    assert tokens(llm.generate(ps, params)) == expected
