@@ -147,35 +147,54 @@ def gguf_tensors(reader: GGUFReader, config: ModelConfig, path: Path) -> Iterato
         yield name, weight, str(path)
 
 
-# 4-bit GGUF formats kept as they are by weight_dtype="int4": bytes per block of GGUF_BLOCK weights
-# (an fp16 scale d, for Q4_1 an fp16 minimum m, then 16 bytes of nibbles) and whether m is there.
+# GGUF block formats kept as they are by a matching weight_dtype: blocks of GGUF_BLOCK weights,
+# each an fp16 scale d (Q4_1: then an fp16 minimum m) and the codes.
 GGUF_BLOCK = 32
-_Q4_FORMATS = {"Q4_0": (18, False), "Q4_1": (20, True)}
 
 
-def gguf_int4_groups(reader: GGUFReader, config: ModelConfig) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
-    """{HF name: (codes uint8 [N, K] in 0..15, scales [N, K/32], zeros [N, K/32])} for every Q4_0 /
-    Q4_1 matrix, exactly as stored, in Int4Linear's convention w = (q - 8) * scale + zero: Q4_1
-    stores w = d * q + m (so zero = m + 8d), Q4_0 w = d * (q - 8) (zero = 0)."""
-    unpermute = config.model_type == "llama"
+def _fp16(blocks: np.ndarray, start: int) -> np.ndarray:
+    return blocks[..., start : start + 2].copy().view(np.float16)[..., 0].astype(np.float32)
+
+
+def _q4_groups(blocks: np.ndarray, has_min: bool) -> tuple[np.ndarray, ...]:
+    """Int4Linear's convention w = (q - 8) * scale + zero: Q4_1 stores w = d * q + m (zero = m + 8d),
+    Q4_0 w = d * (q - 8) (zero = 0). Byte j holds weight j (low nibble) and j + 16 (high)."""
+    d = _fp16(blocks, 0)
+    zeros = _fp16(blocks, 2) + 8 * d if has_min else np.zeros_like(d)
+    nibbles = blocks[..., 4 if has_min else 2 :]
+    codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(blocks.shape[0], -1)
+    return codes, d, zeros
+
+
+def _q8_0_groups(blocks: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Int8Linear's group-wise convention w = q * scale: Q8_0 stores w = d * q."""
+    return blocks[..., 2:].copy().view(np.int8).reshape(blocks.shape[0], -1), _fp16(blocks, 0)
+
+
+# weight_dtype -> {GGUF type: (bytes per block, decoder)}
+_KEPT_FORMATS = {
+    "int4": {"Q4_0": (18, lambda b: _q4_groups(b, False)), "Q4_1": (20, lambda b: _q4_groups(b, True))},
+    "int8": {"Q8_0": (34, _q8_0_groups)},
+}
+
+
+def gguf_quantized_groups(reader: GGUFReader, config: ModelConfig, weight_dtype: str) -> dict[str, tuple[Tensor, ...]]:
+    """{HF name: the matrix's codes and per-group arrays, exactly as stored} for every matrix whose
+    GGUF format weight_dtype keeps: Q4_0 / Q4_1 for "int4" (codes, scales, zeros; Int4Linear.from_groups),
+    Q8_0 for "int8" (codes, scales; Int8Linear.from_groups)."""
+    formats = _KEPT_FORMATS.get(weight_dtype, {})
+    heads = {"self_attn.q_proj.weight": config.num_attention_heads, "self_attn.k_proj.weight": config.num_kv_heads}
     groups = {}
     for tensor in reader.tensors:
-        if tensor.tensor_type.name not in _Q4_FORMATS:
+        if tensor.tensor_type.name not in formats or len(tensor.shape) != 2:
             continue
-        block_bytes, has_min = _Q4_FORMATS[tensor.tensor_type.name]
-        blocks = tensor.data.reshape(tensor.data.shape[0], -1, block_bytes)  # [N, K/32, bytes]
-        d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-        zeros = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32) + 8 * d if has_min else np.zeros_like(d)
-        nibbles = blocks[..., 4 if has_min else 2 :]
-        # Byte j of a block holds weight j in its low nibble and weight j + 16 in its high one.
-        codes = np.concatenate([nibbles & 0x0F, nibbles >> 4], axis=-1).reshape(blocks.shape[0], -1)
-        arrays = [torch.from_numpy(a) for a in (codes, d, zeros)]
+        block_bytes, decode = formats[tensor.tensor_type.name]
+        arrays = [torch.from_numpy(a) for a in decode(tensor.data.reshape(tensor.data.shape[0], -1, block_bytes))]
         name = _hf_name(tensor.name)
-        heads = {"self_attn.q_proj.weight": config.num_attention_heads, "self_attn.k_proj.weight": config.num_kv_heads}
         for suffix, num_heads in heads.items():
-            if unpermute and name.endswith(suffix):
+            if config.model_type == "llama" and name.endswith(suffix):
                 arrays = [_unpermute_rows(a, num_heads) for a in arrays]
-        groups[name] = (arrays[0], arrays[1], arrays[2])
+        groups[name] = tuple(arrays)
     return groups
 
 

@@ -64,33 +64,42 @@ def load_model(
     (engine.quant.quantize_model, with int8_kernel for "int8"); a GGUF file's Q4_0/Q4_1 matrices
     stay as stored for "int4".
     """
-    loaded = _load(source, dtype, device, seed, random_weights, weight_dtype)
+    # A GGUF file's own groups are kept where the kernel runs them (not fbgemm's per-channel W8A8).
+    keep = weight_dtype if weight_dtype == "int4" or (weight_dtype == "int8" and int8_kernel != "dynamic") else None
+    loaded = _load(source, dtype, device, seed, random_weights, keep)
     if weight_dtype != "auto" and getattr(loaded.model, "weight_dtype", "auto") == "auto":
-        from engine.quant.smooth import CALIBRATION_TEXT
         from engine.quant.swap import quantize_model
 
-        kernel, calibration = "", None
+        how = ""
+        calibration = _calibration_ids(loaded) if weight_dtype == "int8" and int8_kernel == "dynamic" else None
         if weight_dtype == "int8":
-            kernel = f" (int8 kernel {int8_kernel})"
-        if weight_dtype == "int8" and int8_kernel == "dynamic":  # W8A8: SmoothQuant needs activations
-            calibration = (loaded.tokenizer.encode(CALIBRATION_TEXT) if loaded.tokenizer is not None else
-                           torch.randint(0, loaded.config.vocab_size, (128,), generator=torch.Generator().manual_seed(0)).tolist())
-            kernel += f", SmoothQuant-calibrated on {len(calibration)} tokens"
+            how = f" (int8 kernel {int8_kernel}" + (f", SmoothQuant on {len(calibration)} tokens)" if calibration else ")")
         quantize_model(loaded.model, weight_dtype, int8_kernel=int8_kernel,  # type: ignore[arg-type]  # names checked by EngineConfig
                        calibration_ids=calibration)
-        loaded.source_description += f"; transformer-layer weights quantised to {weight_dtype}{kernel}"
+        loaded.source_description += f"; transformer-layer weights quantised to {weight_dtype}{how}"
     return loaded
 
 
+def _calibration_ids(loaded: LoadedModel) -> list[int]:
+    """Tokens whose activations set the W8A8 kernel's SmoothQuant factors: the fixed calibration
+    text, or (a model without a tokenizer) 128 seeded random ids."""
+    from engine.quant.smooth import CALIBRATION_TEXT
+
+    if loaded.tokenizer is not None:
+        return loaded.tokenizer.encode(CALIBRATION_TEXT)
+    return torch.randint(0, loaded.config.vocab_size, (128,), generator=torch.Generator().manual_seed(0)).tolist()
+
+
 def _load(
-    source: str, dtype: torch.dtype, device: torch.device | str, seed: int | None, random_weights: bool, weight_dtype: str
+    source: str, dtype: torch.dtype, device: torch.device | str, seed: int | None, random_weights: bool,
+    keep_groups: str | None,
 ) -> LoadedModel:
     path = Path(source).expanduser()
     key = source.strip().lower()
     if key in gguf_checkpoint.PACKAGED_GGUF and not path.exists() and not random_weights:
-        return _load_gguf(gguf_checkpoint.packaged_gguf_path(key), key, dtype, device, seed, random_weights, weight_dtype)
+        return _load_gguf(gguf_checkpoint.packaged_gguf_path(key), key, dtype, device, seed, random_weights, keep_groups)
     if path.suffix == ".gguf":
-        return _load_gguf(path, path.stem, dtype, device, seed, random_weights, weight_dtype)
+        return _load_gguf(path, path.stem, dtype, device, seed, random_weights, keep_groups)
     if path.is_dir() and not random_weights:
         return _load_folder(path, dtype, device)
     if not path.exists() and (source.startswith((".", "~")) or "/" in source):
@@ -179,8 +188,10 @@ def _load_gguf(
     device: torch.device | str,
     seed: int | None,
     random_weights: bool,
-    weight_dtype: str,
+    keep_groups: str | None,
 ) -> LoadedModel:
+    """keep_groups ("int4" / "int8"): quantise to it, keeping the file's matrices that are already
+    in a matching block format (gguf_checkpoint.gguf_quantized_groups) as they are."""
     reader = gguf_checkpoint.open_gguf(path)
     config = gguf_checkpoint.gguf_model_config(reader, path, name)
     model = build_model(config, dtype, device)
@@ -191,14 +202,14 @@ def _load_gguf(
         load_weights(model, gguf_checkpoint.gguf_tensors(reader, config, path), str(path))
         quants, dtype_name = gguf_checkpoint.gguf_quant_types(reader), str(dtype).removeprefix("torch.")
         description = f"GGUF {path} ({quants}; dequantised to {dtype_name})"
-        if weight_dtype == "int4":  # keep the file's own 4-bit groups rather than quantise them twice
+        if keep_groups is not None:  # rather than quantise the file's blocks a second time
             from engine.quant.swap import quantizable_linears, quantize_model
 
             linears = quantizable_linears(model)
-            fused = _fused_rows(model, gguf_checkpoint.gguf_int4_groups(reader, config))
+            fused = _fused_rows(model, gguf_checkpoint.gguf_quantized_groups(reader, config, keep_groups))
             kept = {name: groups for name, groups in fused.items() if name in linears}
-            quantize_model(model, "int4", int4_groups=kept)
-            description += (f"; int4: {len(kept)} of {len(linears)} layer matrices keep their Q4 groups of "
+            quantize_model(model, keep_groups, checkpoint_groups=kept)  # type: ignore[arg-type]  # int4 or int8
+            description += (f"; {keep_groups}: {len(kept)} of {len(linears)} layer matrices keep the file's groups of "
                             f"{gguf_checkpoint.GGUF_BLOCK}, the rest quantised from the dequantised weights")
     return LoadedModel(model, config, gguf_checkpoint.gguf_tokenizer(reader, path), description)
 

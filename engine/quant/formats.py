@@ -42,6 +42,9 @@ def quantize_int8(weight: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def dequantize_int8(q: Tensor, scales: Tensor) -> Tensor:
+    """q [N, K] with scales [N] (per channel) or [N, K / g] (per group of g columns, as GGUF Q8_0) -> fp32 [N, K]."""
+    if scales.dim() == 2:
+        return q.float() * scales.float().repeat_interleave(q.shape[1] // scales.shape[1], dim=1)
     return q.float() * scales.float()[:, None]
 
 

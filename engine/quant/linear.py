@@ -84,6 +84,10 @@ class Int8Linear(_QuantLinear):
     smooth [K] (SmoothQuant, engine/quant/smooth.py): the stored weight is W * smooth per input
     column and forward divides x by smooth first, moving activation outliers into the weight,
     where per-channel scales absorb them. Same function, easier activations for W8A8.
+
+    scales [N, K / g] instead of [N]: a scale per group of g input columns, as a pre-quantised
+    checkpoint stores them (GGUF Q8_0, g = 32; Int8Linear.from_groups); only the dequant kernel
+    runs that layout.
     """
 
     def __init__(
@@ -99,12 +103,15 @@ class Int8Linear(_QuantLinear):
         self.register_buffer("weight", weight.contiguous())
         self.register_buffer("scales", scales.contiguous())
         self.register_buffer("smooth", None if smooth is None else smooth.float().contiguous())
+        grouped = scales.dim() == 2
         if kernel == "auto":
             on_cpu = weight.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm")
-            kernel = ("triton" if kernels.use_triton(weight) else
+            kernel = ("dequant" if grouped else "triton" if kernels.use_triton(weight) else
                       "int8pack" if on_cpu and cpu_weight_only_kernels_vectorised() else "dequant")
         if kernel not in ("triton", "int8pack", "dynamic", "dequant"):
             raise ValueError(f"kernel must be auto, triton, int8pack, dynamic or dequant, got {kernel!r}")
+        if grouped and kernel != "dequant":
+            raise ValueError(f"group-wise int8 scales {tuple(scales.shape)} run on the dequant kernel only, not {kernel!r}")
         self.kernel = kernel
         self._packed = self._fbgemm_pack() if kernel == "dynamic" else None
 
@@ -113,6 +120,16 @@ class Int8Linear(_QuantLinear):
         weight = linear.weight if smooth is None else linear.weight * smooth.to(linear.weight.dtype)
         q, scales = formats.quantize_int8(weight)
         return cls(q, scales.to(linear.weight.dtype), linear.bias, kernel, smooth)
+
+    @classmethod
+    def from_groups(cls, linear: Linear, q: Tensor, scales: Tensor) -> Int8Linear:
+        """Replace `linear` with given int8 codes q [N, K] and per-group scales [N, K / g] (a
+        pre-quantised checkpoint's, e.g. GGUF Q8_0)."""
+        if q.shape != linear.weight.shape or scales.dim() != 2 or scales.shape[0] != q.shape[0] or q.shape[1] % scales.shape[1]:
+            raise ValueError(f"int8 groups q {tuple(q.shape)}, scales {tuple(scales.shape)} do not fit a Linear of "
+                             f"weight {tuple(linear.weight.shape)}")
+        device, dtype = linear.weight.device, linear.weight.dtype
+        return cls(q.to(device), scales.to(device, dtype), linear.bias, "dequant")
 
     def _fbgemm_pack(self) -> object:
         if self.weight.device.type != "cpu" or not ({"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines)):
@@ -147,7 +164,8 @@ class Int8Linear(_QuantLinear):
             row_max = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
             y = (torch.ops.quantized.linear_dynamic((rows / row_max).contiguous(), self._packed, True) * row_max).to(x.dtype)
         else:
-            y = F.linear(x2, self.weight.to(x.dtype)) * self.scales.to(x.dtype)
+            y = (F.linear(x2, self.dequantized_weight().to(x.dtype)) if self.scales.dim() == 2 else
+                 F.linear(x2, self.weight.to(x.dtype)) * self.scales.to(x.dtype))
         return _add_bias(y.reshape(*x.shape[:-1], self.out_features), self.bias)
 
     def extra_repr(self) -> str:

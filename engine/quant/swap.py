@@ -18,9 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal, get_args
 
 import torch
-from torch import nn
-
-from torch import Tensor
+from torch import Tensor, nn
 
 from engine.model.layers import Linear
 from engine.model.moe import SparseMoE
@@ -47,16 +45,16 @@ def quantize_model(
     weight_dtype: WeightDtype,
     group_size: int = 128,
     int8_kernel: Int8Kernel = "auto",
-    int4_groups: Mapping[str, tuple[Tensor, Tensor, Tensor]] | None = None,
+    checkpoint_groups: Mapping[str, tuple[Tensor, ...]] | None = None,
     calibration_ids: Sequence[int] | None = None,
 ) -> nn.Module:
     """Quantise the transformer layers' Linear weights in place; returns the model.
 
     weight_dtype: "int8" (per-channel symmetric), "int4" (group-wise asymmetric, group_size
     input columns per group) or "fp8" (e4m3, per-channel). int8_kernel picks Int8Linear's
-    kernel (see its docstring). int4_groups: {Linear's module name: (codes, scales, zeros)}
-    kept as given (a pre-quantised checkpoint's own groups, Int4Linear.from_groups) instead of
-    quantising that Linear's float weight. calibration_ids (int8_kernel="dynamic" only): token
+    kernel (see its docstring). checkpoint_groups: {Linear's module name: its codes and
+    per-group arrays} kept as given (a pre-quantised checkpoint's own groups: Int4Linear /
+    Int8Linear.from_groups) instead of quantising that Linear's float weight. calibration_ids (int8_kernel="dynamic" only): token
     ids whose prefill sets SmoothQuant factors (engine/quant/smooth.py) for the W8A8 kernel.
     Quantising a model twice is an error.
     """
@@ -69,10 +67,12 @@ def quantize_model(
     if weight_dtype == "int8" and int8_kernel == "dynamic" and calibration_ids is not None:
         x_amax = activation_amax(model, {n: lin for n, (_, _, lin) in linears.items()}, list(calibration_ids))
     for name, (parent, attr, linear) in linears.items():
-        kept = (int4_groups or {}).get(name)
-        if weight_dtype == "int8":
+        kept = (checkpoint_groups or {}).get(name)
+        if weight_dtype == "int8" and kept:
+            new: nn.Module = Int8Linear.from_groups(linear, *kept)
+        elif weight_dtype == "int8":
             smooth = smoothing_factors(linear.weight, x_amax[name]) if name in x_amax else None
-            new: nn.Module = Int8Linear.from_linear(linear, int8_kernel, smooth)
+            new = Int8Linear.from_linear(linear, int8_kernel, smooth)
         elif weight_dtype == "int4":
             new = Int4Linear.from_groups(linear, *kept) if kept else Int4Linear.from_linear(linear, group_size)
         else:

@@ -14,7 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from engine.catalog import resolve_model
 from engine.errors import InputError
 from engine.model.loader import load_model
-from engine.quant.linear import Int4Linear
+from engine.quant.linear import Int4Linear, Int8Linear
 from engine.quant.swap import quantizable_linears
 
 from .reference import PagedDriver, hf_logits, tiny_hf_model, to_hf_state_dict
@@ -117,25 +117,27 @@ def test_gguf_file_matches_the_model_it_was_written_from(arch: str, tmp_path: Pa
     assert (ours - hf_logits(hf, prompt)).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
-def test_int4_keeps_the_groups_of_a_4_bit_file(kind: str, tmp_path: Path) -> None:
-    """weight_dtype='int4' on a Q4 file: each layer matrix is the file's own codes and scales,
-    equal to gguf's dequantisation, where quantising the dequantised weights again would not be."""
+@pytest.mark.parametrize(("kind", "weight_dtype"), [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "int8")])
+def test_quantised_weights_keep_the_groups_of_a_quantised_file(kind: str, weight_dtype: str, tmp_path: Path) -> None:
+    """int4 on a Q4 file, int8 on a Q8_0 file: each layer matrix is the file's own codes and
+    scales, equal to gguf's dequantisation, where quantising the dequantised weights again
+    (the planner's group-128 int4, per-channel int8) would not be."""
     hf = LlamaForCausalLM(LlamaConfig(**{**tiny_hf_model("llama", seed=2).config.to_dict(), "rope_parameters": None})).eval()
     hf.load_state_dict(tiny_hf_model("llama", seed=2).state_dict())
     path = tmp_path / f"tiny-{kind}.gguf"
     write_gguf(hf, "llama", path, gguf.GGMLQuantizationType[kind])
 
     dense = load_model(str(path)).model
-    kept = load_model(str(path), weight_dtype="int4")
-    assert "int4: 8 of 8 layer matrices keep their Q4 groups of 32" in kept.source_description
+    kept = load_model(str(path), weight_dtype=weight_dtype)
+    assert f"{weight_dtype}: 8 of 8 layer matrices keep the file's groups of 32" in kept.source_description
+    module = {"int4": Int4Linear, "int8": Int8Linear}[weight_dtype]
     linears = {name: linear for name, (_, _, linear) in quantizable_linears(dense).items()}
     for name, float_linear in linears.items():
         ours = kept.model.get_submodule(name)
-        assert isinstance(ours, Int4Linear) and ours.group_size == 32
+        assert isinstance(ours, module)
         torch.testing.assert_close(ours.dequantized_weight(), float_linear.weight, rtol=0, atol=1e-6)
     first = next(iter(linears.values()))
-    again = Int4Linear.from_linear(first).dequantized_weight()  # the old path: requantise in groups of 128
+    again = module.from_linear(first).dequantized_weight()  # the old path: quantise a second time
     assert (again - first.weight).abs().max() > 1e-4
     prompt = list(range(3, 13))
     torch.testing.assert_close(PagedDriver(kept.model).step({"s": prompt})["s"], PagedDriver(dense).step({"s": prompt})["s"],

@@ -131,3 +131,18 @@ def test_smoothing_moves_activation_outliers_into_the_weight_without_changing_th
     err_smooth = (smoothed(x) - exact).norm() / exact.norm()
     assert err_smooth < err_plain / 2, (err_smooth, err_plain)
     assert smooth[5] > 3 * smooth.median()  # the outlier channel is the one divided most
+
+
+def test_group_wise_int8_from_a_checkpoint_runs_the_dequant_kernel_only() -> None:
+    lin = make_linear(64, 16, bias=True)
+    q = torch.randint(-127, 128, (16, 64), dtype=torch.int8, generator=torch.Generator().manual_seed(4))
+    scales = torch.rand(16, 2, generator=torch.Generator().manual_seed(5))  # groups of 32 columns
+    mod = Int8Linear.from_groups(lin, q, scales)
+    expected_weight = q.float() * scales.repeat_interleave(32, dim=1)
+    torch.testing.assert_close(mod.dequantized_weight(), expected_weight)
+    for x in inputs(64):
+        assert_matches(mod(x), reference(x, expected_weight, lin), 1e-5)
+    with pytest.raises(ValueError, match="dequant kernel only"):
+        Int8Linear(q, scales, None, kernel="dynamic")
+    with pytest.raises(ValueError, match="do not fit"):
+        Int8Linear.from_groups(lin, q[:, :48], scales)
