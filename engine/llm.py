@@ -14,7 +14,7 @@ import itertools
 import time
 from typing import Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 import torch
 
 from engine.config import EngineKnobs
@@ -60,11 +60,13 @@ class EngineConfig(EngineKnobs):
         "each token's activations to 7 bits on each call: the fast int8 path on x86, at a further quality cost"
     )
 
-    @model_validator(mode="after")
-    def _int8_kernel_applies(self) -> EngineConfig:
-        if self.int8_kernel == "dynamic" and self.weight_dtype != "int8":
-            raise ValueError(f"int8_kernel='dynamic' needs weight_dtype='int8', got {self.weight_dtype!r}")
-        return self
+    @field_validator("int8_kernel")
+    @classmethod
+    def _int8_kernel_applies(cls, kernel: str, info: ValidationInfo) -> str:
+        weight_dtype = info.data.get("weight_dtype")
+        if kernel == "dynamic" and weight_dtype != "int8":
+            raise ValueError(f"'dynamic' needs weight_dtype='int8', got {weight_dtype!r}")
+        return kernel
 
 
 @dataclass(frozen=True)
