@@ -114,8 +114,10 @@ class LLM:
         )
         self.runner = ModelRunner(self.model, self.config, self.num_blocks, cfg.block_size_tokens, kv_dtype, device, cfg.seed)
         # Only the Triton kernels are capturable: the torch reference path (quantised KV caches, no
-        # triton) syncs on data-dependent shapes, so those engines stay eager.
-        capturable = device.type == "cuda" and not is_quantized_kv(kv_dtype) and triton_available(device)
+        # triton) syncs on data-dependent shapes, and so does MoE routing (tokens per expert are
+        # counted on the host), so those engines stay eager.
+        capturable = (device.type == "cuda" and not is_quantized_kv(kv_dtype) and triton_available(device)
+                      and self.config.moe is None)
         record = cuda_graph_recorder(device) if capturable and not cfg.enforce_eager else None
         if cfg.compile_model:
             record = compile_recorder(then=record)
