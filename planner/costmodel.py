@@ -305,8 +305,9 @@ class CostModel:
         )
         # The captured graph holds the forward pass (all but the LM head and sampling); decode-only
         # steps of at most max_graph_batch_size requests replay it, padded to a captured size.
-        knobs = dep.knobs
-        self._graph_max = knobs.max_graph_batch_size if hw.graph_capture and not knobs.enforce_eager else 0
+        knobs = dep.knobs  # the engine captures sizes up to its largest possible batch
+        graph_max = min(knobs.max_graph_batch_size, knobs.max_num_seqs)
+        self._graph_max = graph_max if hw.graph_capture and not knobs.enforce_eager else 0
 
         # Speculative decoding: the drafts' verification is already in the token counts (drafts
         # are tokens of the step); what remains is proposing them. n-gram lookup costs ~nothing;
