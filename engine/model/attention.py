@@ -177,9 +177,12 @@ def attend(q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, m: AttentionMetada
 def _reference_paged_attention(
     q: Tensor, kv_cache: Tensor, metadata: AttentionMetadata, scale: float, window: int | None
 ) -> Tensor:
-    out = torch.zeros_like(q)
     starts = metadata.query_start_loc
     query_lens = starts[1:] - starts[:-1]
+    if metadata.max_query_len == 1 and q.shape[0] == query_lens.shape[0]:  # decode only: no row gathers
+        return _attend_padded(q.unsqueeze(1), kv_cache, metadata.block_tables, metadata.seq_lens, query_lens,
+                              metadata.max_seq_len, metadata.block_size, scale, window).squeeze(1)
+    out = torch.zeros_like(q)
     # Decodes are the common case in a mixed batch: all of them go through one padded batched
     # call, and each prefill chunk gets its own call, so no chunk pads the others.
     is_decode = query_lens == 1
