@@ -23,7 +23,7 @@ from engine.core.metrics import RequestMetrics
 from engine.errors import InputError
 from engine.graphs import compile_recorder, cuda_graph_recorder
 from engine.kernels import triton_available
-from engine.model.loader import load_model
+from engine.model.loader import LoadedModel, load_model
 from engine.quant.kv import is_quantized_kv, kv_bytes_per_token_per_layer, kv_cache_torch_dtype
 from engine.runner import ModelRunner
 from engine.spec import SpecStats, draft_budget
@@ -87,20 +87,44 @@ class StreamEvent:
     finish_reason: str | None
 
 
+# Engine settings that decide the loaded weights: changing one needs a new load.
+WEIGHT_SETTINGS = ("device", "dtype", "seed", "random_weights", "weight_dtype", "int8_kernel")
+
+
+def _engine_config(settings: dict[str, object]) -> EngineConfig:
+    try:
+        return EngineConfig.model_validate(settings)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise InputError(".".join(map(str, err["loc"])) or "engine_config", err.get("input"), err["msg"]) from None
+
+
 class LLM:
     def __init__(self, model: str, **engine_config: object) -> None:
-        try:
-            self.engine_config = cfg = EngineConfig.model_validate(engine_config)
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            raise InputError(".".join(map(str, err["loc"])) or "engine_config", err.get("input"), err["msg"]) from None
+        cfg = _engine_config(engine_config)
         device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
                               "cpu" if cfg.device == "auto" else cfg.device)
-        dtype = DTYPES[cfg.dtype]
         if cfg.int8_kernel == "dynamic" and device.type != "cpu":
             raise InputError("int8_kernel", "dynamic", f"runs on the CPU only; the engine chose {device}")
-        loaded = load_model(model, dtype=dtype, device=device, seed=cfg.seed, random_weights=cfg.random_weights,
-                            weight_dtype=cfg.weight_dtype, int8_kernel=cfg.int8_kernel)
+        loaded = load_model(model, dtype=DTYPES[cfg.dtype], device=device, seed=cfg.seed,
+                            random_weights=cfg.random_weights, weight_dtype=cfg.weight_dtype, int8_kernel=cfg.int8_kernel)
+        self._start(loaded, cfg, device)
+
+    def with_settings(self, **changes: object) -> LLM:
+        """Another engine over the same loaded weights, without reloading them: its own scheduler,
+        KV cache and runner, with engine settings changed (those that decide the weights cannot)."""
+        cfg = self.engine_config
+        for name in WEIGHT_SETTINGS:
+            if name in changes and changes[name] != getattr(cfg, name):
+                raise InputError(name, changes[name], f"decides the loaded weights (here {getattr(cfg, name)!r}); "
+                                 "load a new LLM to change it")
+        other = LLM.__new__(LLM)
+        other._start(self._loaded, _engine_config({**cfg.model_dump(), **changes}), self.runner.device)
+        return other
+
+    def _start(self, loaded: LoadedModel, cfg: EngineConfig, device: torch.device) -> None:
+        self.engine_config, self._loaded = cfg, loaded
+        dtype = DTYPES[cfg.dtype]
         self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
         kv_dtype = kv_cache_torch_dtype(cfg.kv_cache_dtype, dtype)
         self.max_model_len = cfg.max_model_len or self.config.max_position_embeddings

@@ -156,16 +156,18 @@ def validate(model_name: str, calibration_path: str | Path, *, random_weights: b
 
     rows = []
     engine_dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[cal.dtype]
+    knobs = EngineKnobs(block_size_tokens=BLOCK_SIZE, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+                        max_num_seqs=MAX_NUM_SEQS)
+    llm: LLM | None = None
     with Progress(console=Console(stderr=True), disable=not progress) as bar:
         task = bar.add_task(f"validating {model_name}", total=len(chosen))
         for sc in chosen:
-            knobs = EngineKnobs(block_size_tokens=BLOCK_SIZE, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
-                                max_num_seqs=MAX_NUM_SEQS)
+            # The weights load once; each scenario gets a fresh engine (scheduler, KV cache) over them.
             llm = LLM(model_name, device=cal.device.kind, dtype=engine_dtype, random_weights=random_weights,
-                      num_kv_blocks=sc.num_kv_blocks, **knobs.model_dump())
+                      num_kv_blocks=sc.num_kv_blocks, **knobs.model_dump()) if llm is None else llm.with_settings(
+                          num_kv_blocks=sc.num_kv_blocks)
             replay = Replay.of(sc.workload, vocab_size=model.vocab_size)
             engine, _ = bench_engine(llm, replay, model_name=model.name or model_name)
-            del llm
             dep = Deployment(hardware=hw.name, weight_dtype=cal.dtype, kv_dtype=cal.dtype, knobs=knobs)
             sim = simulate(model, hw, dep, replay, calibration=cal.cost_params(), kv_cache_blocks=sc.num_kv_blocks).summary
             rows.append(ValidationRow(scenario=sc.name, description=sc.description, engine=engine, simulator=sim,

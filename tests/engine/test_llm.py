@@ -103,3 +103,18 @@ def test_bad_engine_settings_and_sampling_params(model_dir) -> None:
 def test_unreadable_checkpoint_is_an_input_error(tmp_path) -> None:
     with pytest.raises(InputError):
         LLM(str(tmp_path / "missing"))
+
+
+def test_with_settings_reuses_the_weights_in_a_fresh_engine(model_dir) -> None:
+    ps = prompts(seed=9)
+    first = make_llm(model_dir)
+    first.generate(ps[:2], GREEDY)
+    other = first.with_settings(num_kv_blocks=40, max_num_batched_tokens=16)
+    assert other.model is first.model and other.runner is not first.runner
+    assert other.scheduler.stats().num_requests == 0 and other.num_blocks == 40
+    expected = tokens(make_llm(model_dir, num_kv_blocks=40, max_num_batched_tokens=16).generate(ps, GREEDY))
+    assert tokens(other.generate(ps, GREEDY)) == expected
+    with pytest.raises(InputError, match="dtype.*decides the loaded weights"):
+        first.with_settings(dtype="bfloat16")
+    with pytest.raises(InputError, match="max_num_seqs"):
+        first.with_settings(max_num_seqs=0)
