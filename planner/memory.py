@@ -11,9 +11,9 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.config import KV_SCALE_BYTES, KV_SCALED_DTYPES, ModelConfig
+from engine.config import ModelConfig
 from engine.errors import InputError
-from planner.specs import BYTES_PER_ELEMENT, Deployment, HardwareProfile
+from planner.specs import Deployment, HardwareProfile
 
 GIB = 2**30
 
@@ -203,12 +203,11 @@ def _stage_layers(num_layers: int, pp: int) -> list[range]:
 
 
 def kv_bytes_per_token_per_layer_per_gpu(model: ModelConfig, dep: Deployment) -> float:
+    whole = model.kv_bytes_per_token_per_layer(dep.kv_dtype)  # values and, for 8-bit caches, their scales
     if model.mla is not None:  # the latent is replicated on every tensor-parallel rank
-        return model.kv_bytes_per_token_per_layer(dep.kv_dtype)
-    # The engine's 8-bit caches keep an fp32 scale per token and head beside the values (engine/quant/kv.py).
-    scale = KV_SCALE_BYTES if dep.kv_dtype in KV_SCALED_DTYPES else 0
+        return whole
     kv_heads_per_gpu = max(1, model.num_kv_heads // dep.tensor_parallel)  # fewer heads than ranks: replicated
-    return 2 * kv_heads_per_gpu * (model.head_dim * BYTES_PER_ELEMENT[dep.kv_dtype] + scale)
+    return whole * kv_heads_per_gpu // model.num_kv_heads
 
 
 def _activation_bytes(model: ModelConfig, dep: Deployment, act_bytes: float) -> float:

@@ -154,8 +154,7 @@ def cached_attention(
     through, the in-place write into the paged cache made inductor copy the whole cache every
     step (5x slower than eager on the CPU); vLLM registers its attention the same way."""
     metadata = AttentionMetadata(slot_mapping, query_start_loc, seq_lens, block_tables, block_size, max_query_len, max_seq_len)
-    write_kv_cache(kv_cache, k, v, slot_mapping)
-    return paged_attention(q, kv_cache, metadata, scale, window)
+    return _write_and_attend(q, k, v, kv_cache, metadata, scale, window)
 
 
 @cached_attention.register_fake
@@ -170,6 +169,11 @@ def attend(q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, m: AttentionMetada
     if torch.compiler.is_compiling():
         return cached_attention(q, k, v, kv_cache, m.slot_mapping, m.query_start_loc, m.seq_lens, m.block_tables,
                                 m.block_size, m.max_query_len, m.max_seq_len, scale, window)
+    return _write_and_attend(q, k, v, kv_cache, m, scale, window)
+
+
+def _write_and_attend(q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, m: AttentionMetadata, scale: float,
+                      window: int | None) -> Tensor:
     write_kv_cache(kv_cache, k, v, m.slot_mapping)
     return paged_attention(q, kv_cache, m, scale, window)
 
