@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from engine.core.errors import InputError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -19,19 +21,19 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens} is invalid: must be >= 1")
+            raise InputError("max_tokens", self.max_tokens, "must be >= 1")
         if not self.temperature >= 0.0:  # also rejects NaN
-            raise ValueError(f"temperature={self.temperature} is invalid: must be >= 0 (0 = greedy)")
+            raise InputError("temperature", self.temperature, "must be >= 0 (0 = greedy)")
         if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} is invalid: must be >= 0 (0 = off)")
+            raise InputError("top_k", self.top_k, "must be >= 0 (0 = off)")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} is invalid: must be in (0, 1]")
+            raise InputError("top_p", self.top_p, "must be in (0, 1]")
         if self.seed is not None and self.seed < 0:
-            raise ValueError(f"seed={self.seed} is invalid: must be None or >= 0")
+            raise InputError("seed", self.seed, "must be None or >= 0")
         # A list would make the params unhashable and mutable behind the scheduler's back.
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if any(t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids={self.stop_token_ids} is invalid: token ids must be >= 0")
+            raise InputError("stop_token_ids", self.stop_token_ids, "token ids must be >= 0")
 
 
 class RequestStatus(enum.Enum):
