@@ -9,6 +9,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.cpu import default_threads
+from engine.knobs import add_flags, command, settings, values
+
+ENGINE = settings(EngineConfig)
+# A CPU engine serves a handful of sequences at once; the Python API keeps EngineKnobs' defaults.
+CLI_DEFAULTS = {"max_num_seqs": 16, "max_num_batched_tokens": 2048}
+
+
+def add_engine_flags(p: argparse.ArgumentParser) -> None:
+    """Every engine setting as a flag, for each command that runs the engine."""
+    add_flags(p, ENGINE, **CLI_DEFAULTS)
+
+
+def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine settings the flags give; threads default to the physical cores (engine/cpu.py)."""
+    return values(args, ENGINE) | {"threads": args.threads or default_threads()}
 
 
 def add_engine_commands(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:
@@ -19,48 +38,27 @@ def add_engine_commands(sub: argparse._SubParsersAction) -> argparse._SubParsers
     p = engine.add_parser("generate", help="generate text for one or more prompts, streaming")
     p.add_argument("prompts", nargs="+", help="prompt text (each argument is one request)")
     p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
-    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--max-tokens", type=int, default=64, help="most tokens generated per prompt")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = off")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=None, help="per-request sampling seed")
     p.add_argument("--raw", action="store_true", help="do not wrap prompts in the model's chat template")
-    p.add_argument("--random-weights", action="store_true", help="random weights from the config (no checkpoint)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--weight-dtype", default="auto", choices=["auto", "int8", "int4", "fp8"],
-                   help="quantise the transformer layers' weights (auto = no quantisation)")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "int8", "fp8"],
-                   help="KV-cache format (auto = the model dtype)")
-    p.add_argument("--int8-kernel", default="auto", choices=["auto", "dynamic"],
-                   help="int8 weights on the CPU: weight-only (auto) or fbgemm W8A8 with per-token dynamic activations")
-    p.add_argument("--max-num-seqs", type=int, default=16)
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    add_engine_flags(p)
     p.add_argument("--json", action="store_true", help="print outputs and per-request metrics as JSON")
-    p.set_defaults(func=cmd_generate)
+    command(p, cmd_generate)
     return engine
 
 
 def cmd_generate(args: argparse.Namespace) -> None:
     from engine.core import SamplingParams
-    from engine.errors import InputError
     from engine.llm import LLM
 
-    try:
-        params = SamplingParams(
-            max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
-        )
-    except ValueError as exc:
-        raise InputError.from_value_error(exc, rename=lambda field: f"--{field.replace('_', '-')}") from None
-    llm = LLM(
-        args.model,
-        device=args.device,
-        random_weights=args.random_weights,
-        weight_dtype=args.weight_dtype,
-        kv_cache_dtype=args.kv_cache_dtype,
-        int8_kernel=args.int8_kernel,
-        max_num_seqs=args.max_num_seqs,
-        max_num_batched_tokens=args.max_num_batched_tokens,
+    # SamplingParams raises InputError naming its field (`temperature`); `serveplan` names the flag.
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
     )
+    llm = LLM(args.model, **engine_settings(args))
     chat = not args.raw and llm.tokenizer is not None and llm.tokenizer.chat_template is not None
     request_ids = llm.submit(args.prompts, params, chat=chat)
     single = len(request_ids) == 1

@@ -38,14 +38,14 @@ def test_does_not_fit_exits_one_with_the_answer(capsys) -> None:
     [
         (["memory", "--model", "llama-3.1-8bb"], "did you mean llama-3.1-8b"),
         (["memory", "--hw", "h100"], "did you mean"),
-        (["memory", "--tp", "0"], "--tp=0 is invalid"),
-        (["memory", "--tp", "3"], "tp=3 is invalid: must divide the 32 attention heads"),
-        (["memory", "--context", "-5"], "context=-5 is invalid"),
-        (["memory", "--block-size", "0"], "--block-size=0 is invalid"),
-        (["memory", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization=1.5 is invalid"),
+        (["memory", "--tp", "0"], "--tp='0' is invalid"),
+        (["memory", "--tp", "3"], "--tp=3 is invalid: must divide the 32 attention heads"),
+        (["memory", "--context", "-5"], "--context='-5' is invalid"),
+        (["memory", "--block-size", "0"], "--block-size='0' is invalid"),
+        (["memory", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization='1.5' is invalid"),
         (["hw", "show", "nonesuch"], "hardware='nonesuch' is invalid"),
         (["engine", "generate", "--temperature", "-1", "hi"], "is invalid: must be >= 0"),
-        (["engine", "generate", "--model", "nonesuch-7b", "hi"], "model='nonesuch-7b' is invalid"),
+        (["engine", "generate", "--model", "nonesuch-7b", "hi"], "--model='nonesuch-7b' is invalid"),
     ],
 )
 def test_bad_input_is_one_line_without_traceback(capsys, argv: list[str], message: str) -> None:
