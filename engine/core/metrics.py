@@ -33,7 +33,7 @@ class RequestMetrics:
     cached_prompt_tokens: int
     queueing_s: float  # arrival to first scheduled step
     ttft_s: float  # arrival to first output token
-    itl_s: tuple[float, ...]  # gaps between consecutive output tokens
+    itl_s: tuple[float, ...]  # gaps between consecutive deliveries of output tokens
     tpot_s: float  # mean time per output token after the first (0 with one token)
     e2e_s: float  # arrival to finish
     finish_reason: str | None
@@ -44,7 +44,9 @@ class RequestMetrics:
         if r.first_token_time is None or r.finish_time is None or r.first_scheduled_time is None:
             raise ValueError(f"request {r.request_id} has not produced a token and finished yet")
         times = r.token_times
-        itl = tuple(b - a for a, b in zip(times, times[1:]))
+        # ITL per delivered chunk, as benchmark clients measure it from the stream: tokens that
+        # arrive together (accepted drafts, a multi-step group) make one gap, not several zeros.
+        itl = tuple(b - a for a, b in zip(times, times[1:]) if b != a)
         return cls(
             request_id=r.request_id,
             arrival_time=r.arrival_time,
