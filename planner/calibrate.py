@@ -9,7 +9,7 @@ and (4) fits CostParams with SciPy least squares so that `CostModel.step_time` o
 SchedulerOutput matches its measured time. The result, with raw measurements, residuals, the
 device and the date, is written under hwprofiles/calibrations/.
 
-The grid is synthetic single steps; `serveplan validate` then checks whole workloads the fit
+The grid is single steps of chosen shapes; `serveplan validate` then checks whole workloads the fit
 never saw. Torch is imported inside functions only (planner/ must start without it).
 """
 
@@ -35,7 +35,7 @@ from scipy.optimize import least_squares
 import yaml
 
 from engine.config import ModelConfig
-from engine.core import Request, SamplingParams, ScheduledRequest, SchedulerOutput
+from engine.core import Request, SamplingParams, SchedulerOutput
 from engine.errors import InputError
 from hwprofiles import PROFILE_DIR
 from planner.costmodel import CostModel, CostParams
@@ -101,7 +101,7 @@ class Calibration(_Rec):
     notes: list[str]
 
     def cost_params(self) -> CostParams:
-        return CostParams(**self.params)
+        return CostParams(**self.params)  # type: ignore[arg-type]
 
 
 # What decides the FLOPs and bytes of a step; numerics (norm eps, RoPE base, dtype tags, token
@@ -274,25 +274,6 @@ def step_grid(quick: bool, max_context: int) -> list[tuple[str, list[tuple[int, 
     return grid
 
 
-def synthetic_output(requests: list[tuple[int, int, bool]], block_size: int, tag: str) -> SchedulerOutput:
-    """The SchedulerOutput of a measured step's shapes, for the cost model to price (the fit reads
-    shapes back from calibration files): fresh request ids and disjoint blocks."""
-    scheduled = []
-    next_block = 0
-    params = SamplingParams(max_tokens=1, ignore_eos=True)
-    for i, (q, cached, prefill) in enumerate(requests):
-        num_blocks = -(-(cached + q) // block_size)
-        scheduled.append(ScheduledRequest(
-            request_id=f"{tag}-{i}", token_ids=tuple(1 + j % 50 for j in range(q)), num_computed_tokens=cached,
-            new_block_ids=tuple(range(next_block, next_block + num_blocks)), reset_block_table=True,
-            num_draft_tokens=0, samples=True, sampling_params=params, prompt_len=cached + q if prefill else cached,
-            is_prefill=prefill))
-        next_block += num_blocks
-    return SchedulerOutput(scheduled=tuple(scheduled), total_num_scheduled_tokens=sum(r[0] for r in requests),
-                           preempted_request_ids=(), finished_request_ids=(), num_waiting=0,
-                           num_running=len(requests), kv_cache_usage=0.0)
-
-
 def grid_blocks_needed(grid: list[tuple[str, list[tuple[int, int, bool]]]], block_size: int, repeats: int) -> int:
     """KV blocks for the largest grid step, with room for its decodes' repeats."""
     return max(sum(-(-(q + c + repeats + 1) // block_size) for q, c, _ in reqs) for _, reqs in grid)
@@ -360,31 +341,26 @@ def _check_shapes(label: str, wanted: list[tuple[int, int, bool]], output: Sched
 
 # --------------------------------------------------------------------------- fit
 
-_FITTED = ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "step_overhead_s",
-           "layer_overhead_s", "gemm_half_size_tokens", "gemm_efficiency_floor")
-_LOWER = (0.01, 0.01, 0.005, 0.0, 0.0, 0.0, 0.0)
-_UPPER = (1.0, 1.0, 1.0, 0.5, 0.05, 4096.0, 1.0)
+_FITTED = ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "attention_compute_efficiency",
+           "step_overhead_s", "layer_overhead_s", "gemm_half_size_tokens", "gemm_efficiency_floor")
+_LOWER = (0.01, 0.01, 0.005, 0.005, 0.0, 0.0, 0.0, 0.0)
+_UPPER = (1.0, 1.0, 1.0, 1.0, 0.5, 0.05, 4096.0, 1.0)
 
 
 def fit_cost_params(model: ModelConfig, hw: HardwareProfile, dep: Deployment,
                     steps: list[StepMeasurement]) -> tuple[CostParams, list[float]]:
     """Least squares on relative error (every step counts alike, short or long); returns the
     parameters and each step's prediction."""
-    outputs = [synthetic_output(s.requests, dep.knobs.block_size_tokens, "fit") for s in steps]
     measured = np.array([s.measured_s for s in steps])
-    base = CostParams.from_hardware(hw)
-
-    def params(x: np.ndarray) -> CostParams:
-        return CostParams(**{**asdict(base), **dict(zip(_FITTED, map(float, x))),
-                             "attention_pairs": "dense"})
+    base = CostParams.defaults(hw).with_values({"attention_pairs": "dense"})
 
     def predict(x: np.ndarray) -> np.ndarray:
-        cm = CostModel(model, hw, dep, params(x))
-        return np.array([cm.step_time(o) for o in outputs])
+        cm = CostModel(model, hw, dep, base.with_values(dict(zip(_FITTED, map(float, x)))))
+        return np.array([cm.shape_cost(s.requests).seconds for s in steps])
 
-    x0 = np.array([0.5, 0.5, 0.2, 0.002, 0.0005, 16.0, 0.3])
+    x0 = np.array([0.5, 0.5, 0.2, 0.3, 0.002, 0.0005, 16.0, 0.3])
     result = least_squares(lambda x: predict(x) / measured - 1.0, x0, bounds=(_LOWER, _UPPER), x_scale="jac")
-    return params(result.x), predict(result.x).tolist()
+    return base.with_values(dict(zip(_FITTED, map(float, result.x)))), predict(result.x).tolist()
 
 
 # --------------------------------------------------------------------------- the command
