@@ -11,6 +11,7 @@ import pytest
 
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs
+from engine.errors import InputError
 from planner import search
 from planner.cli import main
 from planner.hardware import get_hardware
@@ -90,7 +91,7 @@ def test_second_ask_comes_from_the_cache(result: PlanResult, cache_dir, monkeypa
     def no_simulation(*args: object, **kwargs: object) -> None:
         raise AssertionError("simulate() called although every result is cached")
 
-    monkeypatch.setattr(search, "simulate", no_simulation)
+    monkeypatch.setattr(search.cache, "simulate", no_simulation)
     again = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **SPACE)
     assert again == result
 
@@ -129,7 +130,7 @@ def test_model_that_fits_nowhere_names_the_least_shortfall(cache_dir) -> None:
 
 def test_ray_executor_without_ray_is_a_clear_input_error(cache_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # as if the optional extra were not installed
-    with pytest.raises(search.InputError, match=r"serveplan\[cluster\]"):
+    with pytest.raises(InputError, match=r"serveplan\[cluster\]"):
         plan(MODEL, "chat", RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **{**SPACE, "executor": "ray"})
 
 
