@@ -25,9 +25,9 @@ from planner.search.capacity import (
 )
 from planner.search.executors import EXECUTORS, Executor, Runner, progress_bar
 from planner.search.report import CandidatePlan, PlanResult, Verdict, assemble
-from planner.search.screen import Shape, screen
+from planner.search.screen import Shape, screen_candidate
 from planner.search.space import (
-    DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, checked_dtypes, enumerate_candidates, priced_profiles,
+    DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, check_size, checked_dtypes, enumerate_candidates, priced_profiles,
 )
 from planner.specs import SLO, Deployment, HardwareProfile
 from planner.workload import Workload, get_workload
@@ -43,9 +43,9 @@ VERIFY_MAX_REQUESTS = 3000
 _log = logging.getLogger(__name__)  # bad cache entries: one line each on stderr unless a front end configures logging
 
 
-def _check_number(field: str, value: float, low: float, high: float, why: str = "") -> None:
-    if not low <= value <= high:  # NaN fails too
-        raise InputError(field, value, f"must be between {low:g} and {high:g}{why}")
+def _check(field: str, value: object, ok: bool, allowed: str) -> None:
+    if not ok:  # comparisons with NaN are false, so NaN is refused too
+        raise InputError(field, value, allowed)
 
 
 def plan(
@@ -77,15 +77,15 @@ def plan(
     declare it (rate, hw, max_gpus, requests_per_probe, ...), for them to map to a flag or widget.
     Ctrl-C raises KeyboardInterrupt after ending the workers; the cache stays whole.
     """
-    if not (rate_per_s > 0 and math.isfinite(rate_per_s)):
-        raise InputError("rate", rate_per_s, "must be > 0 requests/s and finite")
-    _check_number("max_gpus", max_gpus_per_replica, 1, MAX_GPUS_PER_REPLICA)
-    if budget_usd_per_hour is not None and not (budget_usd_per_hour > 0 and math.isfinite(budget_usd_per_hour)):
-        raise InputError("budget_usd_per_hour", budget_usd_per_hour, "must be > 0 and finite")
-    if not (headroom >= 0 and math.isfinite(headroom)):
-        raise InputError("headroom", headroom, "must be >= 0 and finite")
-    _check_number("requests_per_probe", requests_per_probe, MIN_REQUESTS_PER_PROBE, MAX_REQUESTS_PER_PROBE,
-                  " (P99 needs a tail; the upper bound is a limit of the planner)")
+    _check("rate", rate_per_s, 0 < rate_per_s < math.inf, "must be > 0 requests/s and finite")
+    _check("max_gpus", max_gpus_per_replica, 1 <= max_gpus_per_replica <= MAX_GPUS_PER_REPLICA,
+           f"must be between 1 and {MAX_GPUS_PER_REPLICA}")
+    _check("budget_usd_per_hour", budget_usd_per_hour, budget_usd_per_hour is None or 0 < budget_usd_per_hour < math.inf,
+           "must be > 0 and finite")
+    _check("headroom", headroom, 0 <= headroom < math.inf, "must be >= 0 and finite")
+    _check("requests_per_probe", requests_per_probe, MIN_REQUESTS_PER_PROBE <= requests_per_probe <= MAX_REQUESTS_PER_PROBE,
+           f"must be between {MIN_REQUESTS_PER_PROBE} and {MAX_REQUESTS_PER_PROBE} (P99 needs a tail; the upper bound "
+           "is a limit of the planner)")
     runner = Runner(capacity_search, executor, workers)
     cfg = resolve_model(model) if isinstance(model, str) else model
     slo = SLO.parse(slo) if isinstance(slo, str) else slo
@@ -94,6 +94,7 @@ def plan(
     kvs = checked_dtypes("kv_dtypes", "kv_dtype", kv_dtypes if kv_dtypes is not None else DEFAULT_KV_DTYPES)
     knobs = list(knobs_grid) if knobs_grid is not None else list(DEFAULT_KNOBS_GRID)
     profiles = priced_profiles(hardware)
+    check_size(profiles, weights, kvs, knobs)
     runs = RunCache.open(cache_dir) if cache_dir is not None else None
 
     shape = Shape.of(Replay.of(probe_workload(base, rate_per_s, requests_per_probe), vocab_size=cfg.vocab_size), base)
@@ -102,7 +103,7 @@ def plan(
                          f"{cfg.name}'s context of {cfg.max_position_embeddings}")
     q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs)
     candidates = enumerate_candidates(cfg, profiles, max_gpus_per_replica, weights, kvs, knobs, shape.longest_tokens)
-    found = [Searched(c, screen(c, cfg, shape, slo, q.sized_rate_per_s)) for c in candidates]
+    found = [Searched(c, screen_candidate(c, cfg, shape, slo, q.sized_rate_per_s)) for c in candidates]
     live = sum(s.screen.capacity_bound_per_s is not None for s in found)
     with runner, progress_bar(progress, live, on_progress) as advance:
         found = branch_and_bound(q, found, runner, advance)

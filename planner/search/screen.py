@@ -77,7 +77,7 @@ def slo_limits_ms(slo: SLO) -> dict[str, tuple[float, float]]:
     return limits
 
 
-def screen(c: Candidate, model: ModelConfig, shape: Shape, slo: SLO, sized_rate_per_s: float) -> Screen:
+def screen_candidate(c: Candidate, model: ModelConfig, shape: Shape, slo: SLO, sized_rate_per_s: float) -> Screen:
     """Drop what cannot hold one longest request or misses the SLO even unloaded; bound the rest."""
     m = c.memory
     if not m.fits:

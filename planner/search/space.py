@@ -84,6 +84,16 @@ def weight_dtypes_for(hw: HardwareProfile, requested: Sequence[str] | None) -> l
     return ["bf16", *(["fp8"] if hw.peak_tflops.fp8 else []), "int8", "int4"]
 
 
+def check_size(profiles: Sequence[HardwareProfile], weight_dtypes: Sequence[str] | None, kv_dtypes: Sequence[str],
+               knobs_grid: Sequence[EngineKnobs]) -> None:
+    """Refuse a space over MAX_CANDIDATES (counting every TP and PP size) before any candidate is made."""
+    size = sum(len(weight_dtypes_for(hw, weight_dtypes)) for hw in profiles) * len(kv_dtypes) * len(knobs_grid)
+    if size * (MAX_TP_LOG2 + 1 + len(PIPELINE_STAGES)) > MAX_CANDIDATES:
+        raise InputError("search_space", f"{size:,} hardware x dtypes x knobs", (
+            f"at most {MAX_CANDIDATES:,} candidates with every TP and PP size (a limit of the planner); "
+            "narrow the hardware, dtypes or knobs"))
+
+
 def scale_up_domain(hw: HardwareProfile) -> int:
     if hw.scale_up is not None:
         return hw.scale_up.domain_size
@@ -101,13 +111,7 @@ def make_deployment(model: ModelConfig, hw: HardwareProfile, tp: int, pp: int, w
 def enumerate_candidates(model: ModelConfig, profiles: Sequence[HardwareProfile], max_gpus: int,
                          weight_dtypes: Sequence[str] | None, kv_dtypes: Sequence[str],
                          knobs_grid: Sequence[EngineKnobs], context_tokens: int) -> list[Candidate]:
-    """Every candidate with its memory plan; pipeline stages only where tensor parallelism alone does not fit.
-    A space over MAX_CANDIDATES (counting every TP and PP size) is refused before any is made."""
-    size = sum(len(weight_dtypes_for(hw, weight_dtypes)) for hw in profiles) * len(kv_dtypes) * len(knobs_grid)
-    if size * (MAX_TP_LOG2 + 1 + len(PIPELINE_STAGES)) > MAX_CANDIDATES:
-        raise InputError("search_space", f"{size:,} hardware x dtypes x knobs", (
-            f"at most {MAX_CANDIDATES:,} candidates with every TP and PP size (a limit of the planner); "
-            "narrow the hardware, dtypes or knobs"))
+    """Every candidate with its memory plan; pipeline stages only where tensor parallelism alone does not fit."""
     out: list[Candidate] = []
     for hw in profiles:
         domain = min(max_gpus, scale_up_domain(hw))
