@@ -449,13 +449,16 @@ def cmd_plan(args: argparse.Namespace) -> None:
     slo = SLO.parse(args.slo)
     workload = get_workload(args.workload, **({"seed": args.seed} if args.seed is not None else {}))
     started = time.perf_counter()
-    result = plan(
-        args.model, workload, args.rate, slo, hardware=_csv(args.hw), max_gpus_per_replica=args.max_gpus,
-        budget_usd_per_hour=args.budget_usd_per_hour, weight_dtypes=_csv(args.weight_dtypes),
-        kv_dtypes=_csv(args.kv_dtypes), headroom=args.headroom, requests_per_probe=args.requests_per_probe,
-        executor=args.executor, workers=args.workers,
-        cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
-    )
+    try:
+        result = plan(
+            args.model, workload, args.rate, slo, hardware=_csv(args.hw), max_gpus_per_replica=args.max_gpus,
+            budget_usd_per_hour=args.budget_usd_per_hour, weight_dtypes=_csv(args.weight_dtypes),
+            kv_dtypes=_csv(args.kv_dtypes), headroom=args.headroom, requests_per_probe=args.requests_per_probe,
+            executor=args.executor, workers=args.workers,
+            cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
+        )
+    except InputError as exc:  # plan() names its fields as this parser's destinations: name the flag
+        raise InputError(f"--{exc.field.replace('_', '-')}", exc.value, exc.allowed) if exc.field in vars(args) else exc
     if args.json:
         print_json(result)
     else:
@@ -500,11 +503,8 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
     t.add_column("hardware")
     t.add_column("closest candidate")
     t.add_column("why it lost")
-    shown = {rec.deployment.hardware} if rec is not None else set()
-    for p in r.rejected:
-        if p.deployment.hardware not in shown:
-            shown.add(p.deployment.hardware)
-            t.add_row(p.deployment.hardware, p.label, p.reason)
+    for p in r.why_not:
+        t.add_row(p.deployment.hardware, p.label, p.reason)
     console.print(t)
     console.print(f"searched {r.candidates:,} candidates: {r.simulated_candidates} simulated in {r.probes} probes, "
                   f"the rest pruned by memory, the analytic screen or cost; {wall_s:,.1f} s")
