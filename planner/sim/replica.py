@@ -11,6 +11,7 @@ from collections.abc import Callable
 import simpy
 
 from engine.core import Request, SchedulerOutput, StepLoop, StepSample
+from planner.sim.trace import TraceRecorder
 
 
 class Replica:
@@ -20,8 +21,10 @@ class Replica:
         loop: StepLoop,
         on_finished: Callable[[Request], None],
         samples: list[StepSample],
+        recorder: TraceRecorder | None = None,
     ) -> None:
         self.env, self.loop, self.index = env, loop, loop.replica
+        self.recorder = recorder
         self.scheduler = loop.scheduler
         self.on_finished = on_finished
         self.outstanding_requests = 0
@@ -60,4 +63,6 @@ class Replica:
                 # with work pending would be a scheduler bug: never spin on it.
                 raise RuntimeError(f"replica {self.index}: nothing schedulable with requests pending at t={env.now}")
             yield env.timeout(launched.executed.duration_s)
-            loop.complete(launched)
+            updates = loop.complete(launched)
+            if self.recorder is not None:
+                self.recorder.stepped(self.index, launched.output, updates)
