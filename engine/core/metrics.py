@@ -1,4 +1,4 @@
-"""Per-request latency metrics from a finished Request's timestamps.
+"""Per-request latency metrics from a finished Request's timestamps, and per-step samples.
 
 The engine (wall clock) and the simulator (SimPy time) stamp the same Request fields through the
 same scheduler, so both compute TTFT, ITL, TPOT and E2E with this one function.
@@ -7,8 +7,21 @@ same scheduler, so both compute TTFT, ITL, TPOT and E2E with this one function.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from engine.core.request import Request
+
+
+class StepSample(NamedTuple):
+    """One step of one replica, as scheduled: its batch and the cache right after allocation."""
+
+    replica: int
+    start_s: float
+    end_s: float
+    kv_cache_usage: float
+    num_running: int  # requests in the batch
+    num_waiting: int  # left in the queue
+    num_batched_tokens: int
 
 
 @dataclass(frozen=True)

@@ -293,20 +293,24 @@ class Scheduler:
             if request is None:
                 return
             computed_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
-            num_new = request.num_tokens - num_hit
+            first_admission = request.first_scheduled_time is None
+            # External KV counts only at first admission: a preempted request recomputes it all.
+            num_external = max(0, request.num_external_computed_tokens - num_hit) if first_admission else 0
+            num_new = request.num_tokens - num_hit - num_external
             if num_new > step.budget:
                 if not self.config.enable_chunked_prefill:
                     return
                 num_new = step.budget
-            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new, computed_blocks)
+            # The external tokens need KV slots but no compute (and none of the step's budget).
+            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_external + num_new, computed_blocks)
             if new_block_ids is None:
                 return
             self.waiting.pop()
-            if request.first_scheduled_time is None:
+            if first_admission:
                 request.first_scheduled_time = now
                 request.num_cached_tokens = num_hit
             request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_hit
+            request.num_computed_tokens = num_hit + num_external
             self.running.append(request)
             block_table = [b.block_id for b in computed_blocks] + new_block_ids
             step.scheduled[request.request_id] = self._scheduled_request(

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import simpy
 
 from engine.config import ModelConfig
-from engine.core import KVCacheManager, Request, SamplingParams, Scheduler
+from engine.core import KVCacheManager, Request, SamplingParams, Scheduler, StepLoop
 from engine.core.metrics import RequestMetrics
 from engine.core.kv_cache_manager import PrefixCacheStats
 from engine.errors import InputError, unknown_name_error
@@ -15,7 +15,8 @@ from planner.costmodel import CostModel, CostParams
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import PricingBasis, RunRecord, RunSummary, StepSample, summarize
 from planner.playback import Playback, Replay, Submission, check_lengths
-from planner.sim.replica import SYNTHETIC_TOKEN_ID, Replica
+from planner.sim.executor import SYNTHETIC_TOKEN_ID, CostModelExecutor
+from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
 from planner.sim.speculative import SyntheticDrafts
 from planner.specs import SLO, Deployment, HardwareProfile
@@ -100,16 +101,19 @@ def simulate(
                 yield env.timeout(sub.due_s - env.now)
             submit(sub)
 
+    def replica(index: int) -> Replica:
+        scheduler = Scheduler(sched_config, KVCacheManager(memory.kv_cache_blocks, sched_config.block_size,
+                                                           sched_config.enable_prefix_caching))
+        drafts = None if spec is None or acceptance is None else SyntheticDrafts(
+            spec.num_speculative_tokens, acceptance, (seed, index), SYNTHETIC_TOKEN_ID, spec.proposal_rate)
+        executor = CostModelExecutor(cost_model, drafts)
+        executors.append(executor)
+        loop = StepLoop(scheduler, executor, lambda: env.now, proposer=drafts, replica=index)
+        return Replica(env, loop, on_finished, samples)
+
     route = ROUTERS[router]()
-    replicas = [
-        Replica(env, i, Scheduler(sched_config, KVCacheManager(memory.kv_cache_blocks, sched_config.block_size,
-                                                               sched_config.enable_prefix_caching)),
-                cost_model, on_finished, samples,
-                None if spec is None or acceptance is None else
-                SyntheticDrafts(spec.num_speculative_tokens, acceptance, (seed, i), SYNTHETIC_TOKEN_ID,
-                                spec.proposal_rate))
-        for i in range(dep.replicas)
-    ]
+    executors: list[CostModelExecutor] = []
+    replicas = [replica(i) for i in range(dep.replicas)]
     env.process(arrivals())
     env.run()  # the replicas idle on an event once everything is done, so the queue drains
     if len(finished) != playback.num_requests:
@@ -134,8 +138,8 @@ def simulate(
         num_preemptions=sum(s.num_preemptions for s in stats),
         num_steps=sum(s.num_steps for s in stats),
         kv_cache_blocks_total=memory.kv_cache_blocks * dep.replicas,
-        flops=sum(r.flops for r in replicas) * dep.tensor_parallel,
-        bytes=sum(r.bytes for r in replicas) * dep.tensor_parallel,
+        flops=sum(e.flops for e in executors) * dep.tensor_parallel,
+        bytes=sum(e.bytes for e in executors) * dep.tensor_parallel,
         finish_reasons=reasons,
     )
     peak, peak_dtype = hw.peak_flops(cost_model.gemm_dtype)
