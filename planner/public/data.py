@@ -85,8 +85,9 @@ class Lengths(_Data):
     input_tokens: int | None = Field(None, ge=1, description="random/fixed: the nominal prompt length")
     output_tokens: int | None = Field(None, ge=1, description="random/fixed: the nominal output length")
     random_range_ratio: float | None = Field(
-        None, ge=0, le=1, description="random: the client's range ratio when stated (vLLM default 0: exact lengths; "
-        "SGLang's default samples uniformly below the nominal length)"
+        None, ge=0, le=1, description="random: the client's --random-range-ratio r as run; its meaning depends on "
+        "client.tool: vllm-bench-serve draws lengths uniformly in [L(1-r), L(1+r)] (default 0: exact lengths), "
+        "sglang-bench-serving draws inputs in [max(1, rL), L] and outputs in [rL, L] (default 0: uniform below L)"
     )
     mean_input_tokens: float | None = Field(None, gt=0, description="Published totals / prompts, when given")
     mean_output_tokens: float | None = Field(None, gt=0, description="Published totals / prompts, when given")
@@ -173,14 +174,20 @@ class StartupReport(_Data):
     """What the engine printed about its memory; None where the log does not say."""
 
     weights_gib: float | None = Field(None, gt=0, description="vLLM: 'Model loading took X GiB'")
-    kv_cache_gib: float | None = Field(None, gt=0, description="vLLM: 'Available KV cache memory: X GiB'")
+    kv_cache_gib: float | None = Field(
+        None, description="vLLM: 'Available KV cache memory: X GiB' (negative when the engine found no room and refused "
+        "to start); SGLang: K size + V size of 'KV Cache is allocated'")
     kv_cache_tokens: int | None = Field(None, gt=0, description="vLLM: 'GPU KV cache size: N tokens'")
     num_gpu_blocks: int | None = Field(None, gt=0, description="'# GPU blocks: N' (older vLLM)")
     activation_peak_gib: float | None = Field(None, ge=0, description="'torch peak memory increase' of the profile run")
     non_torch_gib: float | None = Field(None, ge=0, description="'non-torch memory' (NCCL buffers, CUDA context)")
-    cuda_graph_gib: float | None = Field(None, ge=0, description="'Graph capturing finished ... took X GiB'")
+    cuda_graph_gib: float | None = Field(
+        None, description="'Graph capturing finished ... took X GiB': the change of free memory around capture, which "
+        "vLLM can print negative")
     max_concurrency: float | None = Field(None, gt=0, description="'Maximum concurrency for N tokens per request: X'")
     total_gpu_memory_gib: float | None = Field(None, gt=0, description="Device memory the engine saw, when printed")
+    free_gpu_memory_gib: float | None = Field(
+        None, gt=0, description="'Free memory on device (free/total GiB) on startup', before the engine allocated anything")
 
 
 class StartupLog(_Data):
