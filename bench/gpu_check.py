@@ -27,9 +27,9 @@ import torch
 
 from engine.core import SamplingParams
 from engine.llm import LLM
-from engine.model.attention import build_attention_metadata
+from engine.kernels.metadata import build_attention_metadata
 from engine.model.loader import load_model
-from engine.quant.swap import quantize_model
+from engine.model.quantize import quantize_model
 from planner.hardware import get_hardware
 
 TINY = {

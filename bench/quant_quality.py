@@ -21,7 +21,7 @@ import torch
 
 from engine.core import SamplingParams
 from engine.llm import LLM
-from engine.model.attention import build_attention_metadata
+from engine.kernels.metadata import build_attention_metadata
 
 TEXT = (
     "The history of computing is a story of abstraction. Early machines were programmed by rewiring "

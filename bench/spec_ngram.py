@@ -23,7 +23,7 @@ import torch
 
 from engine.core import SamplingParams
 from engine.llm import LLM
-from engine.spec import SpecStats
+from engine.core import SpecStats
 from planner.calibrate import CALIBRATION_DIR, ENGINE_DTYPES, load_calibration
 from planner.sim import simulate
 from planner.specs import Deployment, EngineKnobs
@@ -92,7 +92,7 @@ def main() -> None:
     prompts = [plain.encode(p) for p in PROMPTS]
     for llm in (plain, fast):  # warm-up: first-call allocations stay out of the timings
         llm.generate([prompts[0]], SamplingParams(max_tokens=4, ignore_eos=True))
-    fast.spec_stats = SpecStats(args.k)  # count the timed runs only
+    fast.loop.spec_stats = SpecStats(args.k)  # count the timed runs only
     plain_s = fast_s = 0.0
     identical = True
     for _ in range(args.repeats):

@@ -75,8 +75,8 @@ class PageState:
         the widget."""
         key = self.key(name)
         self._defaults[name] = default
-        if label is not None:
-            self.labels[field or name] = label
+        if label is not None:  # errors may name the field or, like the planner's, the parameter
+            self.labels[name] = self.labels[field or name] = label
         if key in st.session_state:
             return key
         if self._saved_key(name) in st.session_state:

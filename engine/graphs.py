@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from engine.config import graph_batch_size, graph_capture_sizes
-from engine.model.attention import AttentionMetadata
+from engine.kernels.metadata import AttentionMetadata
 
 Forward = Callable[[Tensor, Tensor, AttentionMetadata], Tensor]
 # How a forward pass over the static buffers becomes replayable: returns the replay callable.

@@ -187,9 +187,14 @@ def command(parser: argparse.ArgumentParser, func: Callable[[argparse.Namespace]
 
 
 def flag_of(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """field -> the flag that sets it, for every option of `parser` (its dest is the field)."""
-    return {a.dest: next((o for o in a.option_strings if o.startswith("--")), a.option_strings[0])
-            for a in parser._actions if a.option_strings and a.dest != "help"}
+    """field -> the flag that sets it, for every option of `parser`: by its dest (a field's name,
+    `max_gpus_per_replica`) and by the flag's own name (`max_gpus`), which some callers use."""
+    flags: dict[str, str] = {}
+    for action in parser._actions:
+        if action.option_strings and action.dest != "help":
+            flag = next((o for o in action.option_strings if o.startswith("--")), action.option_strings[0])
+            flags[flag.lstrip("-").replace("-", "_")] = flags[action.dest] = flag
+    return flags
 
 
 def _shown(value: object) -> str:

@@ -3,7 +3,8 @@
     llm = LLM("smollm2-135m")
     [out] = llm.generate(["The capital of France is"], SamplingParams(max_tokens=16))
 
-The step loop is the architecture's three calls: schedule, execute, update.
+The step loop is engine.core's StepLoop (propose, schedule, execute, update) with the model
+runner as its executor and the wall clock as its clock.
 """
 
 from __future__ import annotations
@@ -18,16 +19,15 @@ from pydantic import ValidationError
 import torch
 
 from engine.config import EngineConfig
-from engine.core import KVCacheManager, Request, RequestUpdate, SamplingParams, Scheduler
+from engine.core import KVCacheManager, Request, RequestUpdate, SamplingParams, Scheduler, SpecStats, StepLoop
 from engine.core.metrics import RequestMetrics
 from engine.dtypes import ENGINE_DTYPES
 from engine.errors import InputError, from_validation_error
 from engine.graphs import compile_recorder, cuda_graph_recorder
 from engine.kernels import triton_available
 from engine.model.loader import LoadedModel, load_model
-from engine.quant.kv import is_quantized_kv, kv_bytes_per_token_per_layer, kv_cache_torch_dtype
+from engine.quant.kv import is_quantized_kv, kv_cache_torch_dtype, kv_dtype_name
 from engine.runner import ModelRunner
-from engine.spec import SpecStats, draft_budget
 from engine.spec.factory import TargetInfo, build_proposer
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in ENGINE_DTYPES}
@@ -128,11 +128,10 @@ class LLM:
             max_graph_batch = min(cfg.max_graph_batch_size, cfg.max_num_seqs)
             self.runner.capture_decode_graphs(max_graph_batch, self.max_model_len, record)
         spec = cfg.speculative
-        self.proposer = None if spec is None else build_proposer(spec, TargetInfo(
+        proposer = None if spec is None else build_proposer(spec, TargetInfo(
             self.model, self.config, self.tokenizer, self.max_model_len, self.num_blocks, cfg.block_size_tokens,
             cfg.max_num_seqs, kv_dtype, dtype, device, cfg.seed, cfg.random_weights))
-        # Acceptance per position, accepted length, draft and verify time; None without speculation.
-        self.spec_stats = None if spec is None else SpecStats(spec.num_speculative_tokens)
+        self.loop = StepLoop(self.scheduler, self.runner, self.now, proposer=proposer)
         self._ids = itertools.count()
         self._t0 = time.perf_counter()
         self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer is not None else (
@@ -157,12 +156,9 @@ class LLM:
         return blocks
 
     def kv_bytes_per_block(self, kv_dtype: torch.dtype) -> int:
-        """Real bytes of one KV block across all layers; quantised caches count their scales too."""
-        if not is_quantized_kv(kv_dtype):  # unquantised: the runner's count, as before
-            return ModelRunner.kv_bytes_per_block(self.config, self.engine_config.block_size_tokens, kv_dtype)
-        c = self.config
-        per_token = c.num_layers * kv_bytes_per_token_per_layer(c.num_kv_heads, c.head_dim, kv_dtype)
-        return per_token * self.engine_config.block_size_tokens
+        """Real bytes of one KV block across all layers (quantised caches count their scales):
+        ModelConfig's count, the same the planner's memory plan uses."""
+        return self.config.kv_bytes_per_token(kv_dtype_name(kv_dtype)) * self.engine_config.block_size_tokens
 
     # ------------------------------------------------------------------ requests
 
@@ -205,46 +201,12 @@ class LLM:
         return request.request_id
 
     def step(self) -> list[RequestUpdate]:
-        if self.proposer is not None:
-            return self._speculative_step()
-        output = self.scheduler.schedule(self.now())
-        sampled = self.runner.execute(output)
-        return self.scheduler.update(output, sampled, self.now())
+        return self.loop.step()
 
-    def _speculative_step(self) -> list[RequestUpdate]:
-        """The same three calls, with drafts proposed for decoding requests before schedule()."""
-        assert self.proposer is not None and self.spec_stats is not None and self.engine_config.speculative is not None
-        stats, k = self.spec_stats, self.engine_config.speculative.num_speculative_tokens
-        t0 = time.perf_counter()
-        rooms: dict[str, int] = {}
-        drafting: list[Request] = []
-        for request in self.scheduler.running:
-            if room := draft_budget(request, k):
-                rooms[request.request_id] = room
-                drafting.append(request)
-        proposals = self.proposer.propose(drafting, list(rooms.values())) if drafting else {}
-        for request in drafting:
-            request.spec_token_ids = proposals.get(request.request_id, [])
-        t1 = time.perf_counter()
-        output = self.scheduler.schedule(self.now())
-        sampled = self.runner.execute(output)
-        t2 = time.perf_counter()
-        updates = self.scheduler.update(output, sampled, self.now())
-        self.proposer.forget(output.finished_request_ids)
-        stats.draft_s += t1 - t0
-        if any(s.num_draft_tokens for s in output.scheduled):
-            stats.verify_s += t2 - t1
-            stats.num_steps += 1
-        for s in output.scheduled:
-            room = rooms.get(s.request_id)
-            if room is None or not s.samples:
-                continue
-            # The scheduler may cut drafts to fit its token budget: then only those had room.
-            if s.num_draft_tokens < len(proposals.get(s.request_id, ())):
-                room = s.num_draft_tokens
-            if room:
-                stats.record(room, s.num_draft_tokens, len(sampled[s.request_id]) - 1)
-        return updates
+    @property
+    def spec_stats(self) -> SpecStats | None:
+        """Acceptance per draft position, accepted length, draft and verify time; None without speculation."""
+        return self.loop.spec_stats
 
     # ------------------------------------------------------------------ batch and streaming
 

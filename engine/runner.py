@@ -1,4 +1,5 @@
-"""ModelRunner: turns a SchedulerOutput into flat tensors, runs the model, samples.
+"""ModelRunner: the engine's executor. Turns a SchedulerOutput into flat tensors, runs the
+model, samples.
 
 The runner owns the tensors the KV-cache manager only names: one paged cache per layer and
 each running request's block table, kept in step with the scheduler's block ids.
@@ -6,14 +7,16 @@ each running request's block table, kept in step with the scheduler's block ids.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 import itertools
 
 import torch
 
 from engine.config import ModelConfig
-from engine.core import SchedulerOutput
+from engine.core import ExecutedStep, SchedulerOutput
 from engine.graphs import DecodeGraphs, Recorder
-from engine.model.attention import allocate_kv_caches, build_attention_metadata
+from engine.kernels.metadata import build_attention_metadata
+from engine.model.attention import allocate_kv_caches
 from engine.sampler import Sampler
 
 
@@ -42,17 +45,17 @@ class ModelRunner:
             max_batch_size, max_model_len, self.block_size, self.device, record,
         )
 
-    @staticmethod
-    def kv_bytes_per_block(config: ModelConfig, block_size: int, kv_dtype: torch.dtype) -> int:
-        element = torch.tensor([], dtype=kv_dtype).element_size()
-        return config.num_layers * config.kv_elements_per_token_per_layer() * block_size * element
-
-    @torch.inference_mode()
-    def execute(self, output: SchedulerOutput) -> dict[str, list[int]]:
-        """Run one step; returns the sampled token ids of every request that samples."""
-        for request_id in output.finished_request_ids:
+    def forget(self, request_ids: Iterable[str]) -> None:
+        for request_id in request_ids:
             self.block_tables.pop(request_id, None)
             self.sampler.forget(request_id)
+
+    def execute(self, output: SchedulerOutput) -> ExecutedStep:
+        """Run one step on the device; the sampled token ids of every request that samples."""
+        return ExecutedStep(self._run(output))
+
+    @torch.inference_mode()
+    def _run(self, output: SchedulerOutput) -> dict[str, list[int]]:
         if output.is_empty:
             return {}
 

@@ -9,7 +9,7 @@ and (4) fits CostParams with SciPy least squares so that `CostModel.step_time` o
 SchedulerOutput matches its measured time. The result, with raw measurements, residuals, the
 device and the date, is written under hwprofiles/calibrations/.
 
-The grid is synthetic single steps; `serveplan validate` then checks whole workloads the fit
+The grid is single steps of chosen shapes; `serveplan validate` then checks whole workloads the fit
 never saw. Torch is imported inside functions only (planner/ must start without it).
 """
 
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 import datetime as dt
 import hashlib
+import itertools
 import json
 import os
 from pathlib import Path
@@ -34,7 +35,7 @@ from scipy.optimize import least_squares
 import yaml
 
 from engine.config import ModelConfig
-from engine.core import SamplingParams, ScheduledRequest, SchedulerOutput
+from engine.core import Request, SamplingParams, SchedulerOutput
 from engine.errors import InputError
 from hwprofiles import PROFILE_DIR
 from planner.costmodel import CostModel, CostParams
@@ -100,7 +101,7 @@ class Calibration(_Rec):
     notes: list[str]
 
     def cost_params(self) -> CostParams:
-        return CostParams(**self.params)
+        return CostParams(**self.params)  # type: ignore[arg-type]
 
 
 # What decides the FLOPs and bytes of a step; numerics (norm eps, RoPE base, dtype tags, token
@@ -195,7 +196,8 @@ def _median_time(fn: Callable[[], object], repeats: int, sync: Callable[[], None
 def micro_benchmarks(device_kind: str, dtype: str, quick: bool) -> MicroBenchmarks:
     import torch
 
-    from engine.model.attention import allocate_kv_cache, build_attention_metadata, paged_attention
+    from engine.kernels.metadata import build_attention_metadata
+    from engine.model.attention import allocate_kv_cache, paged_attention
 
     dev = torch.device("cuda" if device_kind == "cuda" else "cpu")
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -272,81 +274,93 @@ def step_grid(quick: bool, max_context: int) -> list[tuple[str, list[tuple[int, 
     return grid
 
 
-def synthetic_output(requests: list[tuple[int, int, bool]], block_size: int, tag: str) -> SchedulerOutput:
-    """A SchedulerOutput with fresh request ids and disjoint blocks: what the scheduler would hand
-    the runner for these shapes (the KV contents are irrelevant to timing)."""
-    scheduled = []
-    next_block = 0
-    params = SamplingParams(max_tokens=1, ignore_eos=True)
-    for i, (q, cached, prefill) in enumerate(requests):
-        num_blocks = -(-(cached + q) // block_size)
-        scheduled.append(ScheduledRequest(
-            request_id=f"{tag}-{i}", token_ids=tuple(1 + j % 50 for j in range(q)), num_computed_tokens=cached,
-            new_block_ids=tuple(range(next_block, next_block + num_blocks)), reset_block_table=True,
-            num_draft_tokens=0, samples=True, sampling_params=params, prompt_len=cached + q if prefill else cached,
-            is_prefill=prefill))
-        next_block += num_blocks
-    return SchedulerOutput(scheduled=tuple(scheduled), total_num_scheduled_tokens=sum(r[0] for r in requests),
-                           preempted_request_ids=(), finished_request_ids=(), num_waiting=0,
-                           num_running=len(requests), kv_cache_usage=0.0)
-
-
-def grid_blocks_needed(grid: list[tuple[str, list[tuple[int, int, bool]]]], block_size: int) -> int:
-    return max(sum(-(-(q + c) // block_size) for q, c, _ in reqs) for _, reqs in grid)
+def grid_blocks_needed(grid: list[tuple[str, list[tuple[int, int, bool]]]], block_size: int, repeats: int) -> int:
+    """KV blocks for the largest grid step, with room for its decodes' repeats."""
+    return max(sum(-(-(q + c + repeats + 1) // block_size) for q, c, _ in reqs) for _, reqs in grid)
 
 
 def measure_steps(llm: LLM, grid: list[tuple[str, list[tuple[int, int, bool]]]], repeats: int,
-                  on_step: Callable[[], None] = lambda: None) -> list[StepMeasurement]:
-    """Time each grid step through the engine's ModelRunner (tensor building, forward, sampling)."""
-    import torch
+                  progress: Callable[[], None] = lambda: None) -> list[StepMeasurement]:
+    """Time each grid step as the engine's own step loop runs it (schedule, tensor building,
+    forward pass, sampling), with real requests the scheduler admits and batches.
 
-    runner = llm.runner
-    sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
+    The cached context of a grid step is external KV (`Request.num_external_computed_tokens`):
+    the scheduler allocates its blocks without computing it, and the step's timing does not depend
+    on what those blocks hold, so a decode at 1,536 tokens of context costs one decode, not a
+    1,536-token prefill first. The engine must run without prefix caching (garbage KV must never
+    be hit)."""
+    loop, scheduler = llm.loop, llm.scheduler
+    if scheduler.config.enable_prefix_caching:
+        raise ValueError("measure_steps needs an engine with enable_prefix_caching=False")
+    ids = itertools.count()
+    timed: list[tuple[SchedulerOutput, float]] = []
+    loop.on_step = lambda output, sample: timed.append((output, sample.end_s - sample.start_s))
+
+    def add(prompt_len: int, external: int, max_tokens: int) -> None:
+        scheduler.add_request(Request(f"cal-{next(ids)}", [1 + j % 50 for j in range(prompt_len)],
+                                      SamplingParams(max_tokens=max_tokens, ignore_eos=True), llm.now(),
+                                      num_external_computed_tokens=external))
+
     out = []
-    for n, (label, reqs) in enumerate(grid):
-        times = []
-        for r in range(repeats + 1):  # the first run warms up
-            output = synthetic_output(reqs, runner.block_size, f"{n}.{r}")
-            sync()
-            t = time.perf_counter()
-            runner.execute(output)
-            sync()
-            times.append(time.perf_counter() - t)
-            # Drop the runner's per-request state, as the scheduler's finished ids would.
-            runner.execute(SchedulerOutput((), 0, (), tuple(s.request_id for s in output.scheduled), 0, 0, 0.0))
-        out.append(StepMeasurement(label=label, requests=reqs, measured_s=statistics.median(times[1:]),
-                                   repeats_s=times[1:]))
-        on_step()
+    try:
+        for label, shapes in grid:
+            # A decode over `cached` tokens: its prompt is all but one token external, and the step
+            # that computes that last token samples its first output; the decodes follow.
+            for _, cached, _ in (s for s in shapes if not s[2]):
+                add(cached, cached - 1, repeats + 2)
+            if any(not prefill for _, _, prefill in shapes):
+                loop.step()
+            timed.clear()
+            for _ in range(repeats + 1):  # the first run warms up
+                for q, cached, _ in (s for s in shapes if s[2]):
+                    add(cached + q, cached, 1)
+                loop.step()
+            loop.run_until_idle()
+            for repeat, (output, _) in enumerate(timed):
+                _check_shapes(label, [(q, c + (0 if prefill else repeat), prefill) for q, c, prefill in shapes], output)
+            times = [t for _, t in timed[1:]]
+            out.append(StepMeasurement(label=label, requests=_shapes(timed[1][0]), measured_s=statistics.median(times),
+                                       repeats_s=times))
+            progress()
+    finally:
+        loop.on_step = None
     return out
+
+
+def _shapes(output: SchedulerOutput) -> list[tuple[int, int, bool]]:
+    return [(s.num_tokens, s.num_computed_tokens, s.is_prefill) for s in output.scheduled]
+
+
+def _check_shapes(label: str, wanted: list[tuple[int, int, bool]], output: SchedulerOutput) -> None:
+    """The scheduler batched the grid step as asked: a measurement of another shape would fit the
+    cost model to the wrong step."""
+    got = _shapes(output)
+    if sorted(got) != sorted(wanted):
+        raise RuntimeError(f"calibration step {label!r}: the scheduler ran {got[:4]}, not the grid's {wanted[:4]}")
 
 
 # --------------------------------------------------------------------------- fit
 
-_FITTED = ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "step_overhead_s",
-           "layer_overhead_s", "gemm_half_size_tokens", "gemm_efficiency_floor")
-_LOWER = (0.01, 0.01, 0.005, 0.0, 0.0, 0.0, 0.0)
-_UPPER = (1.0, 1.0, 1.0, 0.5, 0.05, 4096.0, 1.0)
+_FITTED = ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "attention_compute_efficiency",
+           "step_overhead_s", "layer_overhead_s", "gemm_half_size_tokens", "gemm_efficiency_floor")
+_LOWER = (0.01, 0.01, 0.005, 0.005, 0.0, 0.0, 0.0, 0.0)
+_UPPER = (1.0, 1.0, 1.0, 1.0, 0.5, 0.05, 4096.0, 1.0)
 
 
 def fit_cost_params(model: ModelConfig, hw: HardwareProfile, dep: Deployment,
                     steps: list[StepMeasurement]) -> tuple[CostParams, list[float]]:
     """Least squares on relative error (every step counts alike, short or long); returns the
     parameters and each step's prediction."""
-    outputs = [synthetic_output(s.requests, dep.knobs.block_size_tokens, "fit") for s in steps]
     measured = np.array([s.measured_s for s in steps])
-    base = CostParams.from_hardware(hw)
-
-    def params(x: np.ndarray) -> CostParams:
-        return CostParams(**{**asdict(base), **dict(zip(_FITTED, map(float, x))),
-                             "attention_pairs": "dense"})
+    base = CostParams.defaults(hw).with_values({"attention_pairs": "dense"})
 
     def predict(x: np.ndarray) -> np.ndarray:
-        cm = CostModel(model, hw, dep, params(x))
-        return np.array([cm.step_time(o) for o in outputs])
+        cm = CostModel(model, hw, dep, base.with_values(dict(zip(_FITTED, map(float, x)))))
+        return np.array([cm.shape_cost(s.requests).seconds for s in steps])
 
-    x0 = np.array([0.5, 0.5, 0.2, 0.002, 0.0005, 16.0, 0.3])
+    x0 = np.array([0.5, 0.5, 0.2, 0.3, 0.002, 0.0005, 16.0, 0.3])
     result = least_squares(lambda x: predict(x) / measured - 1.0, x0, bounds=(_LOWER, _UPPER), x_scale="jac")
-    return params(result.x), predict(result.x).tolist()
+    return base.with_values(dict(zip(_FITTED, map(float, result.x)))), predict(result.x).tolist()
 
 
 # --------------------------------------------------------------------------- the command
@@ -382,12 +396,13 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
     config = probe.config
     grid = step_grid(quick, config.max_position_embeddings)
     del probe
+    repeats = 2 if quick else 3
     llm = LLM(model_name, device=info.kind, dtype=dtype, random_weights=random_weights,
-              num_kv_blocks=grid_blocks_needed(grid, block_size), block_size_tokens=block_size,
-              max_num_batched_tokens=4096, max_num_seqs=64)
+              num_kv_blocks=grid_blocks_needed(grid, block_size, repeats), block_size_tokens=block_size,
+              max_num_batched_tokens=4096, max_num_seqs=64, enable_prefix_caching=False)
     with Progress(console=Console(stderr=True), disable=not progress) as bar:
         task = bar.add_task(f"timing {len(grid)} engine steps of {model_name}", total=len(grid))
-        steps = measure_steps(llm, grid, repeats=2 if quick else 3, on_step=lambda: bar.advance(task))
+        steps = measure_steps(llm, grid, repeats, progress=lambda: bar.advance(task))
     dep = Deployment(hardware=profile.name, weight_dtype=cm_dtype, kv_dtype=cm_dtype,
                      knobs=EngineKnobs(block_size_tokens=block_size))
     params, predicted = fit_cost_params(config, profile, dep, steps)
@@ -408,7 +423,8 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
         fit_median_abs_error_pct=float(np.median(errors)),
         fit_max_abs_error_pct=float(max(errors)),
         notes=[
-            "steps timed through ModelRunner.execute (tensor building, forward pass, sampling), median of repeats",
+            "steps timed by the engine's step loop (schedule, tensor building, forward pass, sampling) over real "
+            "requests whose cached context is external KV, median of repeats",
             "fit: scipy.optimize.least_squares on relative error of CostModel.step_time over the grid",
             "attention_pairs='dense': the torch reference path computes the whole masked score matrix",
             f"torch threads: {torch.get_num_threads()}" if info.kind == "cpu" else f"GPU: {info.name}",

@@ -444,11 +444,8 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
     t.add_column("hardware")
     t.add_column("closest candidate")
     t.add_column("why it lost")
-    shown = {rec.deployment.hardware} if rec is not None else set()
-    for p in r.rejected:
-        if p.deployment.hardware not in shown:
-            shown.add(p.deployment.hardware)
-            t.add_row(p.deployment.hardware, p.label, p.reason)
+    for p in r.why_not:
+        t.add_row(p.deployment.hardware, p.label, p.reason)
     console.print(t)
     console.print(f"searched {r.candidates:,} candidates: {r.simulated_candidates} simulated in {r.probes} probes, "
                   f"the rest pruned by memory, the analytic screen or cost; {wall_s:,.1f} s")

@@ -1,21 +1,23 @@
 """Play a workload against the real engine in real time and summarise it like the simulator.
 
-The engine's own step loop (schedule -> execute -> update) runs on the wall clock while the
-same `Playback` as the simulator's submits requests at their due times, so a measured run and
-a simulated one differ only in where step times come from. Torch is imported by the caller
-that builds the LLM; this module only needs its scheduler and runner.
+The engine's own step loop (engine.core.StepLoop: propose -> schedule -> execute -> update, so
+speculative engines draft here too) runs on the wall clock while the same `Playback` as the
+simulator's submits requests at their due times, so a measured run and a simulated one differ
+only in the executor. Torch is imported by the caller that builds the LLM.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import itertools
 import platform
 import time
 from typing import TYPE_CHECKING
 
-from engine.core import SamplingParams, SchedulerOutput
-from engine.core.metrics import RequestMetrics
-from planner.metrics import PricingBasis, RunRecord, RunSummary, StepSample, summarize
+from engine.core import KVCacheManager, Request, SamplingParams, Scheduler, SchedulerOutput, StepLoop
+from engine.core.metrics import RequestMetrics, StepSample
+from planner.metrics import PricingBasis, RunRecord, RunSummary, summarize
 from planner.playback import Playback, Replay, Submission, check_lengths
 from planner.specs import SLO
 
@@ -24,46 +26,46 @@ if TYPE_CHECKING:
 
 
 def bench_engine(llm: LLM, replay: Replay, *, model_name: str, slo: SLO | None = None) -> tuple[RunSummary, RunRecord]:
-    scheduler, runner = llm.scheduler, llm.runner
+    scheduler, loop = llm.scheduler, llm.loop
     cfg = scheduler.config
     check_lengths(replay, cfg.max_model_len, scheduler.kv_cache_manager.num_blocks, cfg.block_size, where="the engine")
     playback = Playback(replay)
     due: list[tuple[float, int, Submission]] = []
-    order = 0
+    order = itertools.count()
 
     def plan(subs: list[Submission]) -> None:
-        nonlocal order
         for sub in subs:
-            heapq.heappush(due, (sub.due_s, order, sub))
-            order += 1
+            heapq.heappush(due, (sub.due_s, next(order), sub))
 
     warm_up(llm)
     samples: list[StepSample] = []
     finished: list[str] = []
     t0 = llm.now()  # run time 0; requests arrive at t0 + due_s on the engine's clock
-    plan(playback.start())
-    while due or scheduler.has_unfinished_requests():
-        while due and due[0][0] <= llm.now() - t0:
-            sub = heapq.heappop(due)[2]
-            wr = sub.request
-            # Arrival is when the client sent it, even if a step was running then: that wait is queueing.
-            llm.add_request(list(sub.prompt_token_ids), SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True),
-                            request_id=wr.request_id, arrival_time=t0 + sub.due_s)
-        if not scheduler.has_unfinished_requests():
-            time.sleep(max(0.0, due[0][0] - (llm.now() - t0)))
-            continue
-        start = llm.now()
-        output = scheduler.schedule(start)
-        sampled = runner.execute(output)
-        end = llm.now()
-        updates = scheduler.update(output, sampled, end)
-        samples.append(StepSample(0, start - t0, end - t0, output.kv_cache_usage, output.num_running,
-                                  output.num_waiting, output.total_num_scheduled_tokens))
-        for u in updates:
-            if u.finished:
-                finished.append(u.request_id)
-                request = scheduler.get_request(u.request_id)
-                plan(playback.finished(u.request_id, request.output_token_ids, end - t0))
+
+    def on_step(output: SchedulerOutput, sample: StepSample) -> None:
+        samples.append(sample._replace(start_s=sample.start_s - t0, end_s=sample.end_s - t0))
+
+    def on_finished(request: Request) -> None:
+        finished.append(request.request_id)
+        assert request.finish_time is not None
+        plan(playback.finished(request.request_id, request.output_token_ids, request.finish_time - t0))
+
+    loop.on_step, loop.on_finished = on_step, on_finished
+    try:
+        plan(playback.start())
+        while due or scheduler.has_unfinished_requests():
+            while due and due[0][0] <= llm.now() - t0:
+                sub = heapq.heappop(due)[2]
+                wr = sub.request
+                # Arrival is when the client sent it, even if a step was running then: that wait is queueing.
+                llm.add_request(list(sub.prompt_token_ids), SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True),
+                                request_id=wr.request_id, arrival_time=t0 + sub.due_s)
+            if not scheduler.has_unfinished_requests():
+                time.sleep(max(0.0, due[0][0] - (llm.now() - t0)))
+                continue
+            loop.step()
+    finally:
+        loop.on_step = loop.on_finished = None
 
     stats = scheduler.stats()
     record = RunRecord(
@@ -77,7 +79,7 @@ def bench_engine(llm: LLM, replay: Replay, *, model_name: str, slo: SLO | None =
         kv_cache_blocks_total=scheduler.kv_cache_manager.num_blocks,
         finish_reasons={k: v for k, v in stats.num_finished.items() if v},
     )
-    device = describe_device(runner.device)
+    device = describe_device(llm.runner.device)
     engine = llm.engine_config
     assumptions: dict[str, object] = {
         "device": device,
@@ -102,18 +104,24 @@ def bench_engine(llm: LLM, replay: Replay, *, model_name: str, slo: SLO | None =
 
 
 def warm_up(llm: LLM) -> None:
-    """One untimed step of the largest prefill plus a few decodes before the clock starts, as a
-    server does at start-up: the first passes over fresh memory pay page faults and allocator
-    growth (glibc raises its mmap threshold only after large frees) that steady serving does not."""
-    from planner.calibrate import synthetic_output
-
-    cfg = llm.scheduler.config
-    tokens = min(cfg.max_num_batched_tokens, cfg.max_model_len - 1,
-                 llm.scheduler.kv_cache_manager.num_blocks * cfg.block_size // 2)
-    decodes = min(4, cfg.max_num_seqs - 1)
-    output = synthetic_output([(tokens, 0, True)] + [(1, 0, False)] * decodes, cfg.block_size, "warm-up")
-    llm.runner.execute(output)
-    llm.runner.execute(SchedulerOutput((), 0, (), tuple(s.request_id for s in output.scheduled), 0, 0, 0.0))
+    """The largest prefill plus a few decodes through the engine's executor before the clock
+    starts, as a server does at start-up: the first passes over fresh memory pay page faults and
+    allocator growth (glibc raises its mmap threshold only after large frees) that steady serving
+    does not. A private scheduler over the same runner keeps the warm-up out of the engine's own
+    requests, statistics and prefix cache."""
+    cfg = dataclasses.replace(llm.scheduler.config, enable_prefix_caching=False, num_speculative_tokens=0)
+    num_blocks = llm.scheduler.kv_cache_manager.num_blocks
+    scheduler = Scheduler(cfg, KVCacheManager(num_blocks, cfg.block_size, enable_prefix_caching=False))
+    # The cache must hold every warm-up request at once: half of it for the prefill, the rest for
+    # decodes of one block each (a request whose prompt and output fit one block).
+    tokens = max(1, min(cfg.max_num_batched_tokens, cfg.max_model_len - 1, num_blocks * cfg.block_size // 2))
+    decodes = max(0, min(4, cfg.max_num_seqs - 1, num_blocks - -(-tokens // cfg.block_size)))
+    params = SamplingParams(max_tokens=1, ignore_eos=True)
+    scheduler.add_request(Request("warm-up-prefill", [1 + i % 50 for i in range(tokens)], params, 0.0))
+    for i in range(decodes):
+        decode_params = SamplingParams(max_tokens=min(4, cfg.block_size, cfg.max_model_len - 1), ignore_eos=True)
+        scheduler.add_request(Request(f"warm-up-decode-{i}", [1], decode_params, 0.0))
+    StepLoop(scheduler, llm.runner, llm.now).run_until_idle()
 
 
 def describe_device(device: object) -> str:

@@ -14,28 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.core.kv_cache_manager import PrefixCacheStats
-from engine.core.metrics import RequestMetrics
+from engine.core.metrics import RequestMetrics, StepSample
 from planner.specs import SLO
 
 TIMESERIES_POINTS = 120
-
-
-class StepSample(NamedTuple):
-    """One step of one replica, as scheduled: its batch and the cache right after allocation."""
-
-    replica: int
-    start_s: float
-    end_s: float
-    kv_cache_usage: float
-    num_running: int  # requests in the batch
-    num_waiting: int  # left in the queue
-    num_batched_tokens: int
 
 
 @dataclass

@@ -81,10 +81,11 @@ def scenarios(quick: bool) -> list[Scenario]:
                     shared_prefix=SharedPrefix(num_prefixes=1, prefix_tokens=512, share=1.0),
                     input_tokens=LognormalLength(median_tokens=32, sigma=0.4, min_tokens=8, max_tokens=96),
                     output_tokens=FixedLength(tokens=16))),
-        # 14 requests even in --quick: 14 x 9 blocks against 48 preempts however fast the engine
-        # runs (6 needed only 54, and a fast model finished some before the last arrived).
+        # Preemption by construction, not by timing: all 14 arrive within microseconds, before the
+        # first step ends, so 8 prompts of 6 blocks are admitted together into 48 blocks and every
+        # decode that grows into a 7th block forces a preemption, however fast the engine runs.
         Scenario("overload", "everyone at once into a small KV cache: queueing and preemptions",
-                 wl("overload", arrival=ConstantArrivals(rate_per_s=50.0), num_requests=14,
+                 wl("overload", arrival=ConstantArrivals(rate_per_s=1e6), num_requests=14,
                     input_tokens=FixedLength(tokens=96), output_tokens=FixedLength(tokens=48)),
                  num_kv_blocks=48),
     ]

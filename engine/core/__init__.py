@@ -5,6 +5,7 @@ Shared by the PyTorch engine and the planner's simulator; imports only the stand
 
 from engine.core.block_pool import BlockPool, KVCacheBlock
 from engine.core.kv_cache_manager import KVCacheManager, PrefixCacheStats, hash_block_tokens
+from engine.core.metrics import RequestMetrics, StepSample
 from engine.core.request import BlockHash, Request, RequestStatus, SamplingParams
 from engine.core.request_queue import FCFSQueue, PriorityQueue, RequestQueue
 from engine.core.scheduler import (
@@ -15,16 +16,23 @@ from engine.core.scheduler import (
     SchedulerOutput,
     SchedulerStats,
 )
+from engine.core.speculative import Proposer, SpecStats, draft_budget
+from engine.core.step_loop import ExecutedStep, Executor, LaunchedStep, StepLoop
 
 __all__ = [
     "BlockHash",
     "BlockPool",
+    "ExecutedStep",
+    "Executor",
     "FCFSQueue",
     "KVCacheBlock",
     "KVCacheManager",
+    "LaunchedStep",
     "PrefixCacheStats",
     "PriorityQueue",
+    "Proposer",
     "Request",
+    "RequestMetrics",
     "RequestQueue",
     "RequestStatus",
     "RequestUpdate",
@@ -34,5 +42,9 @@ __all__ = [
     "SchedulerConfig",
     "SchedulerOutput",
     "SchedulerStats",
+    "SpecStats",
+    "StepLoop",
+    "StepSample",
+    "draft_budget",
     "hash_block_tokens",
 ]

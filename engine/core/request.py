@@ -79,6 +79,10 @@ class Request:
     eos_token_id: int | None = None
     priority: int = 0  # lower is more important, as in vLLM
     extra_key: object = None  # e.g. a LoRA id: folded into block hashes so caches never mix
+    # Leading prompt tokens whose KV reaches the engine from outside instead of being computed: a
+    # prefill instance's transfer (disaggregation), or calibration's synthetic context, whose
+    # values do not matter for timing. Taken as computed at first admission, like a prefix hit.
+    num_external_computed_tokens: int = 0
 
     output_token_ids: list[int] = field(default_factory=list, init=False)
     status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
@@ -95,6 +99,11 @@ class Request:
     block_hashes: list[BlockHash] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not 0 <= self.num_external_computed_tokens < max(1, len(self.prompt_token_ids)):
+            raise ValueError(
+                f"request {self.request_id!r}: num_external_computed_tokens={self.num_external_computed_tokens} "
+                f"is invalid: must be in 0..{len(self.prompt_token_ids) - 1} (the last prompt token is always computed)"
+            )
         try:
             hash(self.extra_key)
         except TypeError as e:

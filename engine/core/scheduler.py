@@ -17,6 +17,26 @@ from engine.core.request import FINISH_REASONS, Request, RequestStatus, Sampling
 from engine.core.request_queue import RequestQueue, make_request_queue
 
 Policy = Literal["fcfs", "priority"]
+Batching = Literal["mixed", "prefill_first"]
+
+
+@dataclass(frozen=True)
+class OutputReservation:
+    """Admit a request only if the free KV cache also holds `ratio` x the output tokens every
+    running request (and the new one) may still produce. ratio 1 never preempts (TensorRT-LLM's
+    GUARANTEED_NO_EVICT); SGLang starts high and decays towards a floor as requests finish early,
+    jumping back up after a preemption. None (no reservation) is vLLM's optimistic admission."""
+
+    initial_ratio: float
+    min_ratio: float
+    decay_per_step: float = 0.0  # ratio lost per step, down to min_ratio
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.min_ratio <= self.initial_ratio <= 1.0:
+            raise ValueError(f"output reservation ratios {self.min_ratio}..{self.initial_ratio} are invalid: "
+                             "need 0 <= min_ratio <= initial_ratio <= 1")
+        if not self.decay_per_step >= 0.0:
+            raise ValueError(f"decay_per_step={self.decay_per_step} is invalid: must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -29,6 +49,14 @@ class SchedulerConfig:
     enable_prefix_caching: bool = True
     policy: Policy = "fcfs"
     num_speculative_tokens: int = 0
+    # mixed: a step decodes every running request, then fills the budget with prefill chunks
+    # (vLLM V1). prefill_first: while prompts wait or are half done, a step prefills only and the
+    # decodes stall (vLLM V0, SGLang).
+    batching: Batching = "mixed"
+    output_reservation: OutputReservation | None = None
+    # Multi-step scheduling (vLLM 0.6): a decode-only batch runs this many steps without being
+    # rescheduled, and its tokens are delivered together at the end.
+    num_scheduler_steps: int = 1
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
@@ -41,6 +69,13 @@ class SchedulerConfig:
             raise InputError("policy", self.policy, "must be 'fcfs' or 'priority'")
         if self.num_speculative_tokens < 0:
             raise InputError("num_speculative_tokens", self.num_speculative_tokens, "must be >= 0")
+        if self.batching not in ("mixed", "prefill_first"):
+            raise InputError("batching", self.batching, "must be 'mixed' or 'prefill_first'")
+        if self.num_scheduler_steps < 1:
+            raise InputError("num_scheduler_steps", self.num_scheduler_steps, "must be >= 1")
+        if self.num_scheduler_steps > 1 and self.num_speculative_tokens:
+            raise InputError("num_scheduler_steps", self.num_scheduler_steps,
+                             "must be 1 with speculative decoding (vLLM refuses it too)")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise InputError("max_num_batched_tokens", self.max_num_batched_tokens,
                              f"must be >= max_num_seqs={self.max_num_seqs}, or running requests cannot all decode in one step")
@@ -147,6 +182,15 @@ class Scheduler:
         self._num_finished: dict[str, int] = {reason: 0 for reason in FINISH_REASONS.values()}
         self._num_preemptions = 0
         self._num_steps = 0
+        reservation = config.output_reservation
+        self._reserve_ratio = reservation.initial_ratio if reservation is not None else 0.0
+        # Output tokens running requests may still produce (max_tokens - produced): what a
+        # reservation keeps room for. Kept incrementally: the simulator schedules millions of steps.
+        self._remaining_outputs = 0
+        # Multi-step: decode steps left in the current group, and what the group delivers at its end.
+        self._group_steps_left = 0
+        self._group_updates: list[RequestUpdate] = []
+        self._group_requests: list[tuple[Request, int]] = []  # (request, its first token of the group)
 
     # ---- intake ---------------------------------------------------------------------------
 
@@ -184,6 +228,7 @@ class Scheduler:
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
             self.kv_cache_manager.free(request)
+            self._remaining_outputs -= request.max_tokens - request.num_output_tokens
         else:
             self.waiting.remove(request)
         self._finish(request, RequestStatus.FINISHED_ABORTED, now)
@@ -196,11 +241,14 @@ class Scheduler:
             raise RuntimeError("schedule() called again before update() consumed the previous output")
         self._check_drafts()
         step = _StepState(budget=self.config.max_num_batched_tokens)
-        self._schedule_running(step)
-        # After a preemption the pool is known to be short: admitting anyone would only
-        # thrash, as in vLLM.
-        if not step.preempted:
-            self._schedule_waiting(step, now)
+        if self._group_steps_left:
+            self._schedule_running(step)  # the multi-step group goes on: the same decodes, nobody admitted
+        elif not (self.config.batching == "prefill_first" and self._schedule_prefills(step, now)):
+            self._schedule_running(step)
+            # After a preemption the pool is known to be short: admitting anyone would only thrash,
+            # as in vLLM. Prefill-first engines admit in prefill steps only.
+            if not step.preempted and self.config.batching == "mixed":
+                self._schedule_waiting(step, now)
 
         scheduled = tuple(step.scheduled.values())
         output = SchedulerOutput(
@@ -213,10 +261,34 @@ class Scheduler:
             kv_cache_usage=self.kv_cache_manager.usage,
         )
         self._finished_ids.clear()
+        if self.config.output_reservation is not None:
+            self._update_reserve_ratio(output)
         if scheduled:
             self._pending = output
             self._num_steps += 1
+            if not self._group_steps_left and self.config.num_scheduler_steps > 1 and not output.num_prefill_tokens:
+                self._group_steps_left = self.config.num_scheduler_steps
         return output
+
+    def _update_reserve_ratio(self, output: SchedulerOutput) -> None:
+        """Decay with every decode step (requests keep finishing before max_tokens); back to the
+        start after a preemption, which shows the estimate was too low (SGLang's retraction)."""
+        reservation = self.config.output_reservation
+        assert reservation is not None
+        if output.preempted_request_ids:
+            self._reserve_ratio = reservation.initial_ratio
+        elif output.num_decode_tokens:
+            self._reserve_ratio = max(reservation.min_ratio, self._reserve_ratio - reservation.decay_per_step)
+
+    def _schedule_prefills(self, step: _StepState, now: float) -> bool:
+        """A prefill-only step: prompts being chunked go on, waiting ones are admitted. False when
+        there is no prefill to run, and the step decodes instead."""
+        if not self.waiting and not any(r.num_computed_tokens < r.num_tokens - 1 for r in self.running):
+            return False
+        self._schedule_running(step, prefills_only=True)
+        if not step.preempted:
+            self._schedule_waiting(step, now)
+        return bool(step.scheduled)
 
     def _check_drafts(self) -> None:
         k = self.config.num_speculative_tokens
@@ -227,11 +299,14 @@ class Scheduler:
                     f"more than num_speculative_tokens={k}"
                 )
 
-    def _schedule_running(self, step: _StepState) -> None:
+    def _schedule_running(self, step: _StepState, prefills_only: bool = False) -> None:
         i = 0
         while i < len(self.running) and step.budget > 0:
             request = self.running[i]
             num_new = request.num_tokens - request.num_computed_tokens
+            if prefills_only and num_new <= 1:  # decoding: it waits for the next decode step
+                i += 1
+                continue
             if request.spec_token_ids:
                 # Drafts past the last token max_tokens allows would be wasted compute and KV.
                 num_new += min(len(request.spec_token_ids), request.max_tokens - request.num_output_tokens - 1)
@@ -272,6 +347,7 @@ class Scheduler:
             step.budget += len(undone.token_ids)
         # free() reads num_computed_tokens to spot blocks registered but never filled: reset after.
         self.kv_cache_manager.free(victim)
+        self._remaining_outputs -= victim.max_tokens - victim.num_output_tokens
         victim.status = RequestStatus.PREEMPTED
         victim.num_computed_tokens = 0  # recompute: output tokens are kept and re-prefilled
         victim.spec_token_ids = []
@@ -288,26 +364,42 @@ class Scheduler:
             if request is None:
                 return
             computed_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
-            num_new = request.num_tokens - num_hit
+            first_admission = request.first_scheduled_time is None
+            # External KV counts only at first admission: a preempted request recomputes it all.
+            num_external = max(0, request.num_external_computed_tokens - num_hit) if first_admission else 0
+            num_new = request.num_tokens - num_hit - num_external
             if num_new > step.budget:
                 if not self.config.enable_chunked_prefill:
                     return
                 num_new = step.budget
-            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_new, computed_blocks)
+            if self.config.output_reservation is not None and not self._room_for_outputs(request, num_external + num_new):
+                return
+            # The external tokens need KV slots but no compute (and none of the step's budget).
+            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_external + num_new, computed_blocks)
             if new_block_ids is None:
                 return
             self.waiting.pop()
-            if request.first_scheduled_time is None:
+            if first_admission:
                 request.first_scheduled_time = now
                 request.num_cached_tokens = num_hit
             request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_hit
+            request.num_computed_tokens = num_hit + num_external
             self.running.append(request)
+            self._remaining_outputs += request.max_tokens - request.num_output_tokens
             block_table = [b.block_id for b in computed_blocks] + new_block_ids
             step.scheduled[request.request_id] = self._scheduled_request(
                 request, num_new, block_table, reset_block_table=True
             )
             step.budget -= num_new
+
+    def _room_for_outputs(self, request: Request, num_new_tokens: int) -> bool:
+        """Whether admitting `request` (num_new_tokens now) leaves the reserved share of every
+        running request's remaining output, and of its own, free in the KV cache."""
+        bs = self.config.block_size
+        ratio = self._reserve_ratio
+        own = request.max_tokens - request.num_output_tokens
+        reserved_blocks = -(-int(ratio * (self._remaining_outputs + own)) // bs)
+        return reserved_blocks + -(-num_new_tokens // bs) <= self.kv_cache_manager.num_free_blocks
 
     def _scheduled_request(
         self, request: Request, num_new: int, block_ids: Sequence[int], reset_block_table: bool
@@ -354,6 +446,7 @@ class Scheduler:
 
         updates: list[RequestUpdate] = []
         any_finished = False
+        in_group = self._group_steps_left > 0
         for s, request in live:
             request.num_computed_tokens += len(s.token_ids)
             if request.spec_token_ids:
@@ -367,6 +460,8 @@ class Scheduler:
             if request.first_token_time is None:
                 request.first_token_time = now
             output_ids, times = request.output_token_ids, request.token_times
+            if in_group:
+                self._group_requests.append((request, len(times)))
             stop: RequestStatus | None = None
             num_kept = 0
             for token in sampled:
@@ -376,14 +471,32 @@ class Scheduler:
                 stop = self._stop_status(request, token)
                 if stop is not None:
                     break
+            self._remaining_outputs -= num_kept
             if stop is not None:
                 self.kv_cache_manager.free(request)
+                self._remaining_outputs -= request.max_tokens - request.num_output_tokens
                 self._finish(request, stop, now)
                 any_finished = True
             updates.append(RequestUpdate(s.request_id, tuple(sampled[:num_kept]), stop is not None, request.finish_reason))
         if any_finished:
             self.running = [r for r in self.running if not r.is_finished]
-        return updates
+        return self._deliver(updates, now) if in_group else updates
+
+    def _deliver(self, updates: list[RequestUpdate], now: float) -> list[RequestUpdate]:
+        """Multi-step: hold a group's tokens until its last step, then deliver them all at once,
+        stamped with that step's time, as vLLM's multi-step streams them."""
+        self._group_updates += updates
+        self._group_steps_left -= 1
+        if self._group_steps_left and self.running:
+            return []
+        self._group_steps_left = 0
+        for request, first in self._group_requests:
+            times = request.token_times
+            times[first:] = [now] * (len(times) - first)
+            if request.finish_time is not None:
+                request.finish_time = now
+        delivered, self._group_updates, self._group_requests = self._group_updates, [], []
+        return delivered
 
     def _check_sampled(self, live: Sequence[ScheduledRequest], sampled_token_ids: Mapping[str, Sequence[int]]) -> None:
         # Everything is checked before anything changes, so a bad call leaves no half-applied step.

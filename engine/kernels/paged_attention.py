@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from engine.model.attention import AttentionMetadata
+from engine.kernels.metadata import AttentionMetadata
 
 # Decode heuristics, sized for a datacenter GPU (~100-140 SMs): split only when the main
 # kernel would launch fewer programs than that, and never below a few hundred keys a split.

@@ -13,7 +13,8 @@ from torch import Tensor, nn
 
 from engine.config import ModelConfig
 from engine.errors import InputError
-from engine.model.attention import AttentionMetadata, allocate_kv_caches, attend
+from engine.kernels.metadata import AttentionMetadata
+from engine.model.attention import allocate_kv_caches, attend
 from engine.model.layers import Embedding, GatedMLP, Linear, RMSNorm
 from engine.model.moe import SparseMoE
 from engine.model.rotary import RotaryEmbedding, rotate_qk

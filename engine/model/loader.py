@@ -68,7 +68,7 @@ def load_model(
     keep = weight_dtype if weight_dtype == "int4" or (weight_dtype == "int8" and int8_kernel != "dynamic") else None
     loaded = _load(source, dtype, device, seed, random_weights, keep)
     if weight_dtype != "auto" and getattr(loaded.model, "weight_dtype", "auto") == "auto":
-        from engine.quant.swap import quantize_model
+        from engine.model.quantize import quantize_model
 
         how = ""
         calibration = _calibration_ids(loaded) if weight_dtype == "int8" and int8_kernel == "dynamic" else None
@@ -203,7 +203,7 @@ def _load_gguf(
         quants, dtype_name = gguf_checkpoint.gguf_quant_types(reader), str(dtype).removeprefix("torch.")
         description = f"GGUF {path} ({quants}; dequantised to {dtype_name})"
         if keep_groups is not None:  # rather than quantise the file's blocks a second time
-            from engine.quant.swap import quantizable_linears, quantize_model
+            from engine.model.quantize import quantizable_linears, quantize_model
 
             linears = quantizable_linears(model)
             fused = _fused_rows(model, gguf_checkpoint.gguf_quantized_groups(reader, config, keep_groups))

@@ -46,10 +46,14 @@ def kv_last_dim(head_dim: int, dtype: torch.dtype) -> int:
     return head_dim + KV_SCALE_BYTES if is_quantized_kv(dtype) else head_dim
 
 
-def kv_bytes_per_token_per_layer(num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """Real bytes one token takes in one layer's cache (K and V, values and scales)."""
-    element = torch.empty((), dtype=dtype).element_size()
-    return 2 * num_kv_heads * kv_last_dim(head_dim, dtype) * element
+# The name each cache dtype has in ModelConfig.kv_bytes_per_token_per_layer, the one count of KV
+# bytes that the engine's allocation and the planner's memory plan share.
+_KV_DTYPE_NAMES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16",
+                   torch.int8: "int8", torch.float8_e4m3fn: "fp8"}
+
+
+def kv_dtype_name(dtype: torch.dtype) -> str:
+    return _KV_DTYPE_NAMES[dtype]
 
 
 def quantize_kv(x: Tensor, dtype: torch.dtype) -> Tensor:

@@ -1,4 +1,4 @@
-"""Weight-only quantised drop-ins for engine.model.layers.Linear: Int8Linear, Int4Linear, Fp8Linear.
+"""Weight-only quantised drop-ins for a float Linear (engine.model.layers.Linear): Int8Linear, Int4Linear, Fp8Linear.
 
 Each is built from a float Linear with `from_linear` and keeps its weight in the quantised
 format as buffers (the bias, when there is one, stays in the activation dtype). Activations
@@ -18,7 +18,7 @@ all rows, a token's grid still depends slightly on which rows share its batch.
 from __future__ import annotations
 
 import platform
-from typing import Literal
+from typing import Literal, Protocol
 import warnings
 
 import torch
@@ -26,10 +26,16 @@ from torch import Tensor, nn
 import torch.nn.functional as F
 
 from engine import kernels
-from engine.model.layers import Linear
 from engine.quant import formats
 
 Int8Kernel = Literal["auto", "triton", "int8pack", "dynamic", "dequant"]
+
+
+class FloatLinear(Protocol):
+    """What the quantised drop-ins are built from: a float Linear (engine.model.layers.Linear)."""
+
+    weight: Tensor  # [out_features, in_features]
+    bias: Tensor | None
 
 
 def cpu_weight_only_kernels_vectorised() -> bool:
@@ -116,13 +122,13 @@ class Int8Linear(_QuantLinear):
         self._packed = self._fbgemm_pack() if kernel == "dynamic" else None
 
     @classmethod
-    def from_linear(cls, linear: Linear, kernel: Int8Kernel = "auto", smooth: Tensor | None = None) -> Int8Linear:
+    def from_linear(cls, linear: FloatLinear, kernel: Int8Kernel = "auto", smooth: Tensor | None = None) -> Int8Linear:
         weight = linear.weight if smooth is None else linear.weight * smooth.to(linear.weight.dtype)
         q, scales = formats.quantize_int8(weight)
         return cls(q, scales.to(linear.weight.dtype), linear.bias, kernel, smooth)
 
     @classmethod
-    def from_groups(cls, linear: Linear, q: Tensor, scales: Tensor) -> Int8Linear:
+    def from_groups(cls, linear: FloatLinear, q: Tensor, scales: Tensor) -> Int8Linear:
         """Replace `linear` with given int8 codes q [N, K] and per-group scales [N, K / g] (a
         pre-quantised checkpoint's, e.g. GGUF Q8_0)."""
         if q.shape != linear.weight.shape or scales.dim() != 2 or scales.shape[0] != q.shape[0] or q.shape[1] % scales.shape[1]:
@@ -211,12 +217,12 @@ class Int4Linear(_QuantLinear):
         self.register_buffer("weight", packed)
 
     @classmethod
-    def from_linear(cls, linear: Linear, group_size: int = 128, cpu_kernel: bool | None = None) -> Int4Linear:
+    def from_linear(cls, linear: FloatLinear, group_size: int = 128, cpu_kernel: bool | None = None) -> Int4Linear:
         return cls.from_groups(linear, *formats.quantize_int4(linear.weight, group_size), cpu_kernel=cpu_kernel)
 
     @classmethod
     def from_groups(
-        cls, linear: Linear, q: Tensor, scales: Tensor, zeros: Tensor, cpu_kernel: bool | None = None
+        cls, linear: FloatLinear, q: Tensor, scales: Tensor, zeros: Tensor, cpu_kernel: bool | None = None
     ) -> Int4Linear:
         """Replace `linear` with given codes q [N, Kp] in 0..15, scales and zeros [N, Kp / group]
         (a pre-quantised checkpoint's groups, or formats.quantize_int4's)."""
@@ -277,7 +283,7 @@ class Fp8Linear(_QuantLinear):
         self.register_buffer("scales", scales.contiguous())
 
     @classmethod
-    def from_linear(cls, linear: Linear) -> Fp8Linear:
+    def from_linear(cls, linear: FloatLinear) -> Fp8Linear:
         q, scales = formats.quantize_fp8(linear.weight)
         return cls(q, scales.to(linear.weight.dtype), linear.bias)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from engine.model.attention import build_attention_metadata
+from engine.kernels.metadata import build_attention_metadata
 
 # Prose, a question and a little code, so the statistics are not those of one register; it
 # shares no text with bench/quant_quality.py's evaluation text.

@@ -18,15 +18,16 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.config import ModelConfig
-from engine.core import Request
-from engine.model.attention import allocate_kv_caches, build_attention_metadata
+from engine.core import BlockPool, KVCacheBlock, Request
+from engine.kernels.metadata import build_attention_metadata
+from engine.model.attention import allocate_kv_caches
 
 
 @dataclass
 class _State:
     fed: list[int] = field(default_factory=list)  # tokens whose KV is in the draft cache, by position
     verified: int = 0  # leading entries of `fed` known to equal the request's verified tokens
-    blocks: list[int] = field(default_factory=list)
+    blocks: list[KVCacheBlock] = field(default_factory=list)
 
 
 class DraftModelProposer:
@@ -43,14 +44,15 @@ class DraftModelProposer:
         `config` its shape; the cache holds num_blocks blocks of block_size tokens."""
         self.model, self.block_size, self.device = model, block_size, device
         self.kv_caches = allocate_kv_caches(config, num_blocks, block_size, kv_dtype, device)
-        self._free = list(range(num_blocks - 1, -1, -1))  # a stack: pop() hands out low ids first
+        # Block ids of the draft's own cache: the engine's block pool, without prefix caching.
+        self._pool = BlockPool(num_blocks, enable_caching=False)
         self._states: dict[str, _State] = {}
 
     def forget(self, request_ids: Iterable[str]) -> None:
         for request_id in request_ids:
             state = self._states.pop(request_id, None)
             if state is not None:
-                self._free.extend(reversed(state.blocks))
+                self._pool.free_blocks(reversed(state.blocks))
 
     @torch.inference_mode()
     def propose(self, requests: Sequence[Request], num_drafts: Sequence[int]) -> dict[str, list[int]]:
@@ -74,7 +76,8 @@ class DraftModelProposer:
         drafts: dict[str, list[int]] = {rid: [] for rid, _, _ in batch}
         # Pass j feeds draft j (pass 0 feeds the catch-up) to every request that wants more.
         while batch:
-            next_tokens = self._forward(query, [len(s.fed) for _, s, _ in batch], [s.blocks for _, s, _ in batch])
+            tables = [[b.block_id for b in s.blocks] for _, s, _ in batch]
+            next_tokens = self._forward(query, [len(s.fed) for _, s, _ in batch], tables)
             still: list[tuple[str, _State, int]] = []
             query = []
             for (rid, state, k), token in zip(batch, next_tokens, strict=True):
@@ -89,9 +92,10 @@ class DraftModelProposer:
     def _reserve(self, state: _State, num_tokens: int) -> bool:
         """Blocks for positions [0, num_tokens); False (nothing taken) when the cache is short."""
         missing = -(-num_tokens // self.block_size) - len(state.blocks)
-        if missing > len(self._free):
+        if missing > self._pool.num_free_blocks:
             return False
-        state.blocks.extend(self._free.pop() for _ in range(missing))
+        if missing > 0:
+            state.blocks.extend(self._pool.get_new_blocks(missing))
         return True
 
     def _forward(self, query: list[list[int]], seq_lens: list[int], tables: list[list[int]]) -> list[int]:

@@ -10,7 +10,7 @@ from engine.config import ModelConfig, SpeculativeSettings
 from engine.errors import InputError
 from engine.model.decoder import CausalLM
 from engine.model.loader import load_model
-from engine.spec.base import Proposer
+from engine.core.speculative import Proposer
 from engine.spec.draft import DraftModelProposer
 from engine.spec.early_exit import EarlyExitDraft
 from engine.spec.ngram import NgramProposer

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import simpy
 
 from engine.config import ModelConfig
-from engine.core import KVCacheManager, Request, SamplingParams, Scheduler
+from engine.core import KVCacheManager, Request, SamplingParams, Scheduler, StepLoop
 from engine.core.metrics import RequestMetrics
 from engine.core.kv_cache_manager import PrefixCacheStats
 from engine.errors import InputError, unknown_name_error
@@ -15,9 +15,12 @@ from planner.costmodel import CostModel, CostParams
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import PricingBasis, RunRecord, RunSummary, StepSample, summarize
 from planner.playback import Playback, Replay, Submission, check_lengths
-from planner.sim.replica import SYNTHETIC_TOKEN_ID, Replica
+from planner.sim.executor import SYNTHETIC_TOKEN_ID, CostModelExecutor
+from planner.sim.frontend import FrontEnd
+from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
 from planner.sim.speculative import SyntheticDrafts
+from planner.sim.trace import RunTrace, TraceRecorder
 from planner.specs import SLO, Deployment, HardwareProfile
 from planner.workload import Workload
 
@@ -27,6 +30,7 @@ class SimulationResult:
     summary: RunSummary
     record: RunRecord  # per request and per step, for CDFs and full-resolution time series
     memory: MemoryPlan
+    trace: RunTrace | None = None  # the schedule, when asked for (trace=True): what a fit re-times
 
 
 def simulate(
@@ -41,11 +45,13 @@ def simulate(
     max_model_len: int | None = None,
     kv_cache_blocks: int | None = None,
     seed: int = 0,
+    trace: bool = False,
 ) -> SimulationResult:
     """Play `workload` (a spec to draw, or a trace / already drawn Replay) against `dep` until
     every request finishes. `kv_cache_blocks` replaces the memory plan's count per replica (to
     mirror an engine run whose cache size was set by hand). `seed` seeds the simulator's own draws
-    (speculative acceptance); the workload carries its own seed."""
+    (speculative acceptance); the workload carries its own seed. Requests pass the engine's API
+    server first (`CostParams.api_request_s` each, one at a time), as a benchmark client's do."""
     if router not in ROUTERS:
         raise unknown_name_error("router", router, ROUTERS)
     max_len = max_model_len or model.max_position_embeddings
@@ -75,41 +81,50 @@ def simulate(
     samples: list[StepSample] = []
     finished: list[Request] = []
     playback = Playback(replay)
+    recorder = TraceRecorder(cost_model.reader) if trace else None
+    api = FrontEnd(env, cost_model.params.api_request_s)
 
-    def submit(sub: Submission) -> None:
+    def send(sub: Submission, gate: str | None = None) -> None:
+        """The client sends now; the engine sees the request once the API server has handled it."""
         wr = sub.request
         request = Request(wr.request_id, list(sub.prompt_token_ids),
                           SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=env.now)
-        replicas[route.choose(request, replicas)].submit(request)
+        if recorder is not None:
+            recorder.submitted(wr.request_id, 0.0 if gate else sub.due_s, gate, wr.think_time_s if gate else 0.0,
+                               request.num_prompt_tokens, wr.output_tokens)
+        api.forward(request, lambda r: replicas[route.choose(r, replicas)].submit(r))
 
-    def submit_later(sub: Submission):  # noqa: ANN202 (a SimPy process generator)
+    def send_later(sub: Submission, gate: str | None):  # noqa: ANN202 (a SimPy process generator)
         yield env.timeout(sub.due_s - env.now)
-        submit(sub)
+        send(sub, gate)
 
     def on_finished(request: Request) -> None:
         finished.append(request)
         for sub in playback.finished(request.request_id, request.output_token_ids, env.now):
             if sub.due_s > env.now:
-                env.process(submit_later(sub))
+                env.process(send_later(sub, request.request_id))
             else:
-                submit(sub)
+                send(sub, request.request_id)
 
     def arrivals():  # noqa: ANN202 (a SimPy process generator)
         for sub in playback.start():  # sorted by due time
             if sub.due_s > env.now:
                 yield env.timeout(sub.due_s - env.now)
-            submit(sub)
+            send(sub)
+
+    def replica(index: int) -> Replica:
+        scheduler = Scheduler(sched_config, KVCacheManager(memory.kv_cache_blocks, sched_config.block_size,
+                                                           sched_config.enable_prefix_caching))
+        drafts = None if spec is None or acceptance is None else SyntheticDrafts(
+            spec.num_speculative_tokens, acceptance, (seed, index), SYNTHETIC_TOKEN_ID, spec.proposal_rate)
+        executor = CostModelExecutor(cost_model, drafts)
+        executors.append(executor)
+        loop = StepLoop(scheduler, executor, lambda: env.now, proposer=drafts, replica=index)
+        return Replica(env, loop, on_finished, samples, recorder)
 
     route = ROUTERS[router]()
-    replicas = [
-        Replica(env, i, Scheduler(sched_config, KVCacheManager(memory.kv_cache_blocks, sched_config.block_size,
-                                                               sched_config.enable_prefix_caching)),
-                cost_model, on_finished, samples,
-                None if spec is None or acceptance is None else
-                SyntheticDrafts(spec.num_speculative_tokens, acceptance, (seed, i), SYNTHETIC_TOKEN_ID,
-                                spec.proposal_rate))
-        for i in range(dep.replicas)
-    ]
+    executors: list[CostModelExecutor] = []
+    replicas = [replica(i) for i in range(dep.replicas)]
     env.process(arrivals())
     env.run()  # the replicas idle on an event once everything is done, so the queue drains
     if len(finished) != playback.num_requests:
@@ -134,8 +149,8 @@ def simulate(
         num_preemptions=sum(s.num_preemptions for s in stats),
         num_steps=sum(s.num_steps for s in stats),
         kv_cache_blocks_total=memory.kv_cache_blocks * dep.replicas,
-        flops=sum(r.flops for r in replicas) * dep.tensor_parallel,
-        bytes=sum(r.bytes for r in replicas) * dep.tensor_parallel,
+        flops=sum(e.flops for e in executors) * dep.tensor_parallel,
+        bytes=sum(e.bytes for e in executors) * dep.tensor_parallel,
         finish_reasons=reasons,
     )
     peak, peak_dtype = hw.peak_flops(cost_model.gemm_dtype)
@@ -171,4 +186,5 @@ def simulate(
     }
     summary = summarize(record, source="simulator", model=memory.model, hardware=hw.name, workload=replay.name,
                         slo=slo, pricing=pricing, assumptions=assumptions)
-    return SimulationResult(summary=summary, record=record, memory=memory)
+    return SimulationResult(summary=summary, record=record, memory=memory,
+                            trace=None if recorder is None else recorder.trace())

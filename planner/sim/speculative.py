@@ -1,5 +1,6 @@
 """Speculative decoding in the simulator: synthetic drafts on the requests the engine would
-draft for, and how many of them are accepted, drawn from a per-position acceptance profile.
+draft for (the shared step loop picks them), and how many of them are accepted, drawn from a
+per-position acceptance profile.
 
 A decoding request gets k drafts with probability proposal_rate (an n-gram lookup can miss;
 then the step is a plain decode for it). Position i is accepted with probability profile[i]
@@ -9,12 +10,11 @@ verification. One seeded generator per replica: same inputs, same draws.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from engine.core import Request, SchedulerOutput
-from engine.spec.base import draft_budget
 
 
 class SyntheticDrafts:
@@ -26,12 +26,16 @@ class SyntheticDrafts:
         self._profile = np.asarray(profile, dtype=float)
         self._rng = np.random.default_rng(list(seed))
 
-    def propose(self, running: Sequence[Request]) -> None:
-        """Put up to k synthetic drafts on each decoding request, before schedule()."""
-        for request in running:
-            if (room := draft_budget(request, self.k)) and (
-                    self.proposal_rate >= 1.0 or self._rng.random() < self.proposal_rate):
-                request.spec_token_ids = [self.token_id] * room
+    def propose(self, requests: Sequence[Request], num_drafts: Sequence[int]) -> dict[str, list[int]]:
+        """The step loop's Proposer: all the drafts each request has room for, or none (a miss)."""
+        out: dict[str, list[int]] = {}
+        for request, room in zip(requests, num_drafts, strict=True):
+            if self.proposal_rate >= 1.0 or self._rng.random() < self.proposal_rate:
+                out[request.request_id] = [self.token_id] * room
+        return out
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """Nothing to drop: drafts are drawn afresh every step."""
 
     def sampled(self, output: SchedulerOutput) -> dict[str, tuple[int, ...]]:
         """Per sampling request: its accepted drafts plus the bonus/correction token."""

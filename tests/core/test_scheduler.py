@@ -435,6 +435,63 @@ def test_hit_within_the_same_step():
     assert _by_id(out)["b"].num_computed_tokens == 8
 
 
+# ---- external KV (disaggregated prefill, calibration's synthetic context) --------------------
+
+
+def _external(request_id: str, prompt_len: int, external: int, max_tokens: int = 3):
+    request = make_request(request_id, prompt_len, max_tokens=max_tokens)
+    return type(request)(request.request_id, request.prompt_token_ids, request.sampling_params,
+                         request.arrival_time, num_external_computed_tokens=external)
+
+
+def test_external_tokens_take_slots_but_no_compute_or_budget():
+    sched = make_scheduler(block_size=4, max_num_batched_tokens=8)
+    sched.add_request(_external("a", 30, external=27))
+    out, _ = _step(sched, 0.0)
+    a = _by_id(out)["a"]
+    # Blocks for all 30 prompt tokens, only the last 3 computed; the budget pays for those 3.
+    assert a.num_computed_tokens == 27 and len(a.token_ids) == 3 and a.samples and a.is_prefill
+    assert len(a.new_block_ids) == 8 and out.total_num_scheduled_tokens == 3
+    out, _ = _step(sched, 1.0)
+    assert _by_id(out)["a"].num_computed_tokens == 30 and not _by_id(out)["a"].is_prefill
+
+
+def test_external_tokens_beyond_a_prefix_hit():
+    sched = make_scheduler(block_size=4)
+    sched.add_request(make_request("a", list(range(10)), max_tokens=2))
+    _step(sched, 0.0)
+    b = make_request("b", list(range(10)) + [50, 51, 52, 53, 54], max_tokens=2, arrival_time=1.0)
+    sched.add_request(type(b)("b", b.prompt_token_ids, b.sampling_params, 1.0, num_external_computed_tokens=13))
+    scheduled = _by_id(_step(sched, 1.0)[0])["b"]
+    assert scheduled.num_computed_tokens == 13 and scheduled.token_ids == (53, 54)
+    assert sched.get_request("b").num_cached_tokens == 8  # the local hit; the rest came from outside
+
+
+def test_external_tokens_are_recomputed_after_preemption():
+    """External KV is taken at first admission only: a preempted request recomputes it all."""
+    sched = make_scheduler(num_blocks=6, block_size=4, enable_prefix_caching=False)
+    sched.add_request(make_request("a", 4, max_tokens=8))
+    sched.add_request(_external("b", 16, external=15, max_tokens=8))
+    first = _by_id(_step(sched, 0.0)[0])["b"]
+    assert first.num_computed_tokens == 15 and first.token_ids == (sched.get_request("b").prompt_token_ids[-1],)
+    for now in range(1, 20):
+        out, _ = _step(sched, float(now))
+        if "b" in out.preempted_request_ids:
+            break
+    else:
+        raise AssertionError("b was never preempted")
+    while "b" not in _by_id(out):
+        out, _ = _step(sched, float(now := now + 1))
+    resumed = _by_id(out)["b"]
+    assert resumed.num_computed_tokens == 0 and resumed.reset_block_table
+
+
+@pytest.mark.parametrize("external", [-1, 10, 11])
+def test_external_tokens_must_leave_the_last_prompt_token_to_compute(external):
+    with pytest.raises(ValueError, match="num_external_computed_tokens"):
+        _external("a", 10, external=external)
+
+
 # ---- speculative decoding ----------------------------------------------------------------
 
 

@@ -73,3 +73,23 @@ def test_cli(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert data["num_finished"] == 4 and data["goodput"]["slo_met"] is True
     assert main([*args, "--rate", "0"]) == 2
     assert "--rate='0' is invalid" in capsys.readouterr().err
+
+
+def test_a_speculative_engine_drafts_under_bench(model_dir: Path) -> None:
+    """bench runs the engine's own step loop, so an engine built with speculation drafts there too."""
+    # The early-exit self-draft proposes at every decoding step, whatever the text.
+    engine = llm(model_dir, speculative={"method": "self", "num_speculative_tokens": 2, "draft_layers": 1})
+    summary, _ = bench_engine(engine, Replay.of(workload(num_requests=4), 256), model_name="tiny")
+    assert summary.num_finished == 4
+    stats = engine.spec_stats
+    assert stats is not None and stats.num_proposals > 0 and stats.num_drafts > 0 and stats.num_steps > 0
+
+
+@pytest.mark.parametrize("num_kv_blocks", [1, 2, 7])
+def test_warm_up_fits_a_tiny_cache(model_dir: Path, num_kv_blocks: int) -> None:
+    """The warm-up used to index past a cache of 7 blocks or fewer; it now sizes itself to the cache."""
+    engine = llm(model_dir, num_kv_blocks=num_kv_blocks, max_model_len=4 * num_kv_blocks)
+    w = workload(input_tokens=FixedLength(tokens=2), output_tokens=FixedLength(tokens=2), num_requests=3)
+    summary, _ = bench_engine(engine, Replay.of(w, 256), model_name="tiny")
+    assert summary.num_finished == 3
+    assert engine.scheduler.stats().num_requests == 3  # the warm-up's own requests are not the engine's

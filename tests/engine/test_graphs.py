@@ -15,7 +15,7 @@ from engine.core import SamplingParams
 from engine.graphs import DecodeGraphs
 from engine.errors import InputError
 from engine.llm import LLM
-from engine.model.attention import build_attention_metadata
+from engine.kernels.metadata import build_attention_metadata
 from tests.engine.test_llm import make_llm, prompts, tokens
 
 

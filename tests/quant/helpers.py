@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from engine.model.attention import build_attention_metadata
+from engine.kernels.metadata import build_attention_metadata
 from engine.model.decoder import CausalLM
 
 

@@ -4,7 +4,9 @@ byte accounting that sizes the cache, and the untouched unquantised path."""
 import pytest
 import torch
 
-from engine.model.attention import allocate_kv_cache, build_attention_metadata, paged_attention, write_kv_cache
+from engine.config import ModelConfig
+from engine.kernels.metadata import build_attention_metadata
+from engine.model.attention import allocate_kv_cache, paged_attention, write_kv_cache
 from engine.model.loader import load_model
 from engine.quant import kv
 
@@ -12,6 +14,9 @@ from .helpers import cosine, run_logits
 from .test_swap import DECODE, PROMPT
 
 KV_DTYPES = [torch.int8, torch.float8_e4m3fn]
+# 2 KV heads of 16 dims: the shapes of the caches allocated below.
+TWO_HEADS_OF_16 = ModelConfig.from_hf_config({"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 64,
+                                              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 8})
 
 
 def randn(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -43,8 +48,9 @@ def test_allocation_shape_and_auto_path_unchanged() -> None:
     for dtype in KV_DTYPES:
         cache = allocate_kv_cache(3, 4, 2, 16, dtype)
         assert cache.shape == (2, 3, 4, 2, 16 + 4) and cache.dtype == dtype
-        assert kv.kv_bytes_per_token_per_layer(2, 16, dtype) == cache[:, 0, 0].numel() * 1
-    assert kv.kv_bytes_per_token_per_layer(2, 16, torch.float32) == 2 * 2 * 16 * 4
+        assert TWO_HEADS_OF_16.kv_bytes_per_token_per_layer(kv.kv_dtype_name(dtype)) == cache[:, 0, 0].numel() * 1
+    fp32 = allocate_kv_cache(3, 4, 2, 16, torch.float32)
+    assert TWO_HEADS_OF_16.kv_bytes_per_token_per_layer("fp32") == fp32[:, 0, 0].numel() * 4 == 2 * 2 * 16 * 4
 
 
 def test_kv_cache_torch_dtype() -> None:

@@ -6,7 +6,7 @@ import torch
 
 from engine.model.layers import Embedding, Linear
 from engine.model.loader import load_model
-from engine.quant import quantize_model
+from engine.model.quantize import quantize_model
 from engine.quant.linear import Fp8Linear, Int4Linear, Int8Linear
 
 from .helpers import cosine, run_logits

@@ -1,4 +1,7 @@
-"""quantize_model: the state-dict pass plus module swap (gpt-fast style).
+"""quantize_model: the model pass that quantises weights and swaps modules (gpt-fast style).
+
+The formats and the quantised modules live in engine/quant (a layer below the model); this pass
+walks a built model, so it lives here.
 
 Every engine.model.layers.Linear inside the transformer layers (model.model.layers: qkv_proj,
 o_proj, gate_up_proj, down_proj) is replaced by its quantised counterpart, its weight

@@ -1,6 +1,6 @@
 """Micro-benchmark of the quantised Linears against fp32 F.linear on SmolLM2-135M shapes.
 
-    OMP_NUM_THREADS=2 python -m engine.quant.bench [--rows 1 16] [--threads 2]
+    OMP_NUM_THREADS=2 .venv/bin/python bench/quant_linears.py [--rows 1 16] [--threads 2]
 
 Prints the best-of-5 mean time per call (microseconds) for each shape and row count.
 """

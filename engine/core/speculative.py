@@ -1,9 +1,44 @@
-"""Speculative-decoding counters the engine keeps: acceptance per draft position, accepted
-length, and time spent drafting and verifying. Torch-free."""
+"""Speculative decoding's torch-free bookkeeping: who may take drafts, the proposer interface,
+and the counters the step loop keeps (acceptance per draft position, accepted length, time).
+
+The engine's proposers (n-gram, draft model, early-exit self-draft, in engine/spec) and the
+simulator's synthetic drafts implement the same `Proposer`, so the step loop drafts for exactly
+the same requests in both.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from engine.core.request import Request
+
+
+def draft_budget(request: Request, k: int) -> int:
+    """How many drafts `request` can use in the next step: 0 unless it is decoding (all known
+    tokens but the last sampled one are in the KV cache), and never past max_tokens (the
+    scheduler would drop such drafts anyway; not proposing them saves the proposer's work)."""
+    if not request.output_token_ids or request.num_computed_tokens != request.num_tokens - 1:
+        return 0  # prefilling (or re-prefilling after preemption): nothing to speculate from yet
+    return max(0, min(k, request.max_tokens - request.num_output_tokens - 1))
+
+
+class Proposer(Protocol):
+    """Guesses the next tokens of running requests; the target model then verifies them.
+
+    Proposals are deterministic (greedy or lookup), so the verifier treats the draft
+    distribution q as one-hot at each proposed token.
+    """
+
+    def propose(self, requests: Sequence[Request], num_drafts: Sequence[int]) -> dict[str, list[int]]:
+        """Up to num_drafts[i] (>= 1) tokens to follow requests[i]'s known tokens (prompt +
+        output). A request may get fewer, or be left out when there is nothing to propose."""
+        ...
+
+    def forget(self, request_ids: Iterable[str]) -> None:
+        """Drop per-request state of finished requests."""
+        ...
 
 
 @dataclass
@@ -20,8 +55,8 @@ class SpecStats:
     num_proposals: int = 0  # ... of which the proposer drafted at least one token
     num_drafts: int = 0  # draft tokens actually proposed and verified
     num_emitted: int = 0  # tokens those verifications emitted: accepted drafts + 1 each
-    draft_s: float = 0.0  # proposer time
-    verify_s: float = 0.0  # target forward + verification of steps that carried drafts
+    draft_s: float = 0.0  # proposer time on the loop's clock (0 on simulated time: priced in the step)
+    verify_s: float = 0.0  # steps that carried drafts: target forward + verification
     num_steps: int = 0  # steps that carried drafts
 
     def __post_init__(self) -> None:

@@ -1,0 +1,410 @@
+"""Step time of one replica: the named operators' rooflines, kernel latencies, launches and host work.
+
+Model of one operator: kernels x kernel_latency + max(FLOPs / (peak x compute efficiency at its
+row count), bytes / (bandwidth x memory efficiency)), summed over layers. Eager steps wait for the
+host to issue kernels (each operator takes at least kernels x kernel_launch); a replayed graph is
+one launch. Host work (scheduling, input preparation, output handling) adds to the device time,
+or overlaps it in engines that schedule ahead (SGLang, TensorRT-LLM).
+
+Rules worth knowing (all listed by `assumptions()`):
+- Compute dtype of the weight matmuls: bf16/fp16/fp32 weights compute in their own format.
+  fp8 (and fp4) weights compute natively (W8A8 / W4A4: activations quantised on the fly) when
+  the profile lists a peak for that format (Hopper, Ada, Blackwell, MI300...); otherwise, and
+  always for int8/int4, they are weight-only: the matmul runs in bf16 and each weight read
+  pays DEQUANT_OPS_PER_WEIGHT vector (fp32-peak) operations, overlapping with the read.
+- Weights are read once per step per layer, whatever the token count; activations in bf16
+  (fp32 for fp32 models). Embedding and LM head stay unquantised, as in planner/memory.py.
+- Pipeline parallelism: a step is one micro-batch flowing through every stage, so its time is
+  the sum over stages (= every layer once, sharded by TP) plus (pp - 1) stage hand-offs.
+- MoE: T tokens with top-k routing among E experts touch E(1 - (1 - k/E)^T) distinct experts
+  in expectation (uniform routing); expert weight bytes scale with that, FLOPs with T x k, and the
+  grouped GEMM's efficiency follows the rows per touched expert.
+- MLA (DeepSeek): absorbed formulation throughout; the KV latent is read once per token and
+  is replicated on every TP rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import NamedTuple
+
+import numpy as np
+
+from engine.config import ModelConfig
+from engine.core.scheduler import SchedulerOutput
+from engine.errors import InputError
+from planner.costmodel.operators import DEQUANT_OPS_PER_WEIGHT, NORM_TRAFFIC, Gemm, Operators, build_operators
+from planner.costmodel.params import CostParams
+from planner.costmodel.shape import Number, ShapeReader, StepShape
+from planner.memory import SAMPLER_COPIES, WEIGHT_BYTES_PER_PARAM, check_parallelism
+from planner.specs import Deployment, HardwareProfile, Link
+
+OPERATORS: tuple[str, ...] = (
+    "qkv_proj",
+    "o_proj",
+    "attention",
+    "mlp",
+    "moe_experts",
+    "router",
+    "norms_elementwise",
+    "lm_head",
+    "sampling",
+    "tp_allreduce",
+    "pp_transfer",
+    "host",
+    "kernel_launch",
+    "spec_draft",
+)
+"""Keys of `CostModel.breakdown()`, always all present (0.0 where an operator does not apply)."""
+_DEVICE_OPS = OPERATORS[: OPERATORS.index("host")]
+_AFTER_GRAPH = (OPERATORS.index("lm_head"), OPERATORS.index("sampling"))  # eager after a replayed graph
+
+
+class StepCost(NamedTuple):
+    """One step on one GPU of the replica: its time and the work behind it (for MFU and bandwidth use)."""
+
+    seconds: float
+    flops: float
+    bytes: float
+
+
+NO_COST = StepCost(0.0, 0.0, 0.0)
+
+
+def expected_distinct_experts(num_experts: int, top_k: int, tokens: Number) -> Number:
+    """Expected number of distinct experts that `tokens` tokens touch with uniform top-k routing."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+
+
+def gemm_compute_dtype(weight_dtype: str, hw: HardwareProfile) -> tuple[str, bool]:
+    """(format the weight matmuls run in, whether weights are dequantised on the fly)."""
+    if weight_dtype in ("bf16", "fp16", "fp32"):
+        return hw.peak_flops(weight_dtype)[1], False
+    if weight_dtype in ("fp8", "fp4") and hw.peak_flops(weight_dtype)[1] == weight_dtype:
+        return weight_dtype, False  # W8A8 / W4A4 on tensor cores that have the format
+    return hw.peak_flops("bf16")[1], True  # weight-only: bf16 math, dequantise each weight read
+
+
+def _max(a: Number, b: Number) -> Number:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return np.maximum(a, b)
+    return a if a > b else b
+
+
+def _present(rows: Number) -> Number:
+    """1 where an operator runs (it has rows), else 0."""
+    return (rows > 0).astype(float) if isinstance(rows, np.ndarray) else float(rows > 0)
+
+
+class CostModel:
+    """Seconds per engine step of one replica of `dep` serving `model` on `hw`."""
+
+    def __init__(self, model: ModelConfig, hw: HardwareProfile, dep: Deployment, params: CostParams | None = None,
+                 max_graph_batch: int | None = None) -> None:
+        """`max_graph_batch`: the largest decode batch the engine replays as a graph (default: the
+        knobs' max_graph_batch_size, capped by max_num_seqs; 0 when the device or the knobs run eagerly)."""
+        check_parallelism(model, dep)
+        self.model, self.hw, self.dep = model, hw, dep
+        self.params = p = params if params is not None else CostParams.defaults(hw)
+        self.ops: Operators = build_operators(model, dep)
+        knobs = dep.knobs
+        if max_graph_batch is None:
+            max_graph_batch = min(knobs.max_graph_batch_size, knobs.max_num_seqs)
+        self.graph_max = max_graph_batch if hw.graph_capture and not knobs.enforce_eager else 0
+        self.reader = ShapeReader(model, p.attention_pairs == "dense", self.graph_max)
+
+        self.gemm_dtype, self.dequant = gemm_compute_dtype(dep.weight_dtype, hw)
+        self._act = 4.0 if dep.weight_dtype == "fp32" else 2.0
+        gemm_peak = hw.peak_flops(self.gemm_dtype)[0]
+        high_dtype = "fp32" if dep.weight_dtype == "fp32" else "bf16"
+        high_peak, self._high_dtype = hw.peak_flops(high_dtype)
+        self._vector_peak = hw.peak_flops("fp32")[0]
+        bw = hw.memory_bandwidth_gb_s * 1e9
+        # Effective rates: seconds per FLOP or byte at full efficiency.
+        self._s_per_flop = 1.0 / (gemm_peak * p.compute_efficiency)
+        self._s_per_high_flop = 1.0 / (high_peak * p.compute_efficiency)
+        self._s_per_byte = 1.0 / (bw * p.memory_efficiency)
+        self._s_per_kv_byte = 1.0 / (bw * p.attention_memory_efficiency)
+        self._s_per_attn_flop = 1.0 / (high_peak * p.attention_compute_efficiency)
+        self._s_per_dequant_op = 1.0 / (self._vector_peak * p.compute_efficiency) if self.dequant else 0.0
+        self.tp_link = _pick_link(hw, dep.tensor_parallel, "tensor_parallel") if dep.tensor_parallel > 1 else None
+        self.pp_link = _pick_link(hw, dep.gpus_per_replica, "pipeline_parallel") if dep.pipeline_parallel > 1 else None
+        self._draft = self._draft_model(model, hw, dep)
+
+    # ------------------------------------------------------------------ public API
+
+    def step_time(self, output: SchedulerOutput) -> float:
+        """Seconds for one engine step of one replica (0.0 for an empty step)."""
+        return self.step(output).seconds
+
+    def step(self, output: SchedulerOutput) -> StepCost:
+        """Seconds, FLOPs and bytes of one engine step, per GPU of the replica."""
+        if not output.scheduled:
+            return NO_COST
+        times, flops, nbytes = self.times(self.reader.read(output), self._draft_cost(output))
+        return StepCost(sum(times), flops, nbytes)
+
+    def breakdown(self, output: SchedulerOutput) -> dict[str, float]:
+        """Seconds per operator (keys: OPERATORS); the values sum to step_time(output)."""
+        if not output.scheduled:
+            return dict.fromkeys(OPERATORS, 0.0)
+        return dict(zip(OPERATORS, self.times(self.reader.read(output), self._draft_cost(output))[0], strict=True))
+
+    def shape_cost(self, requests: list[tuple[int, int, bool]]) -> StepCost:
+        """A step of (query tokens, cached tokens, is_prefill) requests that all sample."""
+        if not requests or any(q < 1 or c < 0 for q, c, _ in requests):
+            raise InputError("tokens", requests[:1], "need at least one request with >= 1 token and >= 0 cached")
+        times, flops, nbytes = self.times(self.reader.of_requests(requests))
+        return StepCost(sum(times), flops, nbytes)
+
+    def shape_breakdown(self, requests: list[tuple[int, int, bool]]) -> dict[str, float]:
+        return dict(zip(OPERATORS, self.times(self.reader.of_requests(requests))[0], strict=True))
+
+    def decode_cost(self, batch: int, context: int) -> StepCost:
+        """One decode step of `batch` requests, each with `context` tokens already cached."""
+        return self.shape_cost([(1, context, False)] * batch)
+
+    def prefill_cost(self, tokens: int, cached: int = 0) -> StepCost:
+        """One step prefilling `tokens` prompt tokens of one request (after `cached` cached ones) and sampling."""
+        return self.shape_cost([(tokens, cached, True)])
+
+    def decode_time_per_token_s(self, batch: int, context: int) -> float:
+        return self.decode_cost(batch, context).seconds
+
+    def prefill_time_s(self, tokens: int, cached: int = 0) -> float:
+        return self.prefill_cost(tokens, cached).seconds
+
+    def decode_breakdown(self, batch: int, context: int) -> dict[str, float]:
+        return self.shape_breakdown([(1, context, False)] * batch)
+
+    def prefill_breakdown(self, tokens: int, cached: int = 0) -> dict[str, float]:
+        return self.shape_breakdown([(tokens, cached, True)])
+
+    def times(self, s: StepShape, draft: StepCost = NO_COST) -> tuple[tuple[Number, ...], Number, Number]:
+        """(seconds per operator in OPERATORS order, FLOPs, bytes moved), per GPU, for one step or, with
+        array fields, for many; `draft` is the step's draft-model cost, reported as its own operator."""
+        p, ops = self.params, self.ops
+        work = [draft.flops, draft.bytes]
+        rows = s.dense_rows  # a replayed graph runs its padded batch through the dense operators
+        qkv = self._gemm(ops.qkv_proj, rows, work)
+        o = self._gemm(ops.o_proj, rows, work)
+        mlp = self._gemm(ops.mlp, rows, work)
+        moe = self._experts(rows, work) + self._gemm(ops.shared_experts, rows, work)
+        router = self._gemm(ops.router, rows, work)
+        attention = self._attention(s.decode_tokens, s.decode_pairs, s.decode_kv, work) + self._attention(
+            s.prefill_tokens, s.prefill_pairs, s.prefill_kv, work)
+        lm_head = self._gemm(ops.lm_head, s.sampled_rows, work)
+        norm_bytes, sample_bytes = rows * ops.norm_bytes_per_row, s.sampled_rows * ops.sample_bytes_per_row
+        work[1] += norm_bytes + sample_bytes
+        norms = norm_bytes * self._s_per_byte + ops.norm_kernels * p.kernel_latency_s
+        sampling = (sample_bytes * self._s_per_byte + ops.sample_kernels * p.kernel_latency_s) * _present(s.sampled_rows)
+        allreduce = self._allreduce(rows)
+        pp = self._pp_transfer(rows)
+        device = (qkv, o, attention, mlp, moe, router, norms, lm_head, sampling, allreduce, pp)
+        launch = self._launch_wait(device, s.graph)
+        busy = sum(device) + launch + draft.seconds
+        host = p.step_overhead_s + p.per_request_overhead_s * s.requests + p.layer_overhead_s * ops.layers
+        if p.overlap_host:  # the host prepared this step while the previous one ran: only its excess shows
+            host = _max(host - busy, 0.0)
+        return (*device, host, launch, draft.seconds), work[0], work[1]
+
+    def assumptions(self) -> dict[str, object]:
+        """Every figure the model uses, for reports."""
+        dep, hw, model = self.dep, self.hw, self.model
+
+        def link(lk: Link | None) -> dict[str, object] | None:
+            return None if lk is None else {"name": lk.name, "bandwidth_gb_s": lk.bandwidth_gb_s, "latency_us": lk.latency_us}
+
+        notes = [
+            "per operator: kernels x kernel_latency_s + max(FLOPs / (peak x efficiency at its rows), bytes / "
+            "(bandwidth x memory efficiency)), summed over layers",
+            "weights read once per step per layer; activations in "
+            + ("fp32" if self._act == 4.0 else "bf16") + "; embedding and LM head unquantised",
+            "fp8/fp4 weights compute natively when the hardware lists a peak for the format (W8A8/W4A4); otherwise, "
+            f"and for int8/int4, weight-only: bf16 math plus {DEQUANT_OPS_PER_WEIGHT:g} vector ops per weight read",
+            "attention: causal pairs q x (cached + (q+1)/2) per request and layer, capped by sliding windows; "
+            "K/V of the context read once per request and layer at attention_memory efficiency, FLOPs at "
+            "attention_compute efficiency; decode and prefill requests are separate rooflines",
+            "LM head and sampling only for rows that sample (1 + draft tokens per sampling request); "
+            f"sampler reads fp32 logits {SAMPLER_COPIES} times",
+            "TP: two ring all-reduces per layer of tokens x hidden activations: "
+            "2(n-1)/n x size / (link bw x interconnect_eff) + 2(n-1) x latency",
+            "PP: a step is one micro-batch through every stage in turn (sum over stages) plus (pp-1) hand-offs; "
+            "overlap of micro-batches in flight is not modelled",
+            f"norms: residual add fused, {NORM_TRAFFIC} x hidden x activation bytes per norm per token",
+            "host work per step: step_overhead_s + per_request_overhead_s x requests"
+            + (", overlapped with the previous step's device work" if self.params.overlap_host else ", after the device work"),
+            "an empty step costs 0 s",
+            (f"decode-only steps of <= {self.graph_max} requests replay a captured graph: batch padded to the captured "
+             "size (1, 2, 4, multiples of 8) for the dense operators, one launch; LM head, sampling and every other "
+             "step run eagerly, each operator taking at least its kernels x kernel_launch_s")
+            if self.graph_max else
+            ("every step runs eagerly (" + ("enforce_eager" if hw.graph_capture else f"{hw.name} has no graph capture")
+             + "): each operator takes at least its kernels x kernel_launch_s"),
+        ]
+        if model.is_moe:
+            notes.append(
+                "MoE: distinct experts touched by T tokens = E(1-(1-k/E)^T) (uniform routing) sets expert weight "
+                "bytes; FLOPs scale with T x k; router replicated and unquantised; EP all-to-all not modelled"
+            )
+        if model.mla is not None:
+            notes.append("MLA: absorbed formulation; the KV latent is replicated on every TP rank; projections split over TP")
+        spec = dep.knobs.speculative
+        if spec is not None:
+            notes.append(
+                f"speculative ({spec.method}, k={spec.num_speculative_tokens}): drafts are verified as extra decode tokens "
+                "and LM-head rows of the step; proposing them costs "
+                + ("nothing (n-gram lookup)" if self._draft is None else
+                   f"one forward pass of {self._draft.model.name} per draft position (operator spec_draft)")
+            )
+        return {
+            "model": model.name or model.model_type,
+            "hardware": hw.name,
+            "tensor_parallel": dep.tensor_parallel,
+            "pipeline_parallel": dep.pipeline_parallel,
+            "expert_parallel": dep.expert_parallel,
+            "weight_dtype": dep.weight_dtype,
+            "weight_bytes_per_param": WEIGHT_BYTES_PER_PARAM[dep.weight_dtype],
+            "kv_dtype": dep.kv_dtype,
+            "kv_bytes_per_token_per_layer_per_gpu": self.ops.attention.kv_bytes_per_token,
+            "activation_bytes": self._act,
+            "gemm_compute_dtype": self.gemm_dtype,
+            "gemm_peak_tflops": hw.peak_flops(self.gemm_dtype)[0] / 1e12,
+            "weight_only_dequant": self.dequant,
+            "graph_capture": bool(self.graph_max),
+            "max_graph_batch_size": self.graph_max,
+            "dequant_ops_per_weight": DEQUANT_OPS_PER_WEIGHT if self.dequant else 0.0,
+            "vector_peak_tflops": self._vector_peak / 1e12,
+            "attention_and_lm_head_dtype": self._high_dtype,
+            "attention_peak_tflops": hw.peak_flops(self._high_dtype)[0] / 1e12,
+            "memory_bandwidth_gb_s": hw.memory_bandwidth_gb_s,
+            **asdict(self.params),
+            "tp_link": link(self.tp_link),
+            "pp_link": link(self.pp_link),
+            "notes": notes,
+        }
+
+    # ------------------------------------------------------------------ operators
+
+    def _compute_rows(self, rows: Number) -> Number:
+        """Rows a matmul of `rows` rows costs at full efficiency: few rows under-use the hardware."""
+        p = self.params
+        half, floor = p.gemm_half_size_tokens, p.gemm_efficiency_floor
+        if not half:
+            return rows
+        denominator = floor * (rows + half) + (1.0 - floor) * rows
+        if isinstance(rows, np.ndarray):
+            return np.divide(rows * (rows + half), denominator, out=np.zeros_like(rows), where=denominator > 0)
+        return rows * (rows + half) / denominator if denominator > 0 else 0.0
+
+    def _gemm(self, g: Gemm, rows: Number, work: list[Number]) -> Number:
+        """Roofline of one weight matmul operator over `rows` rows; adds its FLOPs and bytes to `work`."""
+        if not g.present:
+            return 0.0
+        flops, nbytes = g.flops_per_row * rows, g.weight_bytes + g.act_bytes_per_row * rows
+        work[0] += flops
+        work[1] += nbytes
+        s_per_flop = self._s_per_high_flop if g.high_precision else self._s_per_flop
+        dequant = 0.0 if g.high_precision else g.dequant_ops * self._s_per_dequant_op
+        compute = g.flops_per_row * self._compute_rows(rows) * s_per_flop + dequant
+        device = g.kernels * self.params.kernel_latency_s + _max(compute, nbytes * self._s_per_byte)
+        return device * _present(rows)
+
+    def _experts(self, rows: Number, work: list[Number]) -> Number:
+        e = self.ops.experts
+        if e is None:
+            return 0.0
+        touched = expected_distinct_experts(e.num_experts, e.top_k, rows)
+        flops, nbytes = e.flops_per_row * rows, touched * e.bytes_per_expert + e.act_bytes_per_row * rows
+        work[0] += flops
+        work[1] += nbytes
+        # A grouped GEMM is as efficient as its per-expert matmuls: rows x k / touched rows each.
+        per_expert = rows * e.top_k / _max(touched, 1e-9)
+        compute = flops * self._s_per_flop * self._compute_rows(per_expert) / _max(per_expert, 1e-9)
+        compute += touched * e.dequant_ops_per_expert * self._s_per_dequant_op
+        return (e.kernels * self.params.kernel_latency_s + _max(compute, nbytes * self._s_per_byte)) * _present(rows)
+
+    def _attention(self, tokens: Number, pairs: Number, kv_tokens: Number, work: list[Number]) -> Number:
+        a = self.ops.attention
+        flops, nbytes = pairs * a.flops_per_pair, kv_tokens * a.kv_bytes_per_token + tokens * a.act_bytes_per_row
+        work[0] += flops
+        work[1] += nbytes
+        device = a.kernels * self.params.kernel_latency_s + _max(flops * self._s_per_attn_flop, nbytes * self._s_per_kv_byte)
+        return device * _present(tokens)
+
+    def _allreduce(self, rows: Number) -> Number:
+        if self.tp_link is None:
+            return 0.0
+        tp, link = self.dep.tensor_parallel, self.tp_link
+        ring = 2 * (tp - 1) / tp
+        size = rows * self.ops.allreduce_bytes_per_row
+        one = ring * size / (link.bandwidth_gb_s * 1e9 * self.params.interconnect_efficiency) + 2 * (tp - 1) * link.latency_us * 1e-6
+        return self.ops.allreduces * one
+
+    def _pp_transfer(self, rows: Number) -> Number:
+        if self.pp_link is None:
+            return 0.0
+        link = self.pp_link
+        size = rows * self.ops.pp_bytes_per_row
+        return self.ops.pp_handoffs * (size / (link.bandwidth_gb_s * 1e9 * self.params.interconnect_efficiency)
+                                       + link.latency_us * 1e-6)
+
+    def _launch_wait(self, device: tuple[Number, ...], graph: Number) -> Number:
+        """Seconds the device waits on the host issuing kernels: eagerly, each operator takes at least
+        its kernels x kernel_launch_s; a replayed graph is one launch, then the LM head and sampling
+        run eagerly."""
+        launch_s = self.params.kernel_launch_s
+        if not launch_s:  # CPUs: nothing to add, keep the simulator's hot path lean
+            return 0.0
+        ops = self.ops
+        kernels = (ops.qkv_proj.kernels, ops.o_proj.kernels, ops.attention.kernels, ops.mlp.kernels,
+                   (ops.experts.kernels if ops.experts else 0.0) + ops.shared_experts.kernels, ops.router.kernels,
+                   ops.norm_kernels, ops.lm_head.kernels, ops.sample_kernels, ops.allreduces, 2 * ops.pp_handoffs)
+        waits = [_max(k * launch_s - t, 0.0) for k, t in zip(kernels, device, strict=True)]
+        after_graph = sum(waits[i] for i in _AFTER_GRAPH) + launch_s
+        return graph * after_graph + (1.0 - graph) * sum(waits)
+
+    # ------------------------------------------------------------------ speculative drafts
+
+    def _draft_model(self, model: ModelConfig, hw: HardwareProfile, dep: Deployment) -> CostModel | None:
+        """Speculative decoding: the drafts' verification is already in the token counts (drafts are
+        tokens of the step); what remains is proposing them. n-gram lookup costs ~nothing; a draft
+        model (or the target's first draft_layers layers, self-speculative) runs one forward pass per
+        draft position, costed by a CostModel of the draft itself."""
+        spec = dep.knobs.speculative
+        if spec is None or spec.method == "ngram":
+            return None
+        if spec.method == "self":
+            assert spec.draft_layers is not None  # SpeculativeSettings requires it
+            draft_config = model.first_layers(spec.draft_layers)
+        else:
+            from engine.catalog import resolve_model  # torch-free; only needed for draft models
+
+            assert spec.draft_model is not None
+            draft_config = resolve_model(spec.draft_model)
+        plain = dep.model_copy(update={"knobs": dep.knobs.model_copy(update={"speculative": None})})
+        return CostModel(draft_config, hw, plain, self.params, self.graph_max)
+
+    def _draft_cost(self, output: SchedulerOutput) -> StepCost:
+        """Proposing this step's drafts with a draft model: draft pass j feeds one token of each
+        request that has more than j drafts, over its context so far (engine/spec/draft.py)."""
+        draft = self._draft
+        if draft is None:
+            return NO_COST
+        with_drafts = [(s.num_draft_tokens, s.num_computed_tokens) for s in output.scheduled if s.num_draft_tokens]
+        seconds = flops = nbytes = 0.0
+        for j in range(max((d for d, _ in with_drafts), default=0)):
+            times, f, b = draft.times(draft.reader.of_requests([(1, c + j, False) for d, c in with_drafts if d > j]))
+            seconds, flops, nbytes = seconds + sum(times), flops + f, nbytes + b
+        return StepCost(seconds, flops, nbytes)
+
+
+def _pick_link(hw: HardwareProfile, devices: int, field: str) -> Link:
+    """Scale-up link when the group fits its domain, else scale-out; PCIe-only cards use PCIe."""
+    if hw.scale_up is not None and devices <= hw.scale_up.domain_size:
+        return hw.scale_up
+    if hw.scale_up is None and hw.pcie is not None and devices <= hw.pcie.domain_size:
+        return hw.pcie
+    if hw.scale_out is not None:
+        return hw.scale_out
+    raise InputError(field, devices, f"{hw.name} has no interconnect that reaches {devices} devices")

@@ -1,0 +1,106 @@
+"""The tunable figures of the cost model, and where each comes from.
+
+A GPU family's figures (how close its kernels get to the datasheet) and an engine's figures (what
+its host and API server add) meet in one `CostParams`. Defaults come from the hardware profile's
+`efficiency` block and the engine profile's `overheads`; a fit replaces them: the CPU calibration
+of ServePlan's own engine (`serveplan calibrate`), or the public GPU fit (planner/public), which
+fits per GPU family and per engine profile, never per measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Literal
+
+from engine.errors import InputError
+from planner.engines import EngineProfile
+from planner.specs import HardwareProfile
+
+# Which figures belong to the hardware (a GPU family) and which to the engine: the public fit keeps
+# one set per family and one per engine profile.
+HARDWARE_FIELDS: tuple[str, ...] = (
+    "compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "attention_compute_efficiency",
+    "interconnect_efficiency", "gemm_half_size_tokens", "kernel_latency_s",
+)
+ENGINE_FIELDS: tuple[str, ...] = ("step_overhead_s", "per_request_overhead_s", "api_request_s")
+
+
+@dataclass(frozen=True)
+class CostParams:
+    """Efficiencies are shares of the datasheet peak; times are seconds.
+
+    Matmuls with few rows under-use the hardware: compute efficiency at M rows is
+    compute_efficiency x (f + (1 - f) x M / (M + gemm_half_size_tokens)) with f =
+    `gemm_efficiency_floor`, the share kept however few the rows (a GPU's tensor cores fall off
+    towards 0; a CPU's small-M GEMM keeps a flat, low rate). gemm_half_size_tokens = 0 turns the
+    falloff off.
+    """
+
+    compute_efficiency: float
+    memory_efficiency: float
+    attention_memory_efficiency: float  # paged KV-cache reads (decode attention)
+    interconnect_efficiency: float
+    step_overhead_s: float  # host time per step: scheduling, input preparation, output handling
+    attention_compute_efficiency: float = 0.5  # FLOP share of the prefill attention kernels
+    per_request_overhead_s: float = 0.0  # host time per scheduled request per step
+    layer_overhead_s: float = 0.0  # host time per layer per step (a CPU engine's per-module Python)
+    # Device time every kernel costs beyond its roofline (ramp-up, tail, the gap to the next one).
+    kernel_latency_s: float = 0.0
+    # Eager steps: the host issues kernels one by one, so an operator takes at least its kernels x
+    # kernel_launch_s; a replayed graph costs one launch.
+    kernel_launch_s: float = 0.0
+    gemm_half_size_tokens: float = 0.0
+    gemm_efficiency_floor: float = 0.0
+    # Host work of the next step overlaps this step's device work (SGLang, TensorRT-LLM), so a step
+    # lasts max(device, host) instead of device + host.
+    overlap_host: bool = False
+    # Time the engine's API server spends on a request before the engine sees it (HTTP, chat
+    # template, tokeniser), one request at a time. Not part of a step: the simulator's front end.
+    api_request_s: float = 0.0
+    # "causal": the kernel skips masked (query, key) pairs and keys outside windows (FlashAttention,
+    # the Triton kernels). "dense": it computes the whole masked score matrix of each prefill chunk
+    # and pads a decode batch to its longest context (the engine's torch reference path on CPU).
+    attention_pairs: Literal["causal", "dense"] = "causal"
+
+    def __post_init__(self) -> None:
+        for name in ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
+                     "attention_compute_efficiency", "interconnect_efficiency"):
+            value = getattr(self, name)
+            if not 0.0 < value <= 1.0:
+                raise InputError(name, value, "must be in (0, 1]")
+        for name in ("step_overhead_s", "per_request_overhead_s", "layer_overhead_s", "gemm_half_size_tokens",
+                     "kernel_launch_s", "kernel_latency_s", "api_request_s"):
+            value = getattr(self, name)
+            if not 0.0 <= value < float("inf"):  # also rejects NaN
+                raise InputError(name, value, "must be a finite number >= 0")
+        if not 0.0 <= self.gemm_efficiency_floor <= 1.0:
+            raise InputError("gemm_efficiency_floor", self.gemm_efficiency_floor, "must be in [0, 1]")
+        if self.attention_pairs not in ("causal", "dense"):
+            raise InputError("attention_pairs", self.attention_pairs, "allowed: causal, dense")
+
+    @classmethod
+    def defaults(cls, hw: HardwareProfile, engine: EngineProfile | None = None) -> CostParams:
+        """The hardware profile's efficiencies and the engine profile's overheads, before any fit."""
+        e = hw.efficiency
+        params = cls(
+            compute_efficiency=e.compute,
+            memory_efficiency=e.memory,
+            attention_memory_efficiency=e.attention_memory,
+            interconnect_efficiency=e.interconnect,
+            step_overhead_s=e.step_overhead_us * 1e-6,
+            kernel_launch_s=e.kernel_launch_us * 1e-6,
+            kernel_latency_s=e.graph_kernel_us * 1e-6,
+        )
+        if engine is None:
+            return params
+        o = engine.overheads
+        return replace(params, step_overhead_s=o.step_us * 1e-6, per_request_overhead_s=o.per_request_us * 1e-6,
+                       api_request_s=o.api_request_ms * 1e-3, overlap_host=engine.execution.overlap_host)
+
+    def with_values(self, values: dict[str, object]) -> CostParams:
+        """A copy with some figures replaced (a fit's); unknown names are refused."""
+        known = {f.name for f in fields(self)}
+        for name in values:
+            if name not in known:
+                raise InputError("cost parameter", name, f"known: {', '.join(sorted(known))}")
+        return replace(self, **values)

@@ -1,0 +1,115 @@
+"""A step reduced to what the operators need: row counts and attention work, in one pass.
+
+The fields are floats for one step (the simulator) or numpy arrays over many steps (the public
+fit evaluates a whole run's steps at once); the operator formulas are written for both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from engine.config import ModelConfig, graph_batch_size
+from engine.core.scheduler import SchedulerOutput
+
+Number = float | np.ndarray
+
+
+@dataclass
+class StepShape:
+    tokens: Number  # real rows of the step (known tokens + drafts)
+    dense_rows: Number  # rows the dense operators run: tokens, or the captured graph's padded size
+    requests: Number  # scheduled requests (what per-request host work scales with)
+    sampled_rows: Number  # rows that reach the LM head: 1 + drafts per sampling request
+    decode_tokens: Number
+    prefill_tokens: Number
+    # Attention work summed over layers (windowed layers count their window only): causal
+    # (query, key) pairs, and KV tokens read, of the decode and the prefill group.
+    decode_pairs: Number
+    decode_kv: Number
+    prefill_pairs: Number
+    prefill_kv: Number
+    graph: Number  # 1 when the step replays a captured graph, else 0
+
+    @staticmethod
+    def stack(shapes: Sequence[StepShape]) -> StepShape:
+        """Many steps as one shape of arrays."""
+        return StepShape(**{f.name: np.array([getattr(s, f.name) for s in shapes], dtype=float) for f in fields(StepShape)})
+
+    def __len__(self) -> int:
+        return int(np.size(self.tokens))
+
+
+class ShapeReader:
+    """Turns SchedulerOutputs, or (query tokens, cached tokens, is_prefill) lists, into StepShapes
+    for one model and deployment: its window classes, attention kernel and graph sizes."""
+
+    def __init__(self, model: ModelConfig, dense_attention: bool, max_graph_batch: int) -> None:
+        classes: dict[int | None, int] = {}
+        for w in model.layer_windows:
+            classes[w] = classes.get(w, 0) + 1
+        self._windows = tuple(classes.items())  # (window or None, layers)
+        self._layers = model.num_layers
+        self._full_only = len(self._windows) == 1 and self._windows[0][0] is None
+        self._dense = dense_attention
+        self._graph_max = max_graph_batch
+
+    def read(self, output: SchedulerOutput) -> StepShape:
+        return self.of((len(s.token_ids), s.num_computed_tokens, s.is_prefill, 1 + s.num_draft_tokens if s.samples else 0)
+                       for s in output.scheduled)
+
+    def of_requests(self, requests: Iterable[tuple[int, int, bool]]) -> StepShape:
+        """A step of requests that all sample: (query tokens, cached tokens, is_prefill) each."""
+        return self.of((q, c, prefill, 1) for q, c, prefill in requests)
+
+    def of(self, rows: Iterable[tuple[int, int, bool, int]]) -> StepShape:
+        """(query tokens, cached tokens, is_prefill, sampled rows) per request."""
+        if self._dense:
+            return self._dense_shape(rows)
+        d_tok = p_tok = d_pairs = d_kv = p_pairs = p_kv = 0.0
+        requests = sampled = 0
+        for q, c, prefill, samples in rows:
+            requests += 1
+            sampled += samples
+            if self._full_only:  # the common case: every layer attends to the whole context
+                pairs, kv = q * (c + (q + 1) * 0.5) * self._layers, (c + q) * self._layers
+            else:
+                mean_ctx = c + (q + 1) * 0.5
+                pairs = kv = 0.0
+                for window, layers in self._windows:
+                    pairs += layers * q * (mean_ctx if window is None else min(mean_ctx, window))
+                    kv += layers * (c + q if window is None else min(c + q, window))
+            if prefill:
+                p_tok, p_pairs, p_kv = p_tok + q, p_pairs + pairs, p_kv + kv
+            else:
+                d_tok, d_pairs, d_kv = d_tok + q, d_pairs + pairs, d_kv + kv
+        return self._shape(d_tok, p_tok, requests, sampled, d_pairs, d_kv, p_pairs, p_kv)
+
+    def _dense_shape(self, rows: Iterable[tuple[int, int, bool, int]]) -> StepShape:
+        """Pairs and KV reads of a kernel that neither skips masked pairs nor honours windows: each
+        prefill chunk attends to its whole context, every decode to the batch's longest."""
+        d_tok = p_tok = p_pairs = p_kv = 0.0
+        requests = sampled = d_max = 0
+        for q, c, prefill, samples in rows:
+            requests += 1
+            sampled += samples
+            if prefill:
+                p_tok += q
+                p_pairs += q * (c + q)
+                p_kv += c + q
+            else:
+                d_tok += q
+                d_max = max(d_max, c + q)
+        padded = d_tok * d_max * self._layers
+        return self._shape(d_tok, p_tok, requests, sampled, padded, padded, p_pairs * self._layers, p_kv * self._layers)
+
+    def _shape(self, d_tok: float, p_tok: float, requests: int, sampled: int, d_pairs: float, d_kv: float,
+               p_pairs: float, p_kv: float) -> StepShape:
+        tokens = d_tok + p_tok
+        # A decode-only step of one token per request, within the largest captured size, replays a
+        # graph padded to its captured size (speculative and mixed steps run eagerly, as in the engine).
+        graph = graph_batch_size(requests, self._graph_max) if not p_tok and d_tok == requests else None
+        return StepShape(tokens, float(graph or tokens), float(requests), float(sampled), d_tok, p_tok,
+                         d_pairs, d_kv, p_pairs, p_kv, 1.0 if graph else 0.0)

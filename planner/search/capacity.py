@@ -1,0 +1,197 @@
+"""Capacity search with the simulator: for each candidate the smallest replica count k such that
+one replica meets the SLO at its share rate x (1 + headroom) / k of the Poisson arrivals, by
+bisection over the only rates that change the answer; candidates in branch-and-bound order."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+import math
+
+from engine.config import ModelConfig
+from engine.errors import InputError
+from planner.metrics import RunSummary
+from planner.search.cache import RunCache, simulate_cached
+from planner.search.executors import Runner
+from planner.search.screen import Screen
+from planner.search.space import Candidate
+from planner.specs import SLO, Deployment, HardwareProfile
+from planner.workload import PoissonArrivals, Workload
+
+# Candidates per scheduling round. Fixed, not the worker count, so that which candidates get
+# pruned (and hence the result) is the same on a laptop and on a cluster.
+BATCH_SIZE = 4
+# A candidate that still misses the SLO at 1/LIGHT_LOAD_FACTOR of its first probe's load is
+# latency-bound: more replicas will not help, and slower probes would only cost time.
+LIGHT_LOAD_FACTOR = 8
+MAX_REPLICAS = 4096
+# A probe must last long enough for an overloaded replica to show it: with room for
+# max_num_seqs requests, a short burst is simply admitted and the backlog that would build up
+# in steady state never forms (70B on 2 x MI300X passes 22 req/s with 300 requests and fails
+# it with 1,200; its steady capacity is ~18). So each probe has at least this many times
+# max_num_seqs requests.
+PROBE_SEQS_MULTIPLE = 3
+
+
+def probe_requests(requests_per_probe: int, dep: Deployment) -> int:
+    """Requests in one probe of `dep`: enough to fill its batch several times over."""
+    return max(requests_per_probe, PROBE_SEQS_MULTIPLE * dep.knobs.max_num_seqs)
+
+
+def probe_workload(workload: Workload, rate_per_s: float, num_requests: int) -> Workload:
+    """The workload with Poisson arrivals at `rate_per_s`; its seed keeps every draw the same."""
+    return Workload.model_validate(
+        {**workload.model_dump(), "arrival": PoissonArrivals(rate_per_s=rate_per_s).model_dump(), "num_requests": num_requests}
+    )
+
+
+@dataclass(frozen=True)
+class Question:
+    """The plan's question, checked: what every capacity search of it shares."""
+
+    model: ModelConfig
+    workload: Workload
+    rate_per_s: float
+    headroom: float
+    slo: SLO
+    budget_usd_per_hour: float | None
+    requests_per_probe: int
+    runs: RunCache | None
+
+    @property
+    def sized_rate_per_s(self) -> float:
+        return self.rate_per_s * (1 + self.headroom)
+
+
+@dataclass(frozen=True)
+class Task:
+    question: Question
+    hw: HardwareProfile
+    dep: Deployment
+    min_replicas: int  # fewer cannot suffice: the analytic bound
+    max_replicas: int  # more cannot win (cost) or would not help (light load)
+    cost_capped: bool  # max_replicas comes from the best cost so far
+
+
+@dataclass(frozen=True)
+class Probe:
+    replicas: int
+    rate_per_s: float
+    passed: bool
+    summary: RunSummary
+
+
+@dataclass(frozen=True)
+class Outcome:
+    probes: tuple[Probe, ...]
+    replicas: int | None  # smallest count whose share one replica served within the SLO
+    cost_capped: bool  # the search stopped where more replicas could no longer win on cost
+    error: str | None = None  # a probe could not run (e.g. a request larger than the KV cache)
+    notes: tuple[str, ...] = ()  # bad cache entries met
+
+    @property
+    def sized(self) -> Probe | None:
+        """The passing probe at the replica count chosen."""
+        return next((p for p in self.probes if p.passed and p.replicas == self.replicas), None)
+
+    @property
+    def lightest_miss(self) -> Probe | None:
+        return max((p for p in self.probes if not p.passed), key=lambda p: p.replicas, default=None)
+
+
+def capacity_search(task: Task) -> Outcome:
+    """Bisection over the per-replica rate sized_rate / k for the smallest k that passes."""
+    q = task.question
+    probes: list[Probe] = []
+    notes: list[str] = []
+
+    def probe(k: int) -> bool:
+        rate = q.sized_rate_per_s / k
+        w = probe_workload(q.workload, rate, probe_requests(q.requests_per_probe, task.dep))
+        summary, bad = simulate_cached(q.model, task.hw, task.dep, w, q.slo, q.runs)
+        notes.extend(bad)
+        probes.append(Probe(k, rate, bool(summary.goodput.slo_met), summary))
+        return probes[-1].passed
+
+    failed, passed, k, error = None, None, task.min_replicas, None
+    try:
+        while passed is None and (failed is None or failed < task.max_replicas):
+            if probe(k):
+                passed = k
+            else:
+                failed, k = k, min(2 * k, task.max_replicas)
+        while passed is not None and failed is not None and passed - failed > 1:
+            mid = (failed + passed) // 2
+            if probe(mid):
+                passed = mid
+            else:
+                failed = mid
+    except InputError as exc:  # e.g. a request that needs more KV blocks than a replica holds
+        passed, error = None, str(exc)
+    return Outcome(tuple(probes), passed, task.cost_capped, error, tuple(notes))
+
+
+@dataclass(frozen=True)
+class Searched:
+    """A candidate and what the search found: its screen, then its capacity search if it ran one."""
+
+    candidate: Candidate
+    screen: Screen
+    outcome: Outcome | None = None  # None: out at the screen, or its bound could not beat the best
+
+    @property
+    def cost_bound_usd_per_hour(self) -> float | None:
+        """The least it can cost from what is known; None when no replica count serves (memory, SLO)."""
+        c, out = self.candidate, self.outcome
+        if self.screen.capacity_bound_per_s is None or (out is not None and out.error is not None):
+            return None
+        if out is None:
+            return c.usd_per_hour(self.screen.min_replicas)
+        if out.replicas is not None:
+            return c.usd_per_hour(out.replicas)
+        miss = out.lightest_miss
+        return c.usd_per_hour(miss.replicas + 1) if out.cost_capped and miss is not None else None
+
+
+def _task(q: Question, s: Searched, best: float | None) -> Task:
+    c, k = s.candidate, s.screen.min_replicas
+    light_cap = k * LIGHT_LOAD_FACTOR
+    # Only replica counts strictly cheaper than the best so far can change the answer.
+    cost_cap = MAX_REPLICAS if best is None else math.ceil(best / c.usd_per_hour(1) - 1e-9) - 1
+    return Task(q, c.hw, c.dep, k, max(k, min(light_cap, cost_cap, MAX_REPLICAS)), cost_cap < light_cap)
+
+
+def branch_and_bound(q: Question, found: list[Searched], runner: Runner, advance: Callable[[], None]) -> list[Searched]:
+    """`found` with an outcome for each candidate simulated. Cheapest lower bound first; a candidate
+    whose bound is not below the best cost so far cannot win and is not simulated. The best cost is
+    updated between batches only, so the result does not depend on the workers or their speed."""
+    found = list(found)
+
+    def order(i: int) -> tuple[float, float, str]:
+        # Among equal bounds, the cheapest estimate (the bound without slack) first, so that a
+        # tight best cost is found early and prunes the rest.
+        c, capacity = found[i].candidate, found[i].screen.capacity_bound_per_s
+        assert capacity is not None
+        return bound(i), c.usd_per_hour(math.ceil(q.sized_rate_per_s / capacity)), c.label
+
+    def bound(i: int) -> float:
+        return found[i].candidate.usd_per_hour(found[i].screen.min_replicas)
+
+    pending = deque(sorted((i for i, s in enumerate(found) if s.screen.capacity_bound_per_s is not None), key=order))
+    best: float | None = None
+    while pending:
+        batch: list[int] = []
+        while pending and len(batch) < BATCH_SIZE:
+            i = pending.popleft()
+            if best is not None and bound(i) >= best:
+                advance()
+            else:
+                batch.append(i)
+        outcomes = runner.run([_task(q, found[i], best) for i in batch], advance)
+        for i, outcome in zip(batch, outcomes, strict=True):
+            found[i] = replace(found[i], outcome=outcome)
+            if outcome.replicas is not None:
+                cost = found[i].candidate.usd_per_hour(outcome.replicas)
+                best = cost if best is None else min(best, cost)
+    return found

@@ -1,0 +1,224 @@
+"""The plan's result: one verdict per candidate from what the search found, the ranking, the
+cost-vs-latency Pareto front, why-not per hardware, the nearest miss and the assumptions."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.metrics import RunSummary
+from planner.search.capacity import LIGHT_LOAD_FACTOR, PROBE_SEQS_MULTIPLE, Question, Searched
+from planner.search.screen import CAPACITY_SLACK, Shape
+from planner.specs import SLO, Deployment
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Verdict = Literal["recommended", "memory", "slo", "cost", "budget"]
+
+
+class CandidatePlan(_Out):
+    """One deployment considered, what the search learnt about it, and why it lost (if it did)."""
+
+    label: str = Field(description="Short human id: hardware, parallelism, dtypes, knobs")
+    deployment: Deployment = Field(description="The deployment; replicas as needed when known, else 1")
+    gpus_per_replica: int
+    price_usd_per_gpu_hour: float
+    capacity_bound_per_s: float | None = Field(
+        None, description="Analytic estimate of the most requests/s one replica can serve (cost model, no queueing)")
+    cost_bound_usd_per_hour: float | None = Field(None, description=(
+        "The least it can cost: its cost when it meets the SLO, else the lower bound it was ruled out on cost by; "
+        "none when no replica count serves (memory, SLO)"))
+    sustained_rate_per_s: float | None = Field(
+        None, description="Highest per-replica Poisson rate probed at which one replica met the SLO")
+    failed_rate_per_s: float | None = Field(
+        None, description="Lowest per-replica Poisson rate probed at which one replica missed the SLO")
+    replicas: int | None = Field(None, description="Replicas for the target rate with headroom")
+    gpus: int | None = None
+    usd_per_hour: float | None = None
+    usd_per_million_output_tokens: float | None = Field(None, description="At the target rate")
+    ttft_p50_ms: float | None = Field(None, description="At the per-replica load it was sized for (with headroom)")
+    ttft_p99_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    tpot_p99_ms: float | None = None
+    probes: int = Field(0, description="Simulations run for this candidate")
+    verdict: Verdict
+    reason: str = Field(description="Why it lost, prefixed by the verdict; empty for the recommendation")
+    slo_miss_ratio: float | None = Field(
+        None, description="Worst observed / limit at the lightest load tried (or unloaded, analytically); > 1 is a miss")
+    memory_shortfall_gib: float | None = Field(None, description="Per-GPU memory missing for one longest request")
+
+
+class PlanResult(_Out):
+    """`serveplan plan --json`: the recommendation, the ranking, the Pareto front and every rejection."""
+
+    model: str
+    workload: str
+    rate_per_s: float = Field(description="Target Poisson arrival rate, requests/s")
+    headroom: float = Field(description="Replicas are sized for rate_per_s x (1 + headroom)")
+    slo: SLO
+    budget_usd_per_hour: float | None
+    requests_per_probe: int
+    recommended: CandidatePlan | None
+    verification: RunSummary | None = Field(
+        description="The recommended deployment, all replicas behind round robin, simulated at rate_per_s")
+    ranked: list[CandidatePlan] = Field(description="Candidates that meet the SLO, by US$/h (ties: lower P99 TTFT)")
+    pareto_metric: str = Field(description="Latency of the cost-vs-latency front")
+    pareto: list[CandidatePlan] = Field(description="Feasible candidates no other beats on both cost and latency")
+    rejected: list[CandidatePlan] = Field(description="Every other candidate with the reason it lost, closest first")
+    why_not: list[CandidatePlan] = Field(description=(
+        "For each hardware but the recommendation's, its closest candidate: the lowest cost bound, else the least "
+        "SLO miss, else the least memory shortfall"))
+    nearest_miss: str | None = Field(description="When nothing is recommended: the closest candidate and by how much")
+    candidates: int
+    simulated_candidates: int
+    probes: int
+    assumptions: list[str]
+
+
+def _slo_miss_ratio(summary: RunSummary) -> float:
+    g = summary.goodput
+    ratios = [k.observed_ms / k.limit_ms for k in g.checks]
+    if g.required_share and g.share < g.required_share:
+        ratios.append(g.required_share / max(g.share, 1e-9))
+    return max(ratios, default=0.0)
+
+
+def _verdict(s: Searched, best: Searched | None, budget: float | None) -> tuple[Verdict, str]:
+    """The one place a candidate's verdict is decided, from its screen and capacity search and the
+    best feasible candidate (`best`: the cheapest, ties broken by P99 TTFT)."""
+    c, sc, out = s.candidate, s.screen, s.outcome
+    best_usd = best.cost_bound_usd_per_hour if best is not None else None
+    if sc.memory_problem is not None:
+        return "memory", f"memory: {sc.memory_problem}"
+    if sc.slo_problem is not None:
+        return "slo", f"SLO: {sc.slo_problem}"
+    if out is None:  # pruned: its bound could not beat the best
+        assert sc.capacity_bound_per_s is not None and best_usd is not None
+        return "cost", (f"cost: at least US${s.cost_bound_usd_per_hour:,.2f}/h even at its analytic capacity "
+                        f"(≤ {sc.capacity_bound_per_s * CAPACITY_SLACK:,.2f} req/s per replica), "
+                        f"not below the best US${best_usd:,.2f}/h")
+    if out.error is not None:
+        return "memory", f"memory: {out.error}"
+    miss = out.lightest_miss
+    if out.replicas is None:
+        assert miss is not None  # every search probes at least once
+        checks = ", ".join(f"{k.target} {k.observed_ms:,.0f} > {k.limit_ms:g}" for k in miss.summary.goodput.checks
+                           if not k.met) or f"goodput {miss.summary.goodput.share:.1%}"
+        if out.cost_capped and best_usd is not None:
+            return "cost", (f"cost: misses the SLO at {miss.rate_per_s:,.2f} req/s per replica ({checks}); "
+                            f"{miss.replicas + 1}+ replicas = US${s.cost_bound_usd_per_hour:,.2f}/h or more "
+                            f"vs the best US${best_usd:,.2f}/h")
+        return "slo", f"SLO: misses it even at {miss.rate_per_s:,.2f} req/s per replica ({checks})"
+    cost = c.usd_per_hour(out.replicas)
+    if budget is not None and cost > budget:
+        return "budget", f"budget: US${cost:,.2f}/h > US${budget:,.2f}/h"
+    if s is best:
+        return "recommended", ""
+    assert best_usd is not None
+    return "cost", (f"cost: US${cost:,.2f}/h vs the best US${best_usd:,.2f}/h" if cost > best_usd else
+                    f"cost: ties the best US${cost:,.2f}/h with a higher P99 TTFT")
+
+
+def _candidate_plan(s: Searched, verdict: Verdict, reason: str, hours_per_million_tokens: float) -> CandidatePlan:
+    c, sc, out = s.candidate, s.screen, s.outcome
+    fields: dict[str, object] = {"capacity_bound_per_s": sc.capacity_bound_per_s, "slo_miss_ratio": sc.slo_miss_ratio,
+                                 "memory_shortfall_gib": sc.memory_shortfall_gib,
+                                 "cost_bound_usd_per_hour": s.cost_bound_usd_per_hour}
+    dep = c.dep
+    if out is not None:
+        fields["probes"] = len(out.probes)
+        fields["failed_rate_per_s"] = min((p.rate_per_s for p in out.probes if not p.passed), default=None)
+        sized, miss = out.sized, out.lightest_miss
+        if sized is not None:
+            dep = dep.model_copy(update={"replicas": sized.replicas})
+            cost, t = c.usd_per_hour(sized.replicas), sized.summary
+            fields |= {"sustained_rate_per_s": sized.rate_per_s, "replicas": sized.replicas, "gpus": dep.total_gpus,
+                       "usd_per_hour": cost, "usd_per_million_output_tokens": cost * hours_per_million_tokens,
+                       "ttft_p50_ms": t.ttft_ms.p50, "ttft_p99_ms": t.ttft_ms.p99,
+                       "tpot_p50_ms": t.tpot_ms.p50, "tpot_p99_ms": t.tpot_ms.p99}
+        elif miss is not None and out.error is None:
+            fields["slo_miss_ratio"] = _slo_miss_ratio(miss.summary)
+    return CandidatePlan(label=c.label, deployment=dep, gpus_per_replica=dep.gpus_per_replica,
+                         price_usd_per_gpu_hour=c.price_usd_per_gpu_hour, verdict=verdict, reason=reason,
+                         **{k: v for k, v in fields.items() if v is not None})
+
+
+def _closeness(p: CandidatePlan) -> tuple[int, float, str]:
+    """How near a rejected candidate came to winning: a cost bound, else an SLO miss, else memory."""
+    if p.cost_bound_usd_per_hour is not None:
+        return 0, p.cost_bound_usd_per_hour, p.label
+    if p.slo_miss_ratio is not None:
+        return 1, p.slo_miss_ratio, p.label
+    return 2, p.memory_shortfall_gib if p.memory_shortfall_gib is not None else math.inf, p.label
+
+
+def assemble(q: Question, shape: Shape, found: list[Searched], verify: Callable[[Deployment], RunSummary]) -> PlanResult:
+    """The PlanResult; `verify` simulates the recommended deployment at the target rate."""
+    feasible = sorted((s for s in found if s.outcome is not None and s.outcome.sized is not None),
+                      key=lambda s: (s.cost_bound_usd_per_hour, s.outcome.sized.summary.ttft_ms.p99, s.candidate.label))
+    best = feasible[0] if feasible else None
+    hours_per_million_tokens = 1e6 / (q.rate_per_s * shape.mean_output_tokens * 3600)
+    plans = {id(s): _candidate_plan(s, *_verdict(s, best, q.budget_usd_per_hour), hours_per_million_tokens) for s in found}
+    ranked = [plans[id(s)] for s in feasible]
+    recommended = ranked[0] if ranked and ranked[0].verdict == "recommended" else None
+    rejected = sorted((p for p in plans.values() if p is not recommended), key=_closeness)
+    why_not: dict[str, CandidatePlan] = {}
+    for p in rejected:
+        if recommended is None or p.deployment.hardware != recommended.deployment.hardware:
+            why_not.setdefault(p.deployment.hardware, p)
+
+    slo = q.slo
+    metric = "ttft_p99_ms" if (slo.ttft_p99_ms or slo.ttft_p50_ms or not (slo.tpot_p99_ms or slo.tpot_p50_ms)) else "tpot_p99_ms"
+    pareto: list[CandidatePlan] = []
+    for p in ranked:  # by cost: on the front when faster than everything cheaper
+        if not pareto or getattr(p, metric) < getattr(pareto[-1], metric):
+            pareto.append(p)
+
+    simulated = [s.outcome for s in found if s.outcome is not None]
+    return PlanResult(
+        model=q.model.name, workload=q.workload.name, rate_per_s=q.rate_per_s, headroom=q.headroom, slo=slo,
+        budget_usd_per_hour=q.budget_usd_per_hour, requests_per_probe=q.requests_per_probe, recommended=recommended,
+        verification=verify(recommended.deployment) if recommended is not None else None,
+        ranked=ranked, pareto_metric=metric, pareto=pareto, rejected=rejected, why_not=list(why_not.values()),
+        nearest_miss=None if recommended is not None else _nearest_miss(ranked, rejected, q.budget_usd_per_hour),
+        candidates=len(found), simulated_candidates=len(simulated), probes=sum(len(o.probes) for o in simulated),
+        assumptions=_assumptions(q, shape),
+    )
+
+
+def _nearest_miss(ranked: list[CandidatePlan], rejected: list[CandidatePlan], budget: float | None) -> str:
+    if ranked:  # feasible, but none within the budget
+        p = ranked[0]
+        return (f"no deployment meets the SLO within US${budget:,.2f}/h; the cheapest that does is "
+                f"{p.replicas} x {p.label}: {p.gpus} GPUs, US${p.usd_per_hour:,.2f}/h")
+    p = rejected[0] if rejected else None  # nothing feasible: SLO misses by ratio, then memory by shortfall
+    if p is not None and p.slo_miss_ratio is not None:
+        return (f"no candidate meets the SLO; the closest is {p.label}, {p.slo_miss_ratio:.2f}x the limit: "
+                + p.reason.removeprefix("SLO: ").removeprefix("cost: "))
+    if p is not None and p.memory_shortfall_gib is not None:
+        return (f"the model fits on no candidate; the closest is {p.label}, {p.memory_shortfall_gib:,.1f} GiB per GPU "
+                f"short: " + p.reason.removeprefix("memory: "))
+    return "no candidate deployment: the hardware list and parallelism limits leave nothing to try"
+
+
+def _assumptions(q: Question, shape: Shape) -> list[str]:
+    return [
+        f"Poisson arrivals; replicas sized for {q.rate_per_s:g} x (1 + {q.headroom:g}) = {q.sized_rate_per_s:g} req/s, "
+        "each replica probed alone at its share of that rate",
+        f"max({q.requests_per_probe}, {PROBE_SEQS_MULTIPLE} x max_num_seqs) requests per probe drawn from workload "
+        f"{q.workload.name!r} with seed {q.workload.seed}; a probe passes when the simulated run meets every SLO "
+        "target and the goodput share",
+        f"longest request {shape.longest_tokens} tokens: memory planned so that one fits; mean prompt "
+        f"{shape.mean_prompt_tokens:.0f}, mean output {shape.mean_output_tokens:.0f} tokens",
+        "cost = replicas x GPUs per replica x the profile's price per GPU-hour; per 1M output tokens at the target rate",
+        f"analytic capacity bounds are inflated x{CAPACITY_SLACK:g} before pruning; a candidate that misses the SLO at "
+        f"1/{LIGHT_LOAD_FACTOR} of its first probe's load is not probed further",
+        "latencies of candidates are at the per-replica load they were sized for (with headroom); the "
+        "verification run is the recommended deployment at the target rate behind round robin",
+    ]

@@ -1,0 +1,142 @@
+"""The search space: hardware x TP/PP/EP x weight and KV dtypes x engine knobs, one replica each."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+import itertools
+import math
+
+from pydantic import ValidationError
+
+from engine.config import EngineKnobs, ModelConfig
+from engine.errors import InputError
+from planner.hardware import get_hardware, hardware_catalog
+from planner.memory import MemoryPlan, plan_memory
+from planner.specs import Deployment, Dtype, HardwareProfile
+
+DEFAULT_KV_DTYPES: tuple[Dtype, ...] = ("bf16", "fp8")
+# (max_num_batched_tokens, max_num_seqs): a small chunk favours TTFT of queued requests and
+# TPOT of running ones; a large one prefills faster. Chunked prefill and prefix caching stay on.
+DEFAULT_KNOBS_GRID: tuple[EngineKnobs, ...] = tuple(
+    EngineKnobs(max_num_batched_tokens=tokens, max_num_seqs=seqs) for tokens in (2048, 8192) for seqs in (64, 256)
+)
+MAX_TP_LOG2 = 10  # tensor parallelism is tried in powers of two up to 1024
+PIPELINE_STAGES = (2, 4, 8, 16)
+# Each candidate costs a memory plan and a screen before any simulation; the default space has ~2,000.
+MAX_CANDIDATES = 100_000
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One replica of `dep` on `hw`, with its memory plan at the workload's longest request."""
+
+    hw: HardwareProfile
+    dep: Deployment
+    memory: MemoryPlan
+
+    @property
+    def label(self) -> str:
+        d = self.dep
+        par = f"tp{d.tensor_parallel}" + (f" pp{d.pipeline_parallel}" if d.pipeline_parallel > 1 else "") + (
+            f" ep{d.expert_parallel}" if d.expert_parallel > 1 else "")
+        return (f"{self.hw.name} {par} w:{d.weight_dtype} kv:{d.kv_dtype} "
+                f"mbt{d.knobs.max_num_batched_tokens} seqs{d.knobs.max_num_seqs}")
+
+    @property
+    def price_usd_per_gpu_hour(self) -> float:
+        assert self.hw.price_usd_per_hour is not None  # profiles without a price are refused by priced_profiles
+        return self.hw.price_usd_per_hour
+
+    def usd_per_hour(self, replicas: int) -> float:
+        return replicas * self.dep.gpus_per_replica * self.price_usd_per_gpu_hour
+
+
+def priced_profiles(hardware: Sequence[str | HardwareProfile] | None) -> list[HardwareProfile]:
+    """The named profiles (default: every catalog profile with a price), each once; all need a price."""
+    if hardware is None:
+        return [hw for hw in hardware_catalog().values() if hw.price_usd_per_hour is not None]
+    profiles = [get_hardware(h) if isinstance(h, str) else h for h in hardware]
+    if not profiles:
+        raise InputError("hw", "", "needs at least one hardware profile")
+    for hw in profiles:
+        if hw.price_usd_per_hour is None:
+            raise InputError("hw", hw.name, "has no price_usd_per_hour to rank by; give a profile YAML with a price")
+    return list({hw.name: hw for hw in profiles}.values())
+
+
+def checked_dtypes(field: str, spec_field: str, dtypes: Sequence[str]) -> list[str]:
+    """Each dtype once, as the Deployment spec accepts it for `spec_field`; the error says what is allowed."""
+    if not dtypes:
+        raise InputError(field, "", "needs at least one dtype")
+    for d in dtypes:
+        try:
+            Deployment(hardware="check", **{spec_field: d})
+        except ValidationError as exc:
+            raise InputError(field, d, exc.errors()[0]["msg"]) from None
+    return list(dict.fromkeys(dtypes))
+
+
+def weight_dtypes_for(hw: HardwareProfile, requested: Sequence[str] | None) -> list[str]:
+    if requested is not None:
+        return list(requested)
+    # fp8 only where the tensor units have it: elsewhere it is int8's bytes with extra dequantisation.
+    return ["bf16", *(["fp8"] if hw.peak_tflops.fp8 else []), "int8", "int4"]
+
+
+def check_size(profiles: Sequence[HardwareProfile], weight_dtypes: Sequence[str] | None, kv_dtypes: Sequence[str],
+               knobs_grid: Sequence[EngineKnobs]) -> None:
+    """Refuse a space over MAX_CANDIDATES (counting every TP and PP size) before any candidate is made."""
+    size = sum(len(weight_dtypes_for(hw, weight_dtypes)) for hw in profiles) * len(kv_dtypes) * len(knobs_grid)
+    if size * (MAX_TP_LOG2 + 1 + len(PIPELINE_STAGES)) > MAX_CANDIDATES:
+        raise InputError("search_space", f"{size:,} hardware x dtypes x knobs", (
+            f"at most {MAX_CANDIDATES:,} candidates with every TP and PP size (a limit of the planner); "
+            "narrow the hardware, dtypes or knobs"))
+
+
+def scale_up_domain(hw: HardwareProfile) -> int:
+    if hw.scale_up is not None:
+        return hw.scale_up.domain_size
+    return hw.pcie.domain_size if hw.pcie is not None else 1
+
+
+def make_deployment(model: ModelConfig, hw: HardwareProfile, tp: int, pp: int, weight: str, kv: str,
+                    knobs: EngineKnobs) -> Deployment:
+    # Experts spread over the tensor-parallel ranks, as far as the expert count divides.
+    ep = math.gcd(tp, model.moe.num_experts) if model.moe is not None else 1
+    return Deployment(hardware=hw.name, tensor_parallel=tp, pipeline_parallel=pp, expert_parallel=ep,
+                      weight_dtype=weight, kv_dtype=kv, knobs=knobs)
+
+
+def enumerate_candidates(model: ModelConfig, profiles: Sequence[HardwareProfile], max_gpus: int,
+                         weight_dtypes: Sequence[str] | None, kv_dtypes: Sequence[str],
+                         knobs_grid: Sequence[EngineKnobs], context_tokens: int) -> list[Candidate]:
+    """Every candidate with its memory plan; pipeline stages only where tensor parallelism alone does not fit."""
+    out: list[Candidate] = []
+    for hw in profiles:
+        domain = min(max_gpus, scale_up_domain(hw))
+        tps = []
+        for tp in (2**i for i in range(MAX_TP_LOG2 + 1)):
+            if tp > domain:
+                break
+            try:
+                plan_memory(model, hw, make_deployment(model, hw, tp, 1, "bf16", "bf16", EngineKnobs()), 1)
+            except InputError:  # TP does not divide the heads
+                continue
+            tps.append(tp)
+
+        def candidate(tp: int, pp: int, weight: str, kv: str, knobs: EngineKnobs) -> Candidate:
+            dep = make_deployment(model, hw, tp, pp, weight, kv, knobs)
+            return Candidate(hw, dep, plan_memory(model, hw, dep, context_tokens))
+
+        for weight, kv, knobs in itertools.product(weight_dtypes_for(hw, weight_dtypes), kv_dtypes, knobs_grid):
+            tried = [candidate(tp, 1, weight, kv, knobs) for tp in tps]
+            for pp in PIPELINE_STAGES if tps and not any(c.memory.fits for c in tried) else ():
+                fitting = [t for t in tps if t * pp <= max_gpus]
+                if not fitting or pp > model.num_layers:
+                    break
+                tried.append(candidate(max(fitting), pp, weight, kv, knobs))
+                if tried[-1].memory.fits:
+                    break
+            out += tried
+    return out

@@ -1,0 +1,92 @@
+"""A simulated run's schedule, kept so that it can be re-timed without simulating again.
+
+What the scheduler decided (which requests ran in which step, with how many tokens) depends on
+step times only through arrivals; a fit that moves the cost model's parameters a little keeps
+the schedule and re-prices its steps (planner/public/retime.py), then simulates again to refresh
+the schedule. The trace holds each step's shape (the cost model's input), and for each request
+when it wanted to go in, what released it (closed loop: the finish of its predecessor), the step
+that first scheduled it and the steps that delivered its tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from engine.core import RequestUpdate, SchedulerOutput
+from planner.costmodel import ShapeReader, StepShape
+
+
+@dataclass(frozen=True)
+class RunTrace:
+    shapes: StepShape  # arrays over every step of every replica, in the order they completed
+    step_replica: np.ndarray  # int, per step
+    # Per request (index = submission order):
+    due_s: np.ndarray  # when the client meant to send it (open loop: its arrival; gated: release + think)
+    gate: np.ndarray  # int: the request whose finish released it (closed loop, capped clients), -1 if none
+    think_s: np.ndarray  # pause after the gate's finish
+    first_step: np.ndarray  # int: the step that first scheduled it
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    # Per delivery (a step handing a request its tokens), grouped by request in time order:
+    delivery_request: np.ndarray  # int
+    delivery_step: np.ndarray  # int
+    delivery_tokens: np.ndarray  # int
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.step_replica)
+
+
+@dataclass
+class TraceRecorder:
+    """Collects a RunTrace while the simulator runs; one per simulation, shared by its replicas."""
+
+    reader: ShapeReader
+    _shapes: list[StepShape] = field(default_factory=list)
+    _replica: list[int] = field(default_factory=list)
+    _index: dict[str, int] = field(default_factory=dict)  # request id -> submission index
+    _due: list[float] = field(default_factory=list)
+    _gate: list[int] = field(default_factory=list)
+    _think: list[float] = field(default_factory=list)
+    _first: list[int] = field(default_factory=list)
+    _prompt: list[int] = field(default_factory=list)
+    _output: list[int] = field(default_factory=list)
+    _deliveries: list[tuple[int, int, int]] = field(default_factory=list)  # (request, step, tokens)
+
+    def submitted(self, request_id: str, due_s: float, gate_id: str | None, think_s: float,
+                  prompt_tokens: int, output_tokens: int) -> None:
+        self._index[request_id] = len(self._due)
+        self._due.append(due_s)
+        self._gate.append(-1 if gate_id is None else self._index[gate_id])
+        self._think.append(think_s)
+        self._first.append(-1)
+        self._prompt.append(prompt_tokens)
+        self._output.append(output_tokens)
+
+    def stepped(self, replica: int, output: SchedulerOutput, updates: list[RequestUpdate]) -> None:
+        step = len(self._replica)
+        self._shapes.append(self.reader.read(output))
+        self._replica.append(replica)
+        index, first = self._index, self._first
+        for s in output.scheduled:
+            i = index[s.request_id]
+            if first[i] < 0:
+                first[i] = step
+        self._deliveries += [(index[u.request_id], step, len(u.new_token_ids)) for u in updates if u.new_token_ids]
+
+    def trace(self) -> RunTrace:
+        deliveries = sorted(self._deliveries)  # by request, then step
+        d = np.array(deliveries, dtype=np.int64).reshape(-1, 3)
+        return RunTrace(
+            shapes=StepShape.stack(self._shapes),
+            step_replica=np.array(self._replica, dtype=np.int64),
+            due_s=np.array(self._due),
+            gate=np.array(self._gate, dtype=np.int64),
+            think_s=np.array(self._think),
+            first_step=np.array(self._first, dtype=np.int64),
+            prompt_tokens=np.array(self._prompt, dtype=np.int64),
+            output_tokens=np.array(self._output, dtype=np.int64),
+            delivery_request=d[:, 0], delivery_step=d[:, 1], delivery_tokens=d[:, 2],
+        )

@@ -1,0 +1,156 @@
+"""Engine policies the scheduler reproduces for other engines: prefill-first batching (vLLM V0,
+SGLang), output reservation at admission (TensorRT-LLM, SGLang) and multi-step groups (vLLM 0.6)."""
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+import pytest
+
+from engine.core import KVCacheManager, Scheduler, SchedulerConfig
+from engine.core.scheduler import OutputReservation
+
+from .testlib import FakeRunner, check_invariants, make_request, sample_all
+
+
+def scheduler(num_blocks: int = 64, block_size: int = 4, budget: int = 64, **policy: object) -> Scheduler:
+    config = SchedulerConfig(max_num_batched_tokens=budget, max_num_seqs=8, max_model_len=64, block_size=block_size,
+                             **policy)  # type: ignore[arg-type]
+    return Scheduler(config, KVCacheManager(num_blocks, block_size, config.enable_prefix_caching))
+
+
+def step(sched: Scheduler, now: float):
+    out = sched.schedule(now)
+    check_invariants(sched, out)
+    return out, sched.update(out, sample_all(out), now)
+
+
+def kinds(out) -> set[str]:
+    return {"prefill" if s.is_prefill else "decode" for s in out.scheduled}
+
+
+# ---- prefill-first batching ------------------------------------------------------------------
+
+
+def test_prefill_first_stalls_decodes_while_a_prompt_waits():
+    sched = scheduler(batching="prefill_first")
+    sched.add_request(make_request("a", 8, max_tokens=6))
+    assert kinds(step(sched, 0.0)[0]) == {"prefill"}
+    assert kinds(step(sched, 1.0)[0]) == {"decode"}
+    sched.add_request(make_request("b", 8, max_tokens=6))
+    out, _ = step(sched, 2.0)
+    assert [s.request_id for s in out.scheduled] == ["b"]  # a waits for the prefill
+    out, _ = step(sched, 3.0)
+    assert {s.request_id for s in out.scheduled} == {"a", "b"} and kinds(out) == {"decode"}
+
+
+def test_mixed_batching_decodes_and_prefills_in_one_step():
+    sched = scheduler()
+    sched.add_request(make_request("a", 8, max_tokens=6))
+    step(sched, 0.0)
+    sched.add_request(make_request("b", 8, max_tokens=6))
+    out, _ = step(sched, 1.0)
+    assert {s.request_id for s in out.scheduled} == {"a", "b"} and kinds(out) == {"prefill", "decode"}
+
+
+def test_prefill_first_runs_every_chunk_of_a_long_prompt_before_decoding():
+    sched = scheduler(batching="prefill_first", budget=8)
+    sched.add_request(make_request("a", 4, max_tokens=8))
+    step(sched, 0.0)
+    sched.add_request(make_request("b", 30, max_tokens=2))
+    chunks = [step(sched, 1.0 + i)[0] for i in range(4)]
+    assert all([s.request_id for s in out.scheduled] == ["b"] for out in chunks)  # 8 + 8 + 8 + 6 tokens
+    assert [s.num_tokens for out in chunks for s in out.scheduled] == [8, 8, 8, 6]
+    assert {s.request_id for s in step(sched, 5.0)[0].scheduled} == {"a", "b"}
+
+
+# ---- output reservation -----------------------------------------------------------------------
+
+
+def test_full_reservation_admits_only_what_can_finish():
+    # 16 blocks of 4 tokens; each request needs 2 prompt blocks + 24 outputs = 6 more blocks.
+    sched = scheduler(num_blocks=16, output_reservation=OutputReservation(1.0, 1.0))
+    for rid in "abc":
+        sched.add_request(make_request(rid, 8, max_tokens=24))
+    out, _ = step(sched, 0.0)
+    assert [s.request_id for s in out.scheduled] == ["a", "b"]  # c would not fit with a's and b's outputs
+    assert sched.num_waiting == 1
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 20), st.integers(1, 20)), min_size=1, max_size=12), st.integers(12, 40))
+def test_full_reservation_never_preempts(requests, num_blocks):
+    sched = scheduler(num_blocks=num_blocks, output_reservation=OutputReservation(1.0, 1.0))
+    for i, (prompt, out) in enumerate(requests):
+        if -(-(prompt + out - 1) // 4) <= num_blocks:
+            sched.add_request(make_request(f"r{i}", prompt, max_tokens=out))
+    runner = FakeRunner(sched)
+    for now in range(2000):
+        if not sched.has_unfinished_requests():
+            break
+        out = sched.schedule(float(now))
+        check_invariants(sched, out)
+        runner.execute(out)
+        sched.update(out, sample_all(out), float(now))
+    assert not sched.has_unfinished_requests() and sched.stats().num_preemptions == 0
+
+
+def test_a_decaying_reservation_admits_more_as_it_decays_and_resets_after_preemption():
+    reservation = OutputReservation(initial_ratio=1.0, min_ratio=0.0, decay_per_step=0.5)
+    sched = scheduler(num_blocks=12, output_reservation=reservation)
+    sched.add_request(make_request("a", 4, max_tokens=24))
+    step(sched, 0.0)
+    assert sched._reserve_ratio == 1.0  # a prefill step does not decay it
+    step(sched, 1.0)
+    assert sched._reserve_ratio == 0.5
+    sched.add_request(make_request("b", 4, max_tokens=24))
+    assert "b" in {s.request_id for s in step(sched, 2.0)[0].scheduled}  # 0 reserved now: b fits
+    for now in range(3, 40):
+        out, _ = step(sched, float(now))
+        if out.preempted_request_ids:
+            assert sched._reserve_ratio == 1.0
+            break
+    else:
+        raise AssertionError("two requests of 7 blocks each never ran out of 12 blocks")
+
+
+# ---- multi-step ---------------------------------------------------------------------------------
+
+
+def test_multi_step_groups_hold_admission_and_deliver_tokens_together():
+    sched = scheduler(num_scheduler_steps=4)
+    sched.add_request(make_request("a", 4, max_tokens=10))
+    _, updates = step(sched, 0.0)  # the prefill: delivered at once
+    assert [u.new_token_ids for u in updates] == [(7,)]
+    assert step(sched, 1.0)[1] == []  # a decode-only step opens a group of 4
+    sched.add_request(make_request("b", 4, max_tokens=2))
+    for now in (2.0, 3.0):
+        out, updates = step(sched, now)
+        assert [s.request_id for s in out.scheduled] == ["a"] and updates == []  # b waits for the group to end
+    out, updates = step(sched, 4.0)
+    assert len(updates) == 4 and all(u.request_id == "a" for u in updates)
+    assert sched.get_request("a").token_times == [0.0, 4.0, 4.0, 4.0, 4.0]
+    assert "b" in {s.request_id for s in step(sched, 5.0)[0].scheduled}
+
+
+def test_multi_step_group_ends_when_its_requests_finish():
+    sched = scheduler(num_scheduler_steps=8)
+    sched.add_request(make_request("a", 4, max_tokens=3))
+    step(sched, 0.0)
+    assert step(sched, 1.0)[1] == []
+    _, updates = step(sched, 2.0)
+    assert [u.finished for u in updates] == [False, True]
+    a = sched.get_request("a")
+    assert a.finish_time == 2.0 and a.token_times == [0.0, 2.0, 2.0] and not sched.has_unfinished_requests()
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("batching", "interleaved", "batching='interleaved' is invalid"),
+    ("num_scheduler_steps", 0, "num_scheduler_steps=0 is invalid"),
+])
+def test_policy_validation(field, value, message):
+    base = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8, max_model_len=64, block_size=4)
+    with pytest.raises(ValueError, match=message):
+        dataclasses.replace(base, **{field: value})
+    with pytest.raises(ValueError, match="ratios"):
+        OutputReservation(initial_ratio=0.1, min_ratio=0.5)

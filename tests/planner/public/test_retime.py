@@ -1,0 +1,63 @@
+"""Re-timing a traced schedule: with the durations it was simulated with, it gives the simulator's
+own figures exactly; with other durations, what a fresh simulation gives when the schedule holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine.catalog import resolve_model
+from engine.config import EngineKnobs
+from planner.costmodel import CostModel, CostParams
+from planner.hardware import get_hardware
+from planner.public.retime import SUMMARY_FIELD, figures, retime, summary_value
+from planner.sim import simulate
+from planner.specs import Deployment
+from planner.workload import ClosedLoopArrivals, ConstantArrivals, LognormalLength, PoissonArrivals, Workload
+
+MODEL, HW = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
+METRICS = sorted(SUMMARY_FIELD)
+
+
+def run(arrival: object, api_s: float, replicas: int = 1, seed: int = 0):
+    w = Workload(name="t", arrival=arrival, num_requests=120, seed=seed,
+                 input_tokens=LognormalLength(median_tokens=300, sigma=0.8, max_tokens=2000),
+                 output_tokens=LognormalLength(median_tokens=60, sigma=0.8, max_tokens=400))
+    dep = Deployment(hardware="h100-sxm", replicas=replicas, knobs=EngineKnobs(max_num_seqs=32, max_num_batched_tokens=1024))
+    params = CostParams.defaults(HW).with_values({"api_request_s": api_s})
+    return simulate(MODEL, HW, dep, w, calibration=params, trace=True, router="round_robin"), dep, params
+
+
+@pytest.mark.parametrize(("arrival", "api_s", "replicas"), [
+    (ConstantArrivals(rate_per_s=1e6), 0.004, 1),  # a burst: the API server spreads it out
+    (PoissonArrivals(rate_per_s=20.0), 0.0, 1),
+    (ClosedLoopArrivals(concurrency=6), 0.002, 1),
+    (PoissonArrivals(rate_per_s=40.0), 0.001, 2),
+], ids=["burst", "poisson", "closed-loop", "two-replicas"])
+def test_the_traced_durations_give_back_the_simulators_figures(arrival, api_s, replicas) -> None:
+    result, _, _ = run(arrival, api_s, replicas)
+    trace = result.trace
+    assert trace is not None and trace.num_steps == result.summary.num_steps
+    durations = np.array([s.end_s - s.start_s for s in result.record.samples])
+    got = figures(trace, retime(trace, durations, api_s), METRICS)
+    for metric in METRICS:
+        assert got[metric] == pytest.approx(summary_value(result.summary, metric), rel=1e-9), metric
+
+
+def test_other_durations_move_the_figures_like_a_fresh_simulation() -> None:
+    """A closed loop keeps its schedule when every step slows by the same factor: re-timing the old
+    schedule gives what simulating the slower hardware gives."""
+    result, dep, params = run(ClosedLoopArrivals(concurrency=6), 0.0)
+    slower = params.with_values({"memory_efficiency": params.memory_efficiency / 2,
+                                 "compute_efficiency": params.compute_efficiency / 2,
+                                 "attention_memory_efficiency": params.attention_memory_efficiency / 2,
+                                 "attention_compute_efficiency": params.attention_compute_efficiency / 2})
+    cm = CostModel(MODEL, HW, dep, slower)
+    step_s = sum(cm.times(result.trace.shapes)[0])
+    got = figures(result.trace, retime(result.trace, step_s, 0.0), METRICS)
+    fresh = simulate(MODEL, HW, dep, Workload(name="t", arrival=ClosedLoopArrivals(concurrency=6), num_requests=120,
+                     input_tokens=LognormalLength(median_tokens=300, sigma=0.8, max_tokens=2000),
+                     output_tokens=LognormalLength(median_tokens=60, sigma=0.8, max_tokens=400)),
+                     calibration=slower).summary
+    for metric in ("output_throughput", "tpot_mean", "ttft_median", "e2e_mean"):
+        assert got[metric] == pytest.approx(summary_value(fresh, metric), rel=0.03), metric
