@@ -12,6 +12,8 @@ import pytest
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402 (after the skip check)
 
+from tests.dashboard.apptest import open_page  # noqa: E402
+
 from dashboard import compute  # noqa: E402
 from engine.catalog import resolve_model  # noqa: E402
 from engine.errors import InputError  # noqa: E402
@@ -21,25 +23,7 @@ from planner.specs import Deployment  # noqa: E402
 from planner.validate import ValidationReport, ValidationRow  # noqa: E402
 from planner.workload import get_workload  # noqa: E402
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 SMALL = {"requests": "60", "rate": "4"}  # a few seconds of simulated chat on an H100
-
-
-@pytest.fixture(autouse=True)
-def plan_cache(tmp_path, monkeypatch):
-    """Keep the planner's on-disk cache out of the user's home."""
-    monkeypatch.setattr("planner.search.DEFAULT_CACHE_DIR", tmp_path / "serveplan-cache")
-
-
-def open_page(page: str, **params: str) -> AppTest:
-    """The app on `page` (dashboard/pages/<page>.py) with URL query parameters `params`, run once."""
-    at = AppTest.from_file(APP, default_timeout=120)
-    if page != "plan":
-        at.run()  # the default page (Plan) draws its form only; switching needs one run first
-        at.switch_page(f"dashboard/pages/{page}.py")
-    for key, value in params.items():
-        at.query_params[key] = value
-    return at.run()
 
 
 def errors(at: AppTest) -> list[str]:

@@ -16,18 +16,14 @@ import pytest
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402 (after the skip check)
 
+from tests.dashboard.apptest import open_page  # noqa: E402
+
 from dashboard import compute  # noqa: E402
 from engine.errors import EXCERPT_CHARS, InputError  # noqa: E402
 from hwprofiles import PROFILE_DIR  # noqa: E402
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 SMALL = {"requests": "40", "rate": "4"}
 SECRET = "TOP-SECRET-LINE-0123456789"
-
-
-@pytest.fixture(autouse=True)
-def plan_cache(tmp_path, monkeypatch):
-    monkeypatch.setattr("planner.search.DEFAULT_CACHE_DIR", tmp_path / "serveplan-cache")
 
 
 @pytest.fixture
@@ -36,16 +32,6 @@ def secret_file(tmp_path: Path) -> Path:
     path = tmp_path / "secret.yaml"
     path.write_text(f"name: {SECRET}\nroot: x:0:0\n")
     return path
-
-
-def open_page(page: str, **params: str) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=120)
-    if page != "plan":
-        at.run()
-        at.switch_page(f"dashboard/pages/{page}.py")
-    for key, value in params.items():
-        at.query_params[key] = value
-    return at.run()
 
 
 def shown(at: AppTest) -> str:

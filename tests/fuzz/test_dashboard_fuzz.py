@@ -14,9 +14,10 @@ import pytest
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402 (after the skip check)
 
+from tests.dashboard.apptest import open_page  # noqa: E402
+
 from .harness import SECRET  # noqa: E402
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 FUZZ = settings(max_examples=5, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 # Values no parameter of these pages accepts (the pools below hold the valid ones).
@@ -35,16 +36,6 @@ def params_of(valid: dict[str, list[str]], secret: Path) -> st.SearchStrategy[di
     names = st.sampled_from([*valid, "not_a_parameter"])
     return st.dictionaries(names, st.just(""), max_size=3).flatmap(
         lambda chosen: st.fixed_dictionaries({n: value.get(n, st.just("1")) for n in chosen}))
-
-
-def run_page(page: str, params: dict[str, str]) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=120)
-    if page != "plan":
-        at.run()
-        at.switch_page(f"dashboard/pages/{page}.py")
-    for key, value in params.items():
-        at.query_params[key] = value
-    return at.run()
 
 
 def check(at: AppTest, params: dict[str, str], valid: dict[str, list[str]], results: str) -> None:
@@ -73,7 +64,7 @@ DEPLOYMENT = {"model": ["llama-3.2-1b", "llama-3.1-8b", "qwen3-30b-a3b"], "hw": 
 def test_memory_page(data: st.DataObject, secret_file: Path) -> None:
     valid = {**DEPLOYMENT, "context": ["1024", "8192"]}
     params = data.draw(params_of(valid, secret_file))
-    check(run_page("memory", params), params, valid, "Per-GPU memory")
+    check(open_page("memory", **params), params, valid, "Per-GPU memory")
 
 
 @FUZZ
@@ -82,7 +73,7 @@ def test_simulate_page(data: st.DataObject, secret_file: Path) -> None:
     valid = {**DEPLOYMENT, "rate": ["2", "0.5"], "seed": ["3"], "workload": ["chat", "rag"],
              "router": ["round_robin"], "input_tokens": ["100"], "output_tokens": ["20"]}
     params = data.draw(params_of(valid, secret_file))
-    check(run_page("simulate", {"requests": "20", **params}), params, valid, "Latency percentiles")
+    check(open_page("simulate", **{"requests": "20", **params}), params, valid, "Latency percentiles")
 
 
 @FUZZ
@@ -91,14 +82,14 @@ def test_hardware_page(data: st.DataObject, secret_file: Path) -> None:
     valid = {"model": ["llama-3.2-1b"], "chips": ["h100-sxm,l4", "mi300x"], "weight_dtype": ["bf16", "fp8"],
              "batch": ["1", "4096"], "context": ["1", "2048"], "prefill": ["1", "131072"]}
     params = data.draw(params_of(valid, secret_file))
-    check(run_page("hardware", params), params, valid, "Roofline")
+    check(open_page("hardware", **params), params, valid, "Roofline")
 
 
 @settings(FUZZ, max_examples=4)
 @given(report=st.sampled_from(["validation.json", "{secret}", "/etc/passwd", "..", "schemas", "", "x" * 500]))
 def test_validate_page(report: str, secret_file: Path) -> None:
     params = {"report": report.format(secret=secret_file)}
-    at = run_page("validate", params)
+    at = open_page("validate", **params)
     assert not at.exception and SECRET not in "\n".join(e.value for e in at.error)
     if report != "validation.json":
         assert at.error[0].value.startswith("URL parameter report=")
