@@ -28,3 +28,4 @@ KV_DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "in
 KV_SCALED_DTYPES: tuple[str, ...] = get_args(QuantKVDtype)
 SHORT_NAME: dict[str, str] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 """The planner's name of each engine dtype (calibration files and profiles use these)."""
+ENGINE_DTYPE_OF: dict[str, str] = {short: name for name, short in SHORT_NAME.items()}
