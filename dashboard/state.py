@@ -13,12 +13,15 @@ value, what is allowed) and stops the page before anything is computed.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import streamlit as st
 
+from dashboard import ui
 from engine.errors import InputError, excerpt
+
+T = TypeVar("T")
 
 
 def parse_bool(text: str) -> bool:
@@ -42,13 +45,6 @@ def format_value(value: Any) -> str:
     if isinstance(value, float) and value.is_integer():
         return f"{value:g}"
     return str(value)
-
-
-def error_message(exc: InputError, labels: Mapping[str, str]) -> str:
-    """An InputError in the dashboard's words: its field named by the label of the widget that
-    sets it (`Tensor parallel (GPUs per replica): 3 is invalid: ...`), else by the field."""
-    label = labels.get(exc.field) or ("" if ":" in exc.field else labels.get(exc.field.rsplit(".", 1)[-1]))
-    return f"{label}: {excerpt(exc.value)} is invalid: {exc.allowed}" if label else exc.message()
 
 
 class PageState:
@@ -100,10 +96,8 @@ class PageState:
         """For values no widget owns (e.g. 'a plan was run'); widget values change by user input."""
         st.session_state[self.key(name)] = value
 
-    def attempt(self, fn: Callable[[], Any]) -> Any:
+    def attempt(self, fn: Callable[[], T]) -> T:
         """fn(), or its bad input shown in place in this page's words, and the page stopped."""
-        from dashboard import ui  # ui draws; state only keeps values
-
         return ui.attempt(fn, self.labels)
 
     def sync_url(self) -> None:

@@ -11,10 +11,16 @@ import pandas as pd
 from pydantic import ValidationError
 import streamlit as st
 
-from dashboard.state import error_message
-from engine.errors import InputError, from_validation_error
+from engine.errors import InputError, excerpt, from_validation_error
 
 T = TypeVar("T")
+
+
+def error_message(exc: InputError, labels: Mapping[str, str]) -> str:
+    """An InputError in the dashboard's words: its field named by the label of the widget that
+    sets it (`Tensor parallel (GPUs per replica): 3 is invalid: ...`), else by the field."""
+    label = labels.get(exc.field) or ("" if ":" in exc.field else labels.get(exc.field.rsplit(".", 1)[-1]))
+    return f"{label}: {excerpt(exc.value)} is invalid: {exc.allowed}" if label else exc.message()
 
 
 def stop_with(message: str) -> NoReturn:
