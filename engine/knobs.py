@@ -9,9 +9,6 @@ dataclasses generate its CLI).
 
     block_size_tokens: Annotated[int, Knob("--block-size", "KV block size", "tokens")] = Field(
         16, ge=1, le=1024, description="Tokens per KV-cache block")
-
-A field declared in a module that should not know about flags (a workload's rate) gets its Knob
-where it is exposed instead: `Setting.of(PoissonArrivals, "rate_per_s", Knob("--rate", ...))`.
 """
 
 from __future__ import annotations
@@ -32,12 +29,11 @@ from engine.errors import InputError
 @dataclass(frozen=True)
 class Knob:
     """How a setting meets people: `flag` on the command line (a boolean also gets `--no-...`),
-    `label` on the dashboard (the unit is appended), `aliases` for older spellings of the flag."""
+    `label` on the dashboard (the unit is appended), and the unit."""
 
     flag: str
     label: str
     unit: str = ""
-    aliases: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -50,11 +46,11 @@ class Setting:
     _adapter: TypeAdapter = field(repr=False, compare=False)
 
     @classmethod
-    def of(cls, model: type[BaseModel], name: str, knob: Knob | None = None) -> Setting:
+    def of(cls, model: type[BaseModel], name: str) -> Setting:
         info = model.model_fields[name]
-        knob = knob or next((m for m in info.metadata if isinstance(m, Knob)), None)
+        knob = next((m for m in info.metadata if isinstance(m, Knob)), None)
         if knob is None:
-            raise TypeError(f"{model.__name__}.{name} declares no Knob; pass one")
+            raise TypeError(f"{model.__name__}.{name} declares no Knob")
         # Non-finite numbers are never a setting: an infinite budget or a NaN share is a typo.
         adapter = TypeAdapter(Annotated[info.annotation, info], config=ConfigDict(allow_inf_nan=False))
         return cls(name, knob, info, adapter)
@@ -68,10 +64,6 @@ class Setting:
     @property
     def help(self) -> str:
         return self.info.description or ""
-
-    @property
-    def optional(self) -> bool:
-        return type(None) in get_args(self.info.annotation)
 
     @property
     def choices(self) -> tuple[Any, ...] | None:
@@ -160,10 +152,10 @@ def add_flags(parser: argparse.ArgumentParser, declared: Iterable[Setting], *, r
         text = f"{s.help} [{s.allowed()}]" + ("" if default is None else f" (default: {_shown(default)})")
         common: dict[str, Any] = {"dest": s.name, "default": default, "help": text.replace("%", "%%")}
         if s.kind is bool:
-            parser.add_argument(s.knob.flag, *s.knob.aliases, action=argparse.BooleanOptionalAction, **common)
+            parser.add_argument(s.knob.flag, action=argparse.BooleanOptionalAction, **common)
         else:
             metavar = "{" + ",".join(map(str, s.choices)) + "}" if s.choices else {int: "N", float: "X"}.get(s.kind, "TEXT")
-            parser.add_argument(s.knob.flag, *s.knob.aliases, metavar=metavar, required=s.name in required, **common)
+            parser.add_argument(s.knob.flag, metavar=metavar, required=s.name in required, **common)
     parser.set_defaults(declared_settings=(*(parser.get_default("declared_settings") or ()), *declared))
 
 
