@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from packaging.version import InvalidVersion, Version
 import yaml
 
 from engine.errors import InputError, unknown_name_error
@@ -290,6 +291,9 @@ class EngineProfile(_Spec):
     display_name: str
     engine: EngineName
     versions: str = Field(description="Releases the profile describes, e.g. '0.10.x-0.11.x'")
+    releases: tuple[str, str] | None = Field(
+        None, description="First and last release the profile covers (PEP 440, inclusive; the last may be a bound such as "
+        "'0.11.99'), for matching a run's engine version; None: not a released engine (ServePlan's own)")
     scheduling: Scheduling
     execution: Execution
     overheads: Overheads
@@ -386,6 +390,25 @@ def engine_catalog() -> dict[str, EngineProfile]:
             raise InputError(f"{path.name}: name", profile.name, f"must equal the file name {path.stem!r}")
         profiles[profile.name] = profile
     return profiles
+
+
+def engine_for_release(engine: EngineName, version: str) -> tuple[EngineProfile, str | None]:
+    """The profile of `engine` whose releases cover `version`, and a note when none does: then the
+    nearest release line (the newest for an unknown or newer version, the oldest for an older one)."""
+    lines = sorted((p for p in engine_catalog().values() if p.engine == engine and p.releases),
+                   key=lambda p: Version(p.releases[0]))  # type: ignore[index]
+    if not lines:
+        raise InputError("engine", engine, f"no profile describes a release of {engine}")
+    try:
+        wanted = Version(version)
+    except InvalidVersion:
+        return lines[-1], f"{engine} version {version!r} unknown: {lines[-1].name} (the newest line) assumed"
+    for profile in lines:
+        low, high = profile.releases  # type: ignore[misc]
+        if Version(low) <= wanted <= Version(high):
+            return profile, None
+    nearest = lines[0] if wanted < Version(lines[0].releases[0]) else lines[-1]  # type: ignore[index]
+    return nearest, f"{engine} {version} is outside every profile: {nearest.name} (the nearest line) assumed"
 
 
 def get_engine(name: str) -> EngineProfile:
