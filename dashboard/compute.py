@@ -111,7 +111,7 @@ def simulate_view(model_name: str, dep: Deployment, workload: Workload | None, t
     busy = samples[samples.num_running > 0]
     batch = max(1, round(busy.num_running.mean())) if len(busy) else 1
     context = max(1, round(reqs.prompt_tokens.mean() + reqs.output_tokens.mean() / 2))
-    chunk = max(1, min(dep.knobs.max_num_batched_tokens, round(reqs.prompt_tokens.mean())))
+    chunk = max(1, min(cm.dep.knobs.max_num_batched_tokens or 1, round(reqs.prompt_tokens.mean())))
     rows = [{"phase": f"decode step (batch {batch}, context {context})", "operator": op, "ms": s * 1e3}
             for op, s in cm.decode_breakdown(batch, context).items()]
     rows += [{"phase": f"prefill chunk ({chunk} tokens)", "operator": op, "ms": s * 1e3}
@@ -119,7 +119,7 @@ def simulate_view(model_name: str, dep: Deployment, workload: Workload | None, t
     basis = [f"decode: {batch} requests per step (the run's mean batch over busy steps), each with {context} tokens "
              "of context (mean prompt + half the mean output)",
              f"prefill: one chunk of {chunk} prompt tokens (mean prompt, capped by the token budget), nothing cached",
-             "seconds per operator from the same cost model the simulator used (planner/costmodel.py)"]
+             "seconds per operator from the same cost model the simulator used (planner/costmodel/)"]
     return SimView(result.summary, result.memory, reqs, samples, pd.DataFrame(rows), basis)
 
 

@@ -56,6 +56,10 @@ def setting_input(state: PageState, setting: Setting, *, default: Any = None, na
     label, help = label or setting.label, help or setting.help
     value = setting.default if default is None else default
     key = state.bind(name or setting.url_name, value, parse=setting.check, label=label, field=setting.name)
+    if setting.optional and (setting.kind is bool or setting.choices is not None):
+        # Unset is the serving engine's own default for the device (an engine knob), not a value.
+        options = [None, *(setting.choices or (True, False))]
+        return st.selectbox(label, options, key=key, help=help, format_func=_optional_text)
     if setting.kind is bool:
         return st.checkbox(label, key=key, help=help)
     if setting.choices is not None:
@@ -63,9 +67,17 @@ def setting_input(state: PageState, setting: Setting, *, default: Any = None, na
     # Inclusive bounds become the widget's; an exclusive one (gt=0) is left to the field's check.
     kind = setting.kind
     (lo, lo_in), (hi, hi_in) = setting.bound("min"), setting.bound("max")
+    if setting.optional:
+        widget.setdefault("placeholder", "engine default")
     return st.number_input(label, min_value=kind(lo) if lo is not None and lo_in else None,
                            max_value=kind(hi) if hi is not None and hi_in else None, key=key,
                            help=help, **widget)
+
+
+def _optional_text(value: Any) -> str:
+    if value is None:
+        return "engine default"
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def one_of(field: str, options: Sequence[Any]) -> Any:

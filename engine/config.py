@@ -6,6 +6,7 @@ parameter counts, KV-cache bytes and FLOPs from the very same object.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 import json
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from engine.core.scheduler import Policy, SchedulerConfig
+from engine.core.scheduler import Batching, Policy, SchedulerConfig
 from engine.dtypes import KV_DTYPE_BYTES, KV_SCALED_DTYPES, EngineDtype, QuantKVDtype, QuantWeightDtype
 from engine.errors import InputError, from_validation_error
 from engine.knobs import Knob
@@ -460,42 +461,85 @@ MAX_NUM_SEQS = 1 << 16
 
 class EngineKnobs(BaseModel):
     """Engine settings that change scheduling and memory: one definition for engine and simulator,
-    from which the CLI flags and the dashboard widgets are generated (engine/knobs.py)."""
+    from which the CLI flags and the dashboard widgets are generated (engine/knobs.py).
+
+    A setting left None is the serving engine's own default, as vLLM's EngineArgs leave theirs
+    unset until the device and usage are known: ServePlan's engine fills them from ENGINE_DEFAULTS,
+    the planner from the chosen engine profile (planner/engines) for the hardware at hand.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    block_size_tokens: Annotated[int, Knob("--block-size", "KV block size", "tokens")] = Field(
-        16, ge=1, le=1024, description="Tokens per KV-cache block")
-    max_num_batched_tokens: Annotated[int, Knob("--max-num-batched-tokens", "Token budget per step", "tokens")] = Field(
-        8192, ge=1, le=MAX_BATCHED_TOKENS, description="Token budget per engine step (prefill + decode + speculative)")
-    max_num_seqs: Annotated[int, Knob("--max-num-seqs", "Max running requests", "requests")] = Field(
-        256, ge=1, le=MAX_NUM_SEQS, description="Most requests running at once")
-    enable_chunked_prefill: Annotated[bool, Knob("--chunked-prefill", "Chunked prefill")] = Field(
-        True, description="Split long prompts across steps to fit the token budget")
-    enable_prefix_caching: Annotated[bool, Knob("--prefix-caching", "Prefix caching")] = Field(
-        True, description="Share KV blocks of equal prefixes across requests")
+    block_size_tokens: Annotated[int | None, Knob("--block-size", "KV block size", "tokens")] = Field(
+        None, ge=1, le=1024, description="Tokens per KV-cache block (default: the engine's)")
+    max_num_batched_tokens: Annotated[int | None, Knob("--max-num-batched-tokens", "Token budget per step", "tokens")] = Field(
+        None, ge=1, le=MAX_BATCHED_TOKENS,
+        description="Token budget per engine step, prefill + decode + speculative (default: the engine's for the device)")
+    max_num_seqs: Annotated[int | None, Knob("--max-num-seqs", "Max running requests", "requests")] = Field(
+        None, ge=1, le=MAX_NUM_SEQS, description="Most requests running at once (default: the engine's for the device)")
+    enable_chunked_prefill: Annotated[bool | None, Knob("--chunked-prefill", "Chunked prefill")] = Field(
+        None, description="Split long prompts across steps to fit the token budget (default: the engine's)")
+    enable_prefix_caching: Annotated[bool | None, Knob("--prefix-caching", "Prefix caching")] = Field(
+        None, description="Share KV blocks of equal prefixes across requests (default: the engine's)")
     policy: Annotated[Policy, Knob("--policy", "Scheduling policy")] = Field(
         "fcfs", description="Admission and preemption order: first come first served, or by priority")
-    gpu_memory_utilization: Annotated[float, Knob("--gpu-memory-utilization", "GPU memory utilisation", "share")] = Field(
-        0.9, gt=0, le=1, description="Share of device memory the engine may use for weights, activations and KV cache")
+    batching: Annotated[Batching | None, Knob("--batching", "Batching")] = Field(
+        None, description="mixed: decodes and prefill chunks share a step; prefill_first: a step prefills only while "
+        "prompts wait (default: the engine's)")
+    num_scheduler_steps: Annotated[int | None, Knob("--num-scheduler-steps", "Decode steps per schedule", "steps")] = Field(
+        None, ge=1, le=64, description="Decode steps run per scheduling decision, vLLM 0.6's multi-step (default: 1)")
+    gpu_memory_utilization: Annotated[float | None, Knob("--gpu-memory-utilization", "GPU memory utilisation", "share")] = Field(
+        None, gt=0, le=1,
+        description="Share of device memory the engine may use for weights, activations and KV cache (default: the engine's)")
     speculative: SpeculativeSettings | None = None
     enforce_eager: Annotated[bool, Knob("--enforce-eager", "Eager only (no CUDA graphs)")] = Field(
         False, description="Launch every kernel of every step; otherwise decode-only steps replay a captured graph "
         "(CUDA devices; other devices always run eagerly)")
-    max_graph_batch_size: Annotated[int, Knob("--max-graph-batch-size", "Largest graph batch", "requests")] = Field(
-        512, ge=1, le=4096, description="Largest decode batch run as a captured graph; larger batches run eagerly")
+    max_graph_batch_size: Annotated[int | None, Knob("--max-graph-batch-size", "Largest graph batch", "requests")] = Field(
+        None, ge=1, le=4096,
+        description="Largest decode batch run as a captured graph; larger batches run eagerly (default: the engine's)")
+
+    def with_defaults(self, defaults: Mapping[str, object]) -> EngineKnobs:
+        """These knobs with every setting left None taken from `defaults` (an engine's)."""
+        missing = {name: defaults[name] for name in ENGINE_DEFAULTS if getattr(self, name) is None}
+        return self.model_copy(update=missing) if missing else self
+
+    @property
+    def resolved(self) -> bool:
+        return all(getattr(self, name) is not None for name in ENGINE_DEFAULTS)
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        if not self.resolved:
+            unset = [name for name in ENGINE_DEFAULTS if getattr(self, name) is None]
+            raise InputError("engine knobs", ", ".join(unset), "need the serving engine's defaults first "
+                             "(EngineKnobs.with_defaults, or planner.engines.resolve_deployment)")
         return SchedulerConfig(
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,  # type: ignore[arg-type]
+            max_num_seqs=self.max_num_seqs,  # type: ignore[arg-type]
             max_model_len=max_model_len,
-            block_size=self.block_size_tokens,
-            enable_chunked_prefill=self.enable_chunked_prefill,
-            enable_prefix_caching=self.enable_prefix_caching,
+            block_size=self.block_size_tokens,  # type: ignore[arg-type]
+            enable_chunked_prefill=self.enable_chunked_prefill,  # type: ignore[arg-type]
+            enable_prefix_caching=self.enable_prefix_caching,  # type: ignore[arg-type]
             policy=self.policy,
             num_speculative_tokens=self.speculative.num_speculative_tokens if self.speculative else 0,
+            batching=self.batching,  # type: ignore[arg-type]
+            num_scheduler_steps=self.num_scheduler_steps,  # type: ignore[arg-type]
         )
+
+
+# ServePlan's own engine's defaults for every knob an engine chooses (planner/engines/serveplan.yaml
+# states the same, and a test keeps them equal).
+ENGINE_DEFAULTS: dict[str, object] = {
+    "block_size_tokens": 16,
+    "max_num_batched_tokens": 8192,
+    "max_num_seqs": 256,
+    "enable_chunked_prefill": True,
+    "enable_prefix_caching": True,
+    "batching": "mixed",
+    "num_scheduler_steps": 1,
+    "gpu_memory_utilization": 0.9,
+    "max_graph_batch_size": 512,
+}
 
 
 # Largest explicit KV cache: 16 TiB or 16M blocks, beyond any machine, well short of an overflow.
@@ -536,6 +580,14 @@ class EngineConfig(EngineKnobs):
         None, ge=1, le=4096, description="Threads of torch's CPU pool, set when the engine starts on a CPU; unset: "
         "as this process has it. The CLI defaults to OMP_NUM_THREADS, else the physical cores this process may "
         "run on (engine/cpu.py)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_defaults(cls, data: object) -> object:
+        """ServePlan's engine is the engine here: what is left unset takes its defaults."""
+        if isinstance(data, dict):
+            data = {**data, **{k: v for k, v in ENGINE_DEFAULTS.items() if data.get(k) is None}}
+        return data
 
     @field_validator("int8_kernel")
     @classmethod

@@ -66,6 +66,11 @@ class Setting:
         return self.info.description or ""
 
     @property
+    def optional(self) -> bool:
+        """None is a value: the setting may be left unset (for an engine knob: the engine's default)."""
+        return type(None) in get_args(self.info.annotation)
+
+    @property
     def choices(self) -> tuple[Any, ...] | None:
         literal = next((a for a in (self.info.annotation, *get_args(self.info.annotation)) if get_origin(a) is Literal), None)
         return get_args(literal) if literal is not None else None

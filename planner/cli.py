@@ -396,7 +396,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     result = plan(
         args.model, workload, args.rate_per_s, slo, hardware=_csv(args.hardware),
         max_gpus_per_replica=args.max_gpus_per_replica, budget_usd_per_hour=args.budget_usd_per_hour,
-        weight_dtypes=_csv(args.weight_dtypes), kv_dtypes=_csv(args.kv_dtypes), headroom=args.headroom,
+        weight_dtypes=_csv(args.weight_dtypes), kv_dtypes=_csv(args.kv_dtypes), engine=args.engine, headroom=args.headroom,
         requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
         cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
     )
@@ -557,6 +557,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo", required=True, help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=50'")
     p.add_argument("--hw", dest="hardware", help="comma-separated profiles or YAML files (default: every catalog profile with a price)")
     add_flags(p, settings(PlanSettings))
+    add_flags(p, [s for s in DEPLOYMENT if s.name == "engine"])
     p.add_argument("--weight-dtypes", help="comma-separated weight formats (default: bf16, fp8 where native, int8, int4)")
     p.add_argument("--kv-dtypes", help="comma-separated KV-cache formats (default: bf16,fp8)")
     p.add_argument("--requests-per-probe", type=int, default=300, help="requests per simulation (at least 3 x max_num_seqs)")

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.config import ModelConfig
 from engine.errors import InputError
+from planner.engines import resolve_deployment
 from planner.specs import Deployment, HardwareProfile
 
 GIB = 2**30
@@ -84,6 +85,7 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
         raise InputError(
             "context_tokens", context_tokens, f"exceeds the model's max_position_embeddings={model.max_position_embeddings}"
         )
+    dep = resolve_deployment(dep, hw, max_model_len=context_tokens)
     tp, knobs = dep.tensor_parallel, dep.knobs
     stages = _stage_layers(model.num_layers, dep.pipeline_parallel)
     weight_bytes = WEIGHT_BYTES_PER_PARAM[dep.weight_dtype]

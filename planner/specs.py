@@ -171,6 +171,10 @@ _COMPUTE_FALLBACK: dict[str, tuple[str, ...]] = {
 # --------------------------------------------------------------------------- deployment
 
 
+# The engine a deployment runs when none is named: the most widely used, its current release line.
+DEFAULT_ENGINE = "vllm-0.11"
+
+
 class Deployment(Spec):
     """How one model is served: hardware, parallelism, precision and engine settings."""
 
@@ -187,6 +191,9 @@ class Deployment(Spec):
         "bf16", description="Storage format of the weights (fp8/fp4 compute natively where the chip has a peak for it)")
     kv_dtype: Annotated[KVDtype, Knob("--kv-dtype", "KV-cache dtype")] = Field(
         "bf16", description="Storage format of the KV cache")
+    engine: Annotated[str, Knob("--engine", "Serving engine")] = Field(
+        DEFAULT_ENGINE, pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64,
+        description="Engine profile (`serveplan engines list`): its defaults, scheduling and overheads apply")
     knobs: EngineKnobs = Field(default_factory=EngineKnobs)
 
     @model_validator(mode="after")

@@ -35,6 +35,7 @@ from engine.core.scheduler import SchedulerOutput
 from engine.errors import InputError
 from planner.costmodel.operators import DEQUANT_OPS_PER_WEIGHT, NORM_TRAFFIC, Gemm, Operators, build_operators
 from planner.costmodel.params import CostParams
+from planner.engines import get_engine, resolve_deployment
 from planner.costmodel.shape import Number, ShapeReader, StepShape
 from planner.memory import SAMPLER_COPIES, WEIGHT_BYTES_PER_PARAM, check_parallelism
 from planner.specs import Deployment, HardwareProfile, Link
@@ -104,8 +105,9 @@ class CostModel:
         """`max_graph_batch`: the largest decode batch the engine replays as a graph (default: the
         knobs' max_graph_batch_size, capped by max_num_seqs; 0 when the device or the knobs run eagerly)."""
         check_parallelism(model, dep)
+        dep = resolve_deployment(dep, hw, max_model_len=model.max_position_embeddings)
         self.model, self.hw, self.dep = model, hw, dep
-        self.params = p = params if params is not None else CostParams.defaults(hw)
+        self.params = p = params if params is not None else CostParams.defaults(hw, get_engine(dep.engine))
         self.ops: Operators = build_operators(model, dep)
         knobs = dep.knobs
         if max_graph_batch is None:

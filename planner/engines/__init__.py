@@ -15,16 +15,16 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 import yaml
 
+from engine.core.scheduler import Batching, OutputReservation
 from engine.errors import InputError, unknown_name_error
+from planner.specs import DEFAULT_ENGINE, Deployment, HardwareProfile
 
 PROFILE_DIR = Path(__file__).parent
 EngineName = Literal["vllm", "sglang", "trtllm", "serveplan"]
-Batching = Literal["mixed", "prefill_first"]
-DEFAULT_ENGINE = "vllm-0.11"  # the most widely used engine, its current release line
 MIB_PER_GIB = 1024
 
 
@@ -368,6 +368,50 @@ class EngineProfile(_Spec):
             graph_batch = self.max_graph_batch_size(family, memory_gib, tp=tp)
             return m.reserved_rule.utilization(memory_gib * MIB_PER_GIB, budget, graph_batch, tp * pp)
         return m.utilization_default
+
+
+    def output_reservation(self) -> OutputReservation | None:
+        """What admission keeps free for outputs still to come (None: vLLM's optimistic admission)."""
+        s = self.scheduling
+        if s.admission == "reserve_output":
+            return OutputReservation(1.0, 1.0)
+        if s.admission == "reserve_ratio":
+            assert s.admission_ratio is not None
+            return OutputReservation(s.admission_ratio, s.admission_ratio_min or s.admission_ratio,
+                                     s.admission_ratio_decay or 0.0)
+        return None
+
+    def knob_defaults(self, family: str, memory_gib: float, *, tp: int = 1, pp: int = 1,
+                      max_model_len: int | None = None, offline: bool = False) -> dict[str, object]:
+        """Every EngineKnobs setting this engine chooses itself, on a device of `family` with `memory_gib`."""
+        seqs, tokens = self.scheduling_defaults(family, memory_gib, tp=tp, offline=offline, max_model_len=max_model_len)
+        s = self.scheduling
+        return {
+            "block_size_tokens": s.block_size_tokens,
+            "max_num_batched_tokens": tokens,
+            "max_num_seqs": seqs,
+            "enable_chunked_prefill": self.chunked_prefill_default(max_model_len),
+            "enable_prefix_caching": s.enable_prefix_caching,
+            "batching": self.batching_default(max_model_len),
+            "num_scheduler_steps": s.num_scheduler_steps,
+            "gpu_memory_utilization": self.memory_utilization(family, memory_gib, tp=tp, pp=pp),
+            "max_graph_batch_size": self.max_graph_batch_size(family, memory_gib, tp=tp),
+        }
+
+
+def resolve_deployment(dep: Deployment, hw: HardwareProfile, *, max_model_len: int | None = None, offline: bool = False,
+                       kv_tokens: int | None = None) -> Deployment:
+    """`dep` with every knob it leaves to the engine set as its engine profile sets it on `hw`. With
+    `kv_tokens` (the planned KV pool), engines whose running-request cap follows the pool (SGLang) get it."""
+    if dep.knobs.resolved and kv_tokens is None:
+        return dep
+    engine = get_engine(dep.engine)
+    defaults = engine.knob_defaults(hw.family, hw.memory_gib, tp=dep.tensor_parallel, pp=dep.pipeline_parallel,
+                                    max_model_len=max_model_len, offline=offline)
+    rule = engine.scheduling.running_from_kv
+    if kv_tokens is not None and rule is not None and dep.knobs.max_num_seqs is None and max_model_len is not None:
+        defaults["max_num_seqs"] = min(int(defaults["max_num_seqs"]), max(1, rule.cap(kv_tokens, max_model_len)))  # type: ignore[call-overload]
+    return dep.model_copy(update={"knobs": dep.knobs.with_defaults(defaults)})
 
 
 def load_engine_profile(path: Path) -> EngineProfile:

@@ -17,6 +17,7 @@ from pathlib import Path
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs, ModelConfig
 from engine.errors import InputError
+from planner.engines import get_engine
 from planner.metrics import RunSummary
 from planner.playback import Replay
 from planner.search.cache import DEFAULT_CACHE_DIR, RunCache, simulate_cached
@@ -29,7 +30,7 @@ from planner.search.screen import Shape, screen_candidate
 from planner.search.space import (
     DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, check_size, checked_dtypes, enumerate_candidates, priced_profiles,
 )
-from planner.specs import SLO, Deployment, HardwareProfile
+from planner.specs import DEFAULT_ENGINE, SLO, Deployment, HardwareProfile
 from planner.workload import Workload, get_workload
 
 __all__ = ["DEFAULT_CACHE_DIR", "EXECUTORS", "CandidatePlan", "Executor", "PlanResult", "Verdict", "plan",
@@ -60,6 +61,7 @@ def plan(
     weight_dtypes: Sequence[str] | None = None,
     kv_dtypes: Sequence[str] | None = None,
     knobs_grid: Sequence[EngineKnobs] | None = None,
+    engine: str = DEFAULT_ENGINE,
     headroom: float = 0.1,
     requests_per_probe: int = 300,
     executor: Executor = "process",
@@ -70,7 +72,8 @@ def plan(
 ) -> PlanResult:
     """The cheapest deployment of `model` serving `workload` at `rate_per_s` within `slo`.
 
-    `hardware` defaults to every catalog profile with a price. `cache_dir=None` disables the
+    `hardware` defaults to every catalog profile with a price; `engine` is the engine profile every
+    candidate runs (its defaults fill the knobs the grid leaves unset). `cache_dir=None` disables the
     cache. `on_progress(done, total)` is called as each candidate is settled (simulated or
     pruned), for front ends that draw their own progress bar (the dashboard). Every input and
     limit is checked before any work; bad input raises InputError naming the field as front ends
@@ -78,6 +81,7 @@ def plan(
     Ctrl-C raises KeyboardInterrupt after ending the workers; the cache stays whole.
     """
     _check("rate", rate_per_s, 0 < rate_per_s < math.inf, "must be > 0 requests/s and finite")
+    get_engine(engine)  # an unknown name is refused before any work
     _check("max_gpus", max_gpus_per_replica, 1 <= max_gpus_per_replica <= MAX_GPUS_PER_REPLICA,
            f"must be between 1 and {MAX_GPUS_PER_REPLICA}")
     _check("budget_usd_per_hour", budget_usd_per_hour, budget_usd_per_hour is None or 0 < budget_usd_per_hour < math.inf,
@@ -102,7 +106,7 @@ def plan(
         raise InputError("workload", base.name, f"its longest request ({shape.longest_tokens} tokens) exceeds "
                          f"{cfg.name}'s context of {cfg.max_position_embeddings}")
     q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs)
-    candidates = enumerate_candidates(cfg, profiles, max_gpus_per_replica, weights, kvs, knobs, shape.longest_tokens)
+    candidates = enumerate_candidates(cfg, profiles, max_gpus_per_replica, weights, kvs, knobs, shape.longest_tokens, engine)
     found = [Searched(c, screen_candidate(c, cfg, shape, slo, q.sized_rate_per_s)) for c in candidates]
     live = sum(s.screen.capacity_bound_per_s is not None for s in found)
     with runner, progress_bar(progress, live, on_progress) as advance:

@@ -13,14 +13,15 @@ from engine.config import EngineKnobs, ModelConfig
 from engine.errors import InputError
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
+from planner.engines import resolve_deployment
 from planner.specs import Deployment, Dtype, HardwareProfile
 
 DEFAULT_KV_DTYPES: tuple[Dtype, ...] = ("bf16", "fp8")
-# (max_num_batched_tokens, max_num_seqs): a small chunk favours TTFT of queued requests and
-# TPOT of running ones; a large one prefills faster. Chunked prefill and prefix caching stay on.
-DEFAULT_KNOBS_GRID: tuple[EngineKnobs, ...] = tuple(
-    EngineKnobs(max_num_batched_tokens=tokens, max_num_seqs=seqs) for tokens in (2048, 8192) for seqs in (64, 256)
-)
+# The engine's own defaults, then (max_num_batched_tokens, max_num_seqs) variants: a small chunk
+# favours TTFT of queued requests and TPOT of running ones; a large one prefills faster. Everything
+# else (chunked prefill, prefix caching, batching) is the engine's.
+DEFAULT_KNOBS_GRID: tuple[EngineKnobs, ...] = (EngineKnobs(), *(
+    EngineKnobs(max_num_batched_tokens=tokens, max_num_seqs=seqs) for tokens in (2048, 8192) for seqs in (64, 256)))
 MAX_TP_LOG2 = 10  # tensor parallelism is tried in powers of two up to 1024
 PIPELINE_STAGES = (2, 4, 8, 16)
 # Each candidate costs a memory plan and a screen before any simulation; the default space has ~2,000.
@@ -101,16 +102,17 @@ def scale_up_domain(hw: HardwareProfile) -> int:
 
 
 def make_deployment(model: ModelConfig, hw: HardwareProfile, tp: int, pp: int, weight: str, kv: str,
-                    knobs: EngineKnobs) -> Deployment:
+                    knobs: EngineKnobs, engine: str) -> Deployment:
     # Experts spread over the tensor-parallel ranks, as far as the expert count divides.
     ep = math.gcd(tp, model.moe.num_experts) if model.moe is not None else 1
-    return Deployment(hardware=hw.name, tensor_parallel=tp, pipeline_parallel=pp, expert_parallel=ep,
-                      weight_dtype=weight, kv_dtype=kv, knobs=knobs)
+    return resolve_deployment(Deployment(hardware=hw.name, tensor_parallel=tp, pipeline_parallel=pp, expert_parallel=ep,
+                                         weight_dtype=weight, kv_dtype=kv, engine=engine, knobs=knobs),
+                              hw, max_model_len=model.max_position_embeddings)
 
 
 def enumerate_candidates(model: ModelConfig, profiles: Sequence[HardwareProfile], max_gpus: int,
                          weight_dtypes: Sequence[str] | None, kv_dtypes: Sequence[str],
-                         knobs_grid: Sequence[EngineKnobs], context_tokens: int) -> list[Candidate]:
+                         knobs_grid: Sequence[EngineKnobs], context_tokens: int, engine: str) -> list[Candidate]:
     """Every candidate with its memory plan; pipeline stages only where tensor parallelism alone does not fit."""
     out: list[Candidate] = []
     for hw in profiles:
@@ -120,13 +122,13 @@ def enumerate_candidates(model: ModelConfig, profiles: Sequence[HardwareProfile]
             if tp > domain:
                 break
             try:
-                plan_memory(model, hw, make_deployment(model, hw, tp, 1, "bf16", "bf16", EngineKnobs()), 1)
+                plan_memory(model, hw, make_deployment(model, hw, tp, 1, "bf16", "bf16", EngineKnobs(), engine), 1)
             except InputError:  # TP does not divide the heads
                 continue
             tps.append(tp)
 
         def candidate(tp: int, pp: int, weight: str, kv: str, knobs: EngineKnobs) -> Candidate:
-            dep = make_deployment(model, hw, tp, pp, weight, kv, knobs)
+            dep = make_deployment(model, hw, tp, pp, weight, kv, knobs, engine)
             return Candidate(hw, dep, plan_memory(model, hw, dep, context_tokens))
 
         for weight, kv, knobs in itertools.product(weight_dtypes_for(hw, weight_dtypes), kv_dtypes, knobs_grid):

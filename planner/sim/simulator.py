@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import simpy
@@ -12,6 +13,7 @@ from engine.core.metrics import RequestMetrics
 from engine.core.kv_cache_manager import PrefixCacheStats
 from engine.errors import InputError, unknown_name_error
 from planner.costmodel import CostModel, CostParams
+from planner.engines import get_engine, resolve_deployment
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import PricingBasis, RunRecord, RunSummary, StepSample, summarize
 from planner.playback import Playback, Replay, Submission, check_lengths
@@ -57,7 +59,11 @@ def simulate(
     max_len = max_model_len or model.max_position_embeddings
     if not 2 <= max_len <= model.max_position_embeddings:
         raise InputError("max_model_len", max_len, f"must be in 2..{model.max_position_embeddings} (the model's context)")
+    engine = get_engine(dep.engine)
+    asked, dep = dep, resolve_deployment(dep, hw, max_model_len=max_len)
     memory = plan_memory(model, hw, dep, context_tokens=max_len)
+    if engine.scheduling.running_from_kv is not None:  # SGLang: the running cap follows the KV pool
+        dep = resolve_deployment(asked, hw, max_model_len=max_len, kv_tokens=memory.kv_cache_tokens)
     # Only "no KV cache at all" is fatal here: requests are checked one by one below, so a
     # default max_model_len beyond what the cache holds does not stop a workload of short ones.
     if kv_cache_blocks is not None:
@@ -73,7 +79,7 @@ def simulate(
     if spec is not None and acceptance is None:
         raise InputError("speculative.acceptance_profile", None,
                          "the simulator needs acceptance_profile (per draft position) or acceptance_rate")
-    sched_config = dep.knobs.scheduler_config(max_len)
+    sched_config = dataclasses.replace(dep.knobs.scheduler_config(max_len), output_reservation=engine.output_reservation())
     replay = workload if isinstance(workload, Replay) else Replay.of(workload, vocab_size=model.vocab_size)
     check_lengths(replay, max_len, memory.kv_cache_blocks, sched_config.block_size, where="a replica")
 
@@ -167,6 +173,7 @@ def simulate(
     )
     assumptions = {
         **cost_model.assumptions(),
+        "engine": f"{engine.display_name} ({engine.name})",
         "replicas": dep.replicas,
         "router": router,
         "kv_cache_blocks_per_replica": memory.kv_cache_blocks,
@@ -177,6 +184,10 @@ def simulate(
         "enable_chunked_prefill": sched_config.enable_chunked_prefill,
         "enable_prefix_caching": sched_config.enable_prefix_caching,
         "policy": sched_config.policy,
+        "batching": sched_config.batching,
+        "num_scheduler_steps": sched_config.num_scheduler_steps,
+        "output_reservation": None if sched_config.output_reservation is None else dataclasses.asdict(
+            sched_config.output_reservation),
         "gpu_memory_utilization": dep.knobs.gpu_memory_utilization,
         "workload": replay.description,
         "output_lengths": "drawn by the workload and generated exactly (ignore_eos)",

@@ -69,7 +69,7 @@ def test_batch1_decode_is_the_weight_read_plus_kernel_latencies_and_host_work() 
     expected += (32 * 10 + 2 + 1 + 3) * e.graph_kernel_us * 1e-6
     # One launch for the graph; sampling's 3 eager kernels each wait on a launch, far longer than they run.
     expected += e.kernel_launch_us * 1e-6 + 3 * e.kernel_launch_us * 1e-6
-    expected += e.step_overhead_us * 1e-6
+    expected += cm.params.step_overhead_s + cm.params.per_request_overhead_s  # the engine's host work, one request
     assert cm.step_time(step(req(1, 128))) == pytest.approx(expected, rel=0.01)
     assert cm.decode_time_per_token_s(1, 128) == pytest.approx(cm.step_time(step(req(1, 128))), rel=1e-12)
 
@@ -225,7 +225,7 @@ def test_deterministic_and_empty_step() -> None:
 
 def test_calibration_params_override_and_validate() -> None:
     base = cost()
-    params = CostParams.defaults(get_hardware("h100-sxm"))
+    params = base.params
     slow = params.with_values({"step_overhead_s": params.step_overhead_s + 1e-3})
     assert cost(calibration=slow).decode_time_per_token_s(1, 10) == pytest.approx(base.decode_time_per_token_s(1, 10) + 1e-3)
     falloff = params.with_values({"gemm_half_size_tokens": 64})

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from engine.config import EngineKnobs, graph_capture_sizes
+from engine.config import ENGINE_DEFAULTS, EngineKnobs, graph_capture_sizes
 from engine.errors import InputError
 from planner.engines import PROFILE_DIR, engine_catalog, get_engine, load_engine_profile
 from planner.engines.docs import DOC, regenerate
@@ -122,14 +122,13 @@ def test_sglang_03_and_trtllm_ignore_the_device() -> None:
 
 def test_serveplan_profile_matches_the_engine_knobs() -> None:
     """The profile of ServePlan's engine is the engine's own defaults, so it cannot drift from them."""
-    knobs, p = EngineKnobs(), get_engine("serveplan")
-    assert p.scheduling_defaults(*H100) == (knobs.max_num_seqs, knobs.max_num_batched_tokens)
-    assert p.scheduling.block_size_tokens == knobs.block_size_tokens
-    assert p.scheduling.enable_chunked_prefill == knobs.enable_chunked_prefill
-    assert p.scheduling.enable_prefix_caching == knobs.enable_prefix_caching
-    assert p.memory.utilization_default == knobs.gpu_memory_utilization
-    assert p.execution.cuda_graphs == (not knobs.enforce_eager)
-    largest = min(knobs.max_graph_batch_size, knobs.max_num_seqs)  # what LLM captures
+    p = get_engine("serveplan")
+    stated = p.knob_defaults(*H100, max_model_len=8192)
+    for name, value in ENGINE_DEFAULTS.items():
+        if name != "max_graph_batch_size":
+            assert stated[name] == value, name
+    assert p.execution.cuda_graphs == (not EngineKnobs().enforce_eager)
+    largest = min(ENGINE_DEFAULTS["max_graph_batch_size"], ENGINE_DEFAULTS["max_num_seqs"])  # what LLM captures
     assert p.execution.max_graph_batch_size == largest == graph_capture_sizes(largest)[-1]
 
 

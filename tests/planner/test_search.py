@@ -247,7 +247,7 @@ def test_candidates_cannot_be_changed_after_a_stage(result: PlanResult) -> None:
     import dataclasses
 
     model, hw = resolve_model(MODEL), get_hardware("l40s")
-    [c] = search.space.enumerate_candidates(model, [hw], 1, ["bf16"], ["bf16"], [KNOBS], 2048)
+    [c] = search.space.enumerate_candidates(model, [hw], 1, ["bf16"], ["bf16"], [KNOBS], 2048, "vllm-0.11")
     s = search.capacity.Searched(c, search.screen.Screen(capacity_bound_per_s=1.0))
     for obj, attr in ((c, "memory"), (s, "outcome"), (s.screen, "min_replicas")):
         with pytest.raises(dataclasses.FrozenInstanceError):
