@@ -15,6 +15,13 @@ outlines-core turns a schema into a regex, so it cannot express recursive schema
 JSON is generated compact (no free whitespace between tokens): a model cannot then pad its
 output with whitespace forever, and every schema with bounded strings and arrays has a bounded
 output.
+
+A length-bounded string (minLength/maxLength) is rewritten as the equivalent `pattern` before
+xgrammar sees it: xgrammar 0.2.9 compiles such a string to a character class that admits raw
+control characters, which makes invalid JSON (xgrammar issue 800, open when this was written;
+our property test found it). Its pattern path writes valid JSON strings; in both, a bounded
+string holds no escapes (no quotes, backslashes or newlines). xgrammar ignores a length beside a
+pattern or format, so that combination is refused rather than silently loosened.
 """
 
 from __future__ import annotations
@@ -50,8 +57,9 @@ class GrammarCompiler:
         """The compiled constraint; an InputError naming the kind when the library refuses it."""
         try:
             if constraint.kind == "json_schema":
-                json.loads(constraint.spec)  # the library's message for bad JSON names no position
-                return self._compiler.compile_json_schema(constraint.spec, any_whitespace=False)
+                schema = json.loads(constraint.spec)  # the library's message for bad JSON names no position
+                return self._compiler.compile_json_schema(json.dumps(_bounded_strings_as_patterns(schema)),
+                                                          any_whitespace=False)
             if constraint.kind == "regex":
                 return self._compiler.compile_regex(constraint.spec)
             return self._compiler.compile_grammar(constraint.spec)
@@ -61,6 +69,31 @@ class GrammarCompiler:
 
     def matcher(self, constraint: StructuredOutput) -> xgr.GrammarMatcher:
         return xgr.GrammarMatcher(self.compile(constraint))
+
+
+# Keywords whose values are data, not subschemas: never rewritten.
+_DATA_KEYWORDS = frozenset({"enum", "const", "default", "examples"})
+
+
+def _bounded_strings_as_patterns(schema: object) -> object:
+    """The schema with every string's minLength/maxLength expressed as a pattern (module docstring)."""
+    if isinstance(schema, list):
+        return [_bounded_strings_as_patterns(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {key: value if key in _DATA_KEYWORDS else _bounded_strings_as_patterns(value) for key, value in schema.items()}
+    types = out.get("type")
+    is_string = types == "string" or (isinstance(types, list) and "string" in types)
+    if is_string and ("minLength" in out or "maxLength" in out):
+        if "pattern" in out or "format" in out:
+            raise InputError("json_schema", _excerpt(json.dumps(schema)),
+                             "a string with minLength/maxLength and a pattern or format is not supported "
+                             "(the grammar library would drop the length)")
+        low, high = out.pop("minLength", 0), out.pop("maxLength", "")
+        if not isinstance(low, int) or not isinstance(high, (int, str)):
+            raise InputError("json_schema", _excerpt(json.dumps(schema)), "minLength and maxLength must be integers")
+        out["pattern"] = f"^.{{{low},{high}}}$"
+    return out
 
 
 def _excerpt(text: str, chars: int = 80) -> str:
