@@ -7,7 +7,9 @@
 The server runs in its own process (`serveplan engine serve`, as deployed), the client in this
 one. Each workload is closed loop with fixed prompt and output lengths, so TTFT, TPOT and E2E
 compare request for request. The runs alternate (engine, endpoint, engine, endpoint, ...) and the
-medians of the repeats are reported, so machine noise hits both alike. Differences:
+medians of the repeats are reported, so machine noise hits both alike; each pair draws new
+prompts (a new seed), so no prefix cache holds them from an earlier run, and both sides warm up
+on a run of their own first. Differences:
 - per request: endpoint TTFT - engine TTFT (HTTP request, JSON, admission through the engine
   thread's queue, the first SSE event);
 - per token: endpoint TPOT - engine TPOT (one SSE event per token through the event loop);
@@ -96,16 +98,20 @@ def main() -> None:
                "torch_threads_client": torch.get_num_threads(), "points": {}}
     try:
         for users in (int(c) for c in args.concurrency.split(",")):
-            workload = Workload(name=f"closed-{users}", arrival=ClosedLoopArrivals(concurrency=users),
-                                input_tokens=FixedLength(tokens=args.input_tokens),
-                                output_tokens=FixedLength(tokens=args.output_tokens), num_requests=args.requests,
-                                first_token_id=10, vocab_size_tokens=min(llm.config.vocab_size, 30_000))
-            replay = Replay.of(workload, llm.config.vocab_size)
-            bench_endpoint(url, "bench", replay, arrival="closed_loop")  # warm the server up, untimed
+            def replay(seed: int, users: int = users) -> Replay:
+                # A new seed, new prompts: neither side's prefix cache holds them from an earlier run.
+                workload = Workload(name=f"c{users}-s{seed}", arrival=ClosedLoopArrivals(concurrency=users),
+                                    input_tokens=FixedLength(tokens=args.input_tokens),
+                                    output_tokens=FixedLength(tokens=args.output_tokens), num_requests=args.requests,
+                                    first_token_id=10, vocab_size_tokens=min(llm.config.vocab_size, 30_000), seed=seed)
+                return Replay.of(workload, llm.config.vocab_size)
+
+            bench_endpoint(url, "bench", replay(10_000), arrival="closed_loop")  # warm both up, untimed
+            bench_engine(llm, replay(20_000), model_name="bench")
             rows: dict[str, list[dict[str, float]]] = {"engine": [], "endpoint": []}
-            for _ in range(args.repeats):
-                local, _ = bench_engine(llm, replay, model_name="bench")
-                remote = bench_endpoint(url, "bench", replay, arrival="closed_loop").summary
+            for seed in range(args.repeats):
+                local, _ = bench_engine(llm, replay(seed), model_name="bench")
+                remote = bench_endpoint(url, "bench", replay(seed), arrival="closed_loop").summary
                 for side, s in (("engine", local), ("endpoint", remote)):
                     rows[side].append({"ttft_ms": s.ttft_ms.p50, "tpot_ms": s.tpot_ms.p50, "e2e_ms": s.e2e_ms.p50,
                                        "output_tokens_per_s": s.throughput.output_tokens_per_s})

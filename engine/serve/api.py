@@ -23,13 +23,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.core import SamplingParams, StructuredOutput
 from engine.errors import InputError
-from engine.serve.detokenize import IncrementalDetokenizer
 from engine.serve.async_engine import AsyncEngine, Delivery, EngineStopped, QueueFull, RequestStream
+from engine.serve.detokenize import IncrementalDetokenizer
 from engine.serve.metrics import ServerMetrics
+from engine.serve.middleware import BodyLimit
 from engine.serve.protocol import (
     AssistantMessage,
     ChatChoice,
@@ -337,56 +337,6 @@ def _validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
     value = repr(err.get("input"))[:80]
     message = err["msg"].removeprefix("Value error, ")
     return (f"{field}={value} is invalid: {message}" if loc else f"the body is invalid: {message}"), field
-
-
-class BodyLimit:
-    """Refuse a request body over `max_bytes` with 413 while it arrives, before it is all in memory."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send)
-            return
-        received = 0
-        started = False
-
-        async def counting_receive() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    raise _BodyTooLarge
-            return message
-
-        async def tracking_send(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counting_receive, tracking_send)
-        except _BodyTooLarge:
-            if not started:
-                await self._refuse(send)
-
-    async def _refuse(self, send: Send) -> None:
-        response = JSONResponse(error_body(413, f"the request body is over max_body_bytes={self.max_bytes}"), 413)
-        await response({"type": "http"}, _no_receive, send)
-
-
-class _BodyTooLarge(Exception):
-    pass
-
-
-async def _no_receive() -> Message:
-    return {"type": "http.disconnect"}
 
 
 def build_app(server: OpenAIServer) -> FastAPI:

@@ -72,8 +72,8 @@ class ServerMetrics:
         if request.first_scheduled_time is not None:
             self.prefix_cache_queries.inc(request.num_prompt_tokens)
             self.prefix_cache_hits.inc(request.num_cached_tokens)
-        if request.first_token_time is None or request.finish_time is None or request.first_scheduled_time is None:
-            return  # aborted before its first token: no latency to record
+        if request.finish_reason == "abort" or request.first_token_time is None:
+            return  # a client that left, or a shutdown: not a latency the server delivered
         m = RequestMetrics.from_request(request)
         self.ttft.observe(m.ttft_s)
         self.e2e.observe(m.e2e_s)

@@ -10,8 +10,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 import asyncio
 import json
+import os
 from pathlib import Path
 import re
+import signal
+import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -233,6 +238,38 @@ def test_shutdown_past_its_timeout_aborts_in_flight_requests(byte_model: Path, n
     s.thread.join(START_TIMEOUT_S)
     assert not s.thread.is_alive() and not s.engine_thread.is_alive()
     assert llm.scheduler.kv_cache_manager.num_free_blocks == llm.num_blocks and not llm.scheduler.has_unfinished_requests()
+
+
+def test_the_cli_server_exits_cleanly_on_sigterm(byte_model: Path) -> None:
+    """`serveplan engine serve` as deployed: SIGTERM mid-stream lets the stream finish, exits 0, no traceback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "planner.cli", "engine", "serve", "--model", str(byte_model), "--random-weights",
+         "--served-model-name", "tiny", "--port", str(port), "--num-kv-blocks", "64"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    try:
+        wait_for(lambda: server.poll() is not None or _healthy(port), "the server to start")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        stream = client.completions.create(model="tiny", prompt="a", max_tokens=100, stream=True,
+                                           extra_body={"ignore_eos": True})
+        first = next(iter(stream))
+        server.send_signal(signal.SIGTERM)
+        chunks = [first, *stream]
+        _, stderr = server.communicate(timeout=START_TIMEOUT_S)
+    finally:
+        if server.poll() is None:
+            server.kill()
+    assert chunks[-1].choices[0].finish_reason == "length" and len(chunks) == 100
+    assert server.returncode == 0 and "Traceback" not in stderr, stderr[-2000:]
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_an_engine_without_tokenizer_serves_token_ids_only(model_dir_no_tokenizer: LLM) -> None:
