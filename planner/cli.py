@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 
 from engine.catalog import catalog, resolve_model
-from engine.cli import add_engine_commands
+from engine.cli import add_engine_commands, add_engine_flags, engine_settings
 from engine.errors import InputError
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
@@ -397,13 +397,7 @@ def cmd_engine_bench(args: argparse.Namespace) -> None:
     from planner.engine_bench import bench_engine
 
     slo = SLO.parse(args.slo) if args.slo else None
-    llm = LLM(
-        args.model, device=args.device, dtype=args.dtype, random_weights=args.random_weights,
-        kv_cache_gib=args.kv_cache_gib, num_kv_blocks=args.num_kv_blocks, block_size_tokens=args.block_size,
-        max_num_batched_tokens=args.max_num_batched_tokens, max_num_seqs=args.max_num_seqs,
-        max_model_len=args.max_model_len, enable_chunked_prefill=not args.no_chunked_prefill,
-        enable_prefix_caching=not args.no_prefix_caching,
-    )
+    llm = LLM(args.model, **engine_settings(args))
     replay = replay_from_args(args, llm.config.vocab_size)
     summary, _ = bench_engine(llm, replay, model_name=args.model, slo=slo)
     if args.json:
@@ -747,17 +741,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_workload_args(p)
     p.set_defaults(requests=16)  # a CPU serves a few requests per second at best
     p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
-    p.add_argument("--random-weights", action="store_true", help="random weights from the config (no checkpoint)")
-    p.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda[:N]'")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    p.add_argument("--kv-cache-gib", type=float, help="KV-cache size (default: 1 GiB on CPU, free memory on CUDA)")
-    p.add_argument("--num-kv-blocks", type=int, help="exact KV block count (overrides --kv-cache-gib)")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
-    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget per engine step")
-    p.add_argument("--max-num-seqs", type=int, default=16, help="most requests running at once")
-    p.add_argument("--max-model-len", type=int, help="longest prompt + output (default: the model's context)")
-    p.add_argument("--no-chunked-prefill", action="store_true")
-    p.add_argument("--no-prefix-caching", action="store_true")
+    add_engine_flags(p)
     p.add_argument("--slo", help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=100'")
     p.add_argument("--json", action="store_true", help="the RunSummary schema of docs/simulate.md (source: engine)")
     p.set_defaults(func=cmd_engine_bench)
