@@ -24,7 +24,8 @@ import torch
 from engine.core import SamplingParams
 from engine.llm import LLM
 from engine.core import SpecStats
-from planner.calibrate import CALIBRATION_DIR, ENGINE_DTYPES, load_calibration
+from engine.dtypes import SHORT_NAME
+from planner.calibrate import CALIBRATION_DIR, load_calibration
 from planner.sim import simulate
 from planner.specs import Deployment, EngineKnobs
 from planner.workload import ClosedLoopArrivals, FixedLength, Workload
@@ -50,7 +51,7 @@ def run(llm: LLM, prompt: list[int], params: SamplingParams) -> tuple[float, lis
 
 
 def find_calibration(model: str, dtype: str) -> Path | None:
-    matches = sorted(CALIBRATION_DIR.glob(f"*__{model}__{ENGINE_DTYPES[dtype]}.json"))
+    matches = sorted(CALIBRATION_DIR.glob(f"*__{model}__{SHORT_NAME[dtype]}.json"))
     return matches[-1] if matches else None
 
 
@@ -58,7 +59,7 @@ def predicted_seconds(llm: LLM, cal_path: Path, lengths: list[int], max_tokens: 
                       speculative: dict | None) -> float:
     """Simulated wall time of the requests one after another, as the engine ran them."""
     cal = load_calibration(cal_path, model=llm.config)
-    dtype = ENGINE_DTYPES[llm.engine_config.dtype]
+    dtype = SHORT_NAME[llm.engine_config.dtype]
     knobs = EngineKnobs(block_size_tokens=llm.engine_config.block_size_tokens, speculative=speculative)
     dep = Deployment(hardware=cal.hardware_profile, weight_dtype=dtype, kv_dtype=dtype, knobs=knobs)
     total = 0.0

@@ -14,15 +14,15 @@ from pathlib import Path
 import tempfile
 
 import pandas as pd
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 import streamlit as st
 
-from engine.catalog import resolve_model
-from engine.config import EngineKnobs
-from engine.errors import InputError
+from engine.catalog import catalog, resolve_model
+from engine.config import EngineKnobs, ModelConfig
+from engine.errors import InputError, from_validation_error, unknown_name_error
 from planner.compare import Comparison, Side, compare
 from planner.costmodel import CostModel
-from planner.hardware import get_hardware, hardware_catalog
+from planner.hardware import hardware_catalog, load_profile_file
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import RunSummary
 from planner.playback import Replay
@@ -40,6 +40,21 @@ def _json(model: BaseModel) -> str:
 
 # Streamlit matches hash_funcs by exact type, so each spec type is listed.
 SPEC_HASH = {cls: _json for cls in (Deployment, EngineKnobs, Workload, SLO, HardwareProfile)}
+
+
+def _catalog_model(name: str) -> ModelConfig:
+    """A catalog model by name: the dashboard never turns a name it was sent into a path."""
+    if name not in catalog():
+        raise unknown_name_error("model", name, catalog())
+    return resolve_model(name)
+
+
+def _catalog_profile(name: str) -> HardwareProfile:
+    """A catalog profile by name, for the same reason."""
+    profiles = hardware_catalog()
+    if name not in profiles:
+        raise unknown_name_error("hardware", name, profiles)
+    return profiles[name]
 
 
 def _slo(text: str) -> SLO | None:
@@ -76,8 +91,8 @@ class SimView:
 @st.cache_data(show_spinner="Simulating…", hash_funcs=SPEC_HASH, max_entries=64)
 def simulate_view(model_name: str, dep: Deployment, workload: Workload | None, trace_name: str | None,
                   trace_bytes: bytes | None, slo_text: str, router: str) -> SimView:
-    model = resolve_model(model_name)
-    hw = get_hardware(dep.hardware)
+    model = _catalog_model(model_name)
+    hw = _catalog_profile(dep.hardware)
     slo = _slo(slo_text)
     result = simulate(model, hw, dep, _replay(workload, trace_name, trace_bytes, model.vocab_size), slo=slo,
                       router=router)
@@ -137,17 +152,29 @@ def plan_result(model_name: str, workload: Workload, rate_per_s: float, slo_text
 
 
 @st.cache_data(show_spinner="Simulating variants…", hash_funcs=SPEC_HASH, max_entries=16)
-def comparisons(model_name: str, workload: Workload, slo_text: str, variants: tuple[tuple[str, Deployment], ...]
-                ) -> list[Comparison]:
-    """Each variant after the first against the first (planner.compare: B - A and %)."""
-    model = resolve_model(model_name)
+def comparisons(model_name: str, workload: Workload, slo_text: str,
+                variants: tuple[tuple[str, Deployment, HardwareProfile], ...]) -> list[Comparison]:
+    """Each variant after the first against the first (planner.compare: B - A and %). Each comes
+    with its hardware profile: a name in a variant is never resolved here, so never read as a path."""
+    model = _catalog_model(model_name)
     slo = _slo(slo_text)
     replay = Replay.of(workload, vocab_size=model.vocab_size)  # one draw: every variant serves the same requests
     sides = []
-    for name, dep in variants:
-        summary = simulate(model, get_hardware(dep.hardware), dep, replay, slo=slo).summary
+    for name, dep, hw in variants:
+        try:
+            summary = simulate(model, hw, dep, replay, slo=slo).summary
+        except InputError as exc:
+            raise InputError(f"variant {name!r}: {exc.field}", exc.value, exc.allowed) from None
         sides.append(Side(path=name, model=model.name, workload=workload.name, deployment=dep, summary=summary))
     return [compare(sides[0], b) for b in sides[1:]]
+
+
+def uploaded_profile(name: str, data: bytes) -> HardwareProfile:
+    """A hardware profile uploaded in the page, read as a profile file is (same checks)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(name).name
+        path.write_bytes(data)
+        return load_profile_file(path)
 
 
 # --------------------------------------------------------------------------- memory and hardware
@@ -155,8 +182,8 @@ def comparisons(model_name: str, workload: Workload, slo_text: str, variants: tu
 
 @st.cache_data(show_spinner=False, hash_funcs=SPEC_HASH, max_entries=64)
 def memory_plans(model_name: str, dep: Deployment, contexts: tuple[int, ...]) -> list[MemoryPlan]:
-    model = resolve_model(model_name)
-    hw = get_hardware(dep.hardware)
+    model = _catalog_model(model_name)
+    hw = _catalog_profile(dep.hardware)
     return [plan_memory(model, hw, dep, c) for c in contexts]
 
 
@@ -188,10 +215,10 @@ def roofline(model_name: str, chips: tuple[str, ...], weight_dtype: str, decode_
              prefill_tokens: int) -> RooflinePoints:
     """Each chip's roof (its GEMM peak for this weight dtype, its bandwidth) and where one decode
     step and one prefill step of the model land on it, per GPU at TP 1 (the cost model's FLOPs and bytes)."""
-    model = resolve_model(model_name)
+    model = _catalog_model(model_name)
     roofs, points, skipped = [], [], []
     for name in chips:
-        hw = get_hardware(name)
+        hw = _catalog_profile(name)
         try:
             cm = CostModel(model, hw, Deployment(hardware=name, weight_dtype=weight_dtype, kv_dtype="bf16"))
         except InputError as exc:
@@ -214,6 +241,31 @@ def roofline(model_name: str, chips: tuple[str, ...], weight_dtype: str, decode_
 # --------------------------------------------------------------------------- validate
 
 
-@st.cache_data(show_spinner=False)
-def validation_report(path: str, mtime_ns: int) -> ValidationReport:  # noqa: ARG001 (mtime: re-read when the file changes)
-    return ValidationReport.model_validate_json(Path(path).read_text())
+# The only folder whose files the dashboard reads by a name it was sent (validation reports).
+REPORTS_DIR = Path(__file__).resolve().parents[1] / "docs"
+MAX_REPORT_BYTES = 32 * 2**20
+
+
+def project_reports() -> list[str]:
+    """Names of the JSON reports in docs/: regular files, links that stay inside it."""
+    root = REPORTS_DIR.resolve()
+    return sorted(p.name for p in REPORTS_DIR.glob("*.json") if p.is_file() and p.resolve().parent == root)
+
+
+def project_report(name: str) -> bytes:
+    """The bytes of report `name` in docs/, by name only, size checked before reading."""
+    if name not in project_reports():
+        raise unknown_name_error("report", name, project_reports())
+    path = REPORTS_DIR / name
+    if (size := path.stat().st_size) > MAX_REPORT_BYTES:
+        raise InputError("report", name, f"is {size:,} bytes; the limit is {MAX_REPORT_BYTES:,}")
+    return path.read_bytes()
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def validation_report(text: bytes) -> ValidationReport:
+    """A ValidationReport from the bytes of a file under docs/ or an upload (never a path from a URL)."""
+    try:
+        return ValidationReport.model_validate_json(text)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None

@@ -1,23 +1,30 @@
-"""Sidebar inputs shared by several pages, each bound to the URL and labelled with its unit.
+"""Sidebar inputs, each bound to a URL parameter and read through the check its widget makes.
 
-They only collect values and build the planner's own specs (Deployment, EngineKnobs, Workload);
-validation is the specs' and the planner's, shown in place by `ui.attempt`. Call them inside
-`with st.sidebar:` (or a sidebar form).
+A declared setting (engine/knobs.py: an EngineKnobs, Deployment, WorkloadOverrides or
+PlanSettings field) becomes its widget here: label and unit, help, bounds and choices all come
+from the declaration, and the URL parameter (the CLI flag without dashes: `--tp` -> `tp`) is
+checked by the same field the CLI checks. Inputs over a catalog (model, hardware, preset) accept
+only catalog names. Nothing here validates on its own; the specs and the planner do, and
+`PageState.attempt` shows what they refuse in place. Call these inside `with st.sidebar:` (or a
+sidebar form).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated, Any
 
+from pydantic import BaseModel, Field, ValidationError
 import streamlit as st
 
-from dashboard.state import PageState
+from dashboard.state import PageState, parse_list
 from engine.catalog import catalog
-from engine.config import EngineKnobs
-from engine.errors import InputError
+from engine.errors import InputError, from_validation_error, unknown_name_error
+from engine.knobs import Knob, Setting, settings
 from planner.hardware import hardware_catalog
 from planner.sim.router import ROUTERS
-from planner.specs import Deployment
+from planner.specs import Deployment, EngineKnobs, WorkloadOverrides
 from planner.workload import PRESETS, Workload, get_workload
 
 # Cheap defaults so every page renders in seconds on a laptop CPU.
@@ -26,61 +33,102 @@ DEFAULT_HARDWARE = "h100-sxm"
 DEFAULT_RATE_PER_S = 6.0
 DEFAULT_REQUESTS = 400
 DEFAULT_SLO = "ttft_p99_ms<=500,tpot_p99_ms<=50"
-DTYPES = ["bf16", "fp16", "fp32", "fp8", "int8", "int4", "fp4"]
-KV_DTYPES = ["bf16", "fp16", "fp32", "fp8", "int8"]
 SLO_HELP = (
     "Comma-separated targets, e.g. ttft_p99_ms<=500,tpot_p99_ms<=50,goodput_share>=0.99. "
     "Fields: ttft_p99_ms, ttft_p50_ms, tpot_p99_ms, tpot_p50_ms, itl_p99_ms, e2e_p99_ms (ms), goodput_share (0-1)."
 )
 TRACE = "upload a trace"
+# Uploads are held in memory: each is refused above this size before it is read (docs/security.md).
+MAX_UPLOAD_BYTES = 32 * 2**20
+
+DEPLOYMENT = {s.name: s for s in settings(Deployment)}
+KNOBS = settings(EngineKnobs)
+WORKLOAD = {s.name: s for s in settings(WorkloadOverrides)}
+
+
+# --------------------------------------------------------------------------- widgets
+
+
+def setting_input(state: PageState, setting: Setting, *, default: Any = None, name: str | None = None,
+                  label: str | None = None, help: str | None = None, **widget: Any) -> Any:
+    """The widget of a declared setting, bound to URL parameter `name` (default: the setting's)
+    and read through the setting's field; `default`, `label` and `help` replace the declared ones."""
+    label, help = label or setting.label, help or setting.help
+    value = setting.default if default is None else default
+    key = state.bind(name or setting.url_name, value, parse=setting.check, label=label, field=setting.name)
+    if setting.kind is bool:
+        return st.checkbox(label, key=key, help=help)
+    if setting.choices is not None:
+        return st.selectbox(label, setting.choices, key=key, help=help)
+    # Inclusive bounds become the widget's; an exclusive one (gt=0) is left to the field's check.
+    kind = setting.kind
+    (lo, lo_in), (hi, hi_in) = setting.bound("min"), setting.bound("max")
+    return st.number_input(label, min_value=kind(lo) if lo is not None and lo_in else None,
+                           max_value=kind(hi) if hi is not None and hi_in else None, key=key,
+                           help=help, **widget)
+
+
+def one_of(field: str, options: Sequence[Any]) -> Any:
+    """A URL parser that accepts one of `options` (their text) and suggests near names otherwise."""
+    by_text = {str(o): o for o in options}
+
+    def parse(text: str) -> Any:
+        if text not in by_text:
+            raise unknown_name_error(field, text, by_text)
+        return by_text[text]
+
+    return parse
+
+
+def choice_input(state: PageState, name: str, label: str, options: Sequence[Any], default: Any, *,
+                 help: str | None = None, field: str | None = None) -> Any:
+    key = state.bind(name, default, parse=one_of(name, options), label=label, field=field)
+    return st.selectbox(label, options, key=key, help=help)
+
+
+def choices_input(state: PageState, name: str, label: str, options: Sequence[Any], default: list[Any], *,
+                  help: str | None = None, field: str | None = None) -> list[Any]:
+    one = one_of(name, options)
+    key = state.bind(name, default, parse=lambda text: [one(part) for part in parse_list(text)], label=label,
+                     field=field)
+    return st.multiselect(label, options, key=key, help=help)
+
+
+def upload_bytes(label: str, types: list[str], *, help: str | None = None, key: str | None = None) -> tuple[str, bytes] | None:
+    """(name, bytes) of a file uploaded in the page, refused above MAX_UPLOAD_BYTES before it is read."""
+    upload = st.file_uploader(label, type=types, help=help, key=key)
+    if upload is None:
+        return None
+    if upload.size > MAX_UPLOAD_BYTES:
+        raise InputError("upload", upload.name, f"is {upload.size:,} bytes; the limit is {MAX_UPLOAD_BYTES:,}")
+    return upload.name, upload.getvalue()
+
+
+# --------------------------------------------------------------------------- shared inputs
 
 
 def model_input(state: PageState) -> str:
-    names = sorted(catalog())
-    return st.selectbox("Model", names, key=state.bind("model", DEFAULT_MODEL),
+    return choice_input(state, "model", "Model", sorted(catalog()), DEFAULT_MODEL,
                         help="Catalog model (`serveplan models list`); its HF config sets layers, heads and sizes")
 
 
 def hardware_input(state: PageState, *, name: str = "hw", label: str = "Hardware") -> str:
-    return st.selectbox(label, sorted(hardware_catalog()), key=state.bind(name, DEFAULT_HARDWARE),
+    return choice_input(state, name, label, sorted(hardware_catalog()), DEFAULT_HARDWARE, field="hardware",
                         help="Hardware profile (`serveplan hw list`): datasheet peaks, bandwidth, links, price")
 
 
 def deployment_inputs(state: PageState) -> Deployment:
     """One deployment: hardware, parallelism, precision and the engine knobs that change serving."""
     hw = hardware_input(state)
-    tp = st.number_input("Tensor parallel (GPUs per replica)", 1, 64, key=state.bind("tp", 1),
-                         help="GPUs one layer is split across; must divide the attention heads")
-    pp = st.number_input("Pipeline stages", 1, 16, key=state.bind("pp", 1), help="Layers split into sequential stages")
-    replicas = st.number_input("Replicas", 1, 256, key=state.bind("replicas", 1),
-                               help="Data-parallel copies behind the router")
-    weight = st.selectbox("Weight dtype", DTYPES, key=state.bind("weight_dtype", "bf16"),
-                          help="Storage format of the weights (fp8/fp4 compute natively where the chip has a peak for it)")
-    kv = st.selectbox("KV-cache dtype", KV_DTYPES, key=state.bind("kv_dtype", "bf16"), help="Storage format of the KV cache")
+    layout = {name: setting_input(state, DEPLOYMENT[name])
+              for name in ("tensor_parallel", "pipeline_parallel", "replicas", "weight_dtype", "kv_dtype")}
     with st.expander("Engine knobs"):
-        knobs = EngineKnobs(
-            max_num_batched_tokens=st.number_input(
-                "Token budget per step (tokens)", 16, 131072, step=256, key=state.bind("mbt", 8192),
-                help="max_num_batched_tokens: prefill chunk + decode tokens per engine step"),
-            max_num_seqs=st.number_input("Max running requests", 1, 4096, key=state.bind("seqs", 256),
-                                         help="max_num_seqs: most requests in one batch"),
-            enable_chunked_prefill=st.checkbox("Chunked prefill", key=state.bind("chunked", True),
-                                               help="Split long prompts across steps to fit the token budget"),
-            enable_prefix_caching=st.checkbox("Prefix caching", key=state.bind("prefix_caching", True),
-                                              help="Share KV blocks of equal prefixes across requests"),
-            gpu_memory_utilization=st.slider("GPU memory utilisation (share)", 0.5, 1.0, step=0.01,
-                                             key=state.bind("gpu_mem", 0.9),
-                                             help="Share of device memory for weights, activations and KV cache"),
-            enforce_eager=st.checkbox("Eager only (no CUDA graphs)", key=state.bind("eager", False),
-                                      help="enforce_eager: launch every kernel of every step; otherwise decode batches "
-                                           "of up to 512 requests replay a captured graph on GPUs that support it"),
-        )
-    return Deployment(hardware=hw, tensor_parallel=tp, pipeline_parallel=pp, replicas=replicas,
-                      weight_dtype=weight, kv_dtype=kv, knobs=knobs)
+        knobs = {s.name: setting_input(state, s) for s in KNOBS}
+    return Deployment(hardware=hw, **layout, knobs=EngineKnobs(**knobs))
 
 
 def router_input(state: PageState) -> str:
-    return st.selectbox("Router", list(ROUTERS), key=state.bind("router", "round_robin"),
+    return choice_input(state, "router", "Router", list(ROUTERS), "round_robin",
                         help="How requests are spread over replicas (see docs/simulate.md)")
 
 
@@ -89,53 +137,61 @@ class WorkloadInput:
     """A preset with overrides, or an uploaded trace (its bytes: uploads cannot travel in a URL)."""
 
     preset: str | None
-    rate_per_s: float = 0.0
-    requests: int = 0
-    input_tokens: int = 0  # 0: the preset's distribution
-    output_tokens: int = 0
-    seed: int = 0
+    overrides: WorkloadOverrides = WorkloadOverrides()
     trace_name: str | None = None
     trace_bytes: bytes | None = None
+
+    @property
+    def rate_per_s(self) -> float | None:
+        return self.overrides.rate_per_s
+
+    @property
+    def requests(self) -> int | None:
+        return self.overrides.num_requests
 
     def workload(self) -> Workload | None:
         """The preset with its overrides (None for a trace); InputError names a bad value."""
         if self.preset is None:
             return None
-        if not self.rate_per_s > 0:  # the CLI's --rate check, same wording
-            raise InputError("rate", self.rate_per_s, "must be > 0 requests/s")
-        overrides: dict[str, object] = {"arrival": {"kind": "poisson", "rate_per_s": self.rate_per_s},
-                                        "num_requests": self.requests, "seed": self.seed}
-        if self.input_tokens:
-            overrides["input_tokens"] = self.input_tokens
-        if self.output_tokens:
-            overrides["output_tokens"] = self.output_tokens
-        return get_workload(self.preset, **overrides)
+        return get_workload(self.preset, **self.overrides.workload_fields())
 
 
 def workload_inputs(state: PageState, *, allow_trace: bool = True, default_requests: int = DEFAULT_REQUESTS,
-                    requests_help: str = "Requests drawn from the workload (follow-up turns included)") -> WorkloadInput:
+                    requests_help: str | None = None) -> WorkloadInput:
     options = [*PRESETS, *([TRACE] if allow_trace else [])]
-    preset = st.selectbox("Workload", options, key=state.bind("workload", "chat"),
+    preset = choice_input(state, "workload", "Workload", options, "chat",
                           help="; ".join(f"{k}: {w.description}" for k, w in PRESETS.items()))
     if preset == TRACE:
-        upload = st.file_uploader("Trace (JSONL or CSV)", type=["jsonl", "csv"],
-                                  help="Columns arrival_s, input_tokens, output_tokens, optional prefix_id, "
-                                       "conversation_id (docs/workloads.md). Replayed at its recorded times.")
-        if upload is None:
-            return WorkloadInput(None)
-        return WorkloadInput(None, trace_name=upload.name, trace_bytes=upload.getvalue())
-    rate = st.number_input("Arrival rate (requests/s)", 0.0, 10000.0, step=1.0, key=state.bind("rate", DEFAULT_RATE_PER_S),
-                           help="Poisson arrivals; replaces the preset's arrival process. Must be > 0")
-    requests = st.number_input("Requests", 1, 100000, step=100, key=state.bind("requests", default_requests),
-                               help=requests_help)
+        upload = state.attempt(lambda: upload_bytes(
+            "Trace (JSONL or CSV)", ["jsonl", "csv"], help="Columns arrival_s, input_tokens, output_tokens, optional "
+            "prefix_id, conversation_id (docs/workloads.md). Replayed at its recorded times."))
+        return WorkloadInput(None) if upload is None else WorkloadInput(None, trace_name=upload[0], trace_bytes=upload[1])
+    values = {
+        "rate_per_s": setting_input(state, WORKLOAD["rate_per_s"], default=DEFAULT_RATE_PER_S, step=1.0),
+        "num_requests": setting_input(state, WORKLOAD["num_requests"], default=default_requests, step=100,
+                                      help=requests_help),
+    }
     with st.expander("Lengths and seed"):
-        input_tokens = st.number_input("Prompt tokens (0: the preset's distribution)", 0, 1_000_000,
-                                       key=state.bind("input_tokens", 0), help="A fixed prompt length, tokens")
-        output_tokens = st.number_input("Output tokens (0: the preset's distribution)", 0, 1_000_000,
-                                        key=state.bind("output_tokens", 0), help="A fixed reply length, tokens")
-        seed = st.number_input("Seed", 0, 2**31 - 1, key=state.bind("seed", 0), help="Seed of every random draw")
-    return WorkloadInput(preset, rate, requests, input_tokens, output_tokens, seed)
+        for name in ("input_tokens", "output_tokens"):
+            values[name] = setting_input(state, WORKLOAD[name])
+        values["seed"] = setting_input(state, WORKLOAD["seed"], default=0)
+    try:
+        overrides = WorkloadOverrides(**values)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+    return WorkloadInput(preset, overrides)
+
+
+class RooflineQuery(BaseModel):
+    """The two steps the Hardware page places on each chip's roofline."""
+
+    decode_batch: Annotated[int, Knob("--batch", "Decode batch", "requests")] = Field(
+        32, ge=1, le=4096, description="Requests in one decode step")
+    decode_context: Annotated[int, Knob("--context", "Decode context", "tokens")] = Field(
+        2048, ge=1, le=1_000_000, description="Tokens already in the KV cache of each decoding request")
+    prefill_tokens: Annotated[int, Knob("--prefill", "Prefill chunk", "tokens")] = Field(
+        2048, ge=1, le=131072, description="Prompt tokens in one prefill step, nothing cached")
 
 
 def slo_input(state: PageState, default: str = DEFAULT_SLO) -> str:
-    return st.text_input("SLO", key=state.bind("slo", default), help=SLO_HELP)
+    return st.text_input("SLO", key=state.bind("slo", default, label="SLO"), help=SLO_HELP)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 import json
 import re
 from typing import Any, NoReturn, TypeVar
@@ -11,18 +11,16 @@ import pandas as pd
 from pydantic import ValidationError
 import streamlit as st
 
-from engine.errors import InputError
+from engine.errors import InputError, excerpt, from_validation_error
 
 T = TypeVar("T")
 
 
-def validation_message(exc: ValidationError) -> str:
-    """One line per error in the InputError style: field=value is invalid: reason."""
-    parts = []
-    for err in exc.errors():
-        field = ".".join(str(p) for p in err["loc"]) or exc.title
-        parts.append(f"{field}={err.get('input')!r} is invalid: {err['msg']}")
-    return "; ".join(parts)
+def error_message(exc: InputError, labels: Mapping[str, str]) -> str:
+    """An InputError in the dashboard's words: its field named by the label of the widget that
+    sets it (`Tensor parallel (GPUs per replica): 3 is invalid: ...`), else by the field."""
+    label = labels.get(exc.field) or ("" if ":" in exc.field else labels.get(exc.field.rsplit(".", 1)[-1]))
+    return f"{label}: {excerpt(exc.value)} is invalid: {exc.allowed}" if label else exc.message()
 
 
 def stop_with(message: str) -> NoReturn:
@@ -31,18 +29,19 @@ def stop_with(message: str) -> NoReturn:
     raise AssertionError("st.stop() returned")  # st.stop raises; this keeps type checkers honest
 
 
-def attempt(fn: Callable[[], T]) -> T:
+def attempt(fn: Callable[[], T], labels: Mapping[str, str] | None = None) -> T:
     """fn(), or its InputError / ValidationError shown in place, and the page stopped there.
 
-    Both error types carry a message that names the field, the value and what is allowed, which
-    is what the user needs; anything else is a bug and keeps Streamlit's own error display.
+    Both name the field, the value and what is allowed, which is what the user needs; `labels`
+    (field -> widget label, from PageState) names the field as the sidebar does. Anything else is
+    a bug and keeps Streamlit's own error display.
     """
     try:
         return fn()
-    except InputError as exc:
-        stop_with(str(exc))
     except ValidationError as exc:
-        stop_with(validation_message(exc))
+        stop_with(error_message(from_validation_error(exc), labels or {}))
+    except InputError as exc:
+        stop_with(error_message(exc, labels or {}))
 
 
 def _slug(title: str) -> str:

@@ -6,16 +6,17 @@ parameter counts, KV-cache bytes and FLOPs from the very same object.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from engine.core.scheduler import Policy, SchedulerConfig
-from engine.errors import InputError
+from engine.dtypes import KV_DTYPE_BYTES, KV_SCALED_DTYPES, EngineDtype, QuantKVDtype, QuantWeightDtype
+from engine.errors import InputError, from_validation_error
+from engine.knobs import Knob
 
 SUPPORTED_MODEL_TYPES = (
     "llama",
@@ -32,10 +33,74 @@ SUPPORTED_MODEL_TYPES = (
     "gemma3_text",
 )
 
-KV_DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int8": 1}
 # 8-bit KV caches store an fp32 scale beside each token's vector of each KV head (engine/quant/kv.py).
-KV_SCALED_DTYPES = ("int8", "fp8")
 KV_SCALE_BYTES = 4
+
+
+# Bounds of a model config: generous beyond every published model (the largest hidden size is
+# ~16k, the longest context ~10M tokens), so that a typo cannot make a plan or a random-weight
+# engine size itself by it (docs/security.md).
+MAX_LAYERS = 1024
+MAX_HIDDEN = 1 << 17
+MAX_HEADS = 4096
+MAX_WIDTH = 1 << 20
+MAX_VOCAB = 1 << 22
+MAX_CONTEXT = 1 << 24
+MAX_EXPERTS = 1 << 16
+MAX_CONFIG_BYTES = 1 << 20
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
+
+
+def _count(lo: int, hi: int, description: str) -> Any:
+    return Field(None, strict=True, ge=lo, le=hi, description=description)
+
+
+class HFConfigFields(BaseModel):
+    """The config.json fields ServePlan reads, typed and bounded; every other key is left alone.
+
+    Integers are strict (no "32", no 32.0, no true): a config that spells a size wrongly is
+    refused rather than guessed at."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    num_hidden_layers: int = Field(strict=True, ge=1, le=MAX_LAYERS, description="Decoder layers")
+    hidden_size: int = Field(strict=True, ge=1, le=MAX_HIDDEN, description="Residual stream width")
+    num_attention_heads: int = Field(strict=True, ge=1, le=MAX_HEADS, description="Query heads")
+    vocab_size: int = Field(strict=True, ge=1, le=MAX_VOCAB, description="Token ids")
+    num_key_value_heads: int | None = _count(1, MAX_HEADS, "KV heads (absent: one per query head)")
+    head_dim: int | None = _count(1, MAX_HEADS, "Width of one head (absent: hidden_size / num_attention_heads)")
+    intermediate_size: int | None = _count(0, MAX_WIDTH, "Dense MLP width")
+    moe_intermediate_size: int | None = _count(1, MAX_WIDTH, "Routed expert width")
+    max_position_embeddings: int | None = _count(2, MAX_CONTEXT, "Longest context, tokens")
+    num_local_experts: int | None = _count(0, MAX_EXPERTS, "Routed experts (Mixtral)")
+    num_experts: int | None = _count(0, MAX_EXPERTS, "Routed experts (Qwen MoE, gpt-oss)")
+    n_routed_experts: int | None = _count(0, MAX_EXPERTS, "Routed experts (DeepSeek)")
+    num_experts_per_tok: int | None = _count(0, MAX_EXPERTS, "Experts per token")
+    experts_per_token: int | None = _count(0, MAX_EXPERTS, "Experts per token (gpt-oss)")
+    n_shared_experts: int | None = _count(0, MAX_EXPERTS, "Shared experts (DeepSeek)")
+    shared_expert_intermediate_size: int | None = _count(0, MAX_WIDTH, "Shared expert width (Qwen MoE)")
+    first_k_dense_replace: int | None = _count(0, MAX_LAYERS, "Leading dense layers (DeepSeek)")
+    moe_layer_freq: int | None = _count(1, MAX_LAYERS, "Every n-th layer routed (DeepSeek)")
+    decoder_sparse_step: int | None = _count(1, MAX_LAYERS, "Every n-th layer routed (Qwen MoE)")
+    sliding_window: int | None = _count(0, MAX_CONTEXT, "Attention window, tokens (0: none)")
+    sliding_window_pattern: int | None = _count(1, MAX_LAYERS, "Every n-th layer global (Gemma 3)")
+    max_window_layers: int | None = _count(0, MAX_LAYERS, "Layers before windows start (Qwen)")
+    q_lora_rank: int | None = _count(1, MAX_HIDDEN, "MLA query rank")
+    kv_lora_rank: int | None = _count(1, MAX_HIDDEN, "MLA latent rank")
+    qk_nope_head_dim: int | None = _count(1, MAX_HEADS, "MLA no-RoPE head width")
+    qk_rope_head_dim: int | None = _count(1, MAX_HEADS, "MLA RoPE head width")
+    v_head_dim: int | None = _count(1, MAX_HEADS, "MLA value head width")
+    rms_norm_eps: float | None = Field(None, gt=0, le=1, description="RMSNorm epsilon")
+    rope_theta: float | None = Field(None, gt=0, description="RoPE base")
+    rope_parameters: dict[str, Any] | None = None
+    rope_scaling: dict[str, Any] | None = None
+    layer_types: list[str] | None = None
+    mlp_only_layers: list[Annotated[int, Field(strict=True, ge=0)]] | None = None
+    tie_word_embeddings: bool | None = None
+    attention_bias: bool | None = None
+    use_sliding_window: bool | None = None
+    bos_token_id: int | None = Field(None, strict=True, ge=0)
+    eos_token_id: Annotated[int, Field(strict=True, ge=0)] | list[Annotated[int, Field(strict=True, ge=0)]] | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +112,14 @@ class MoEConfig:
     shared_expert_intermediate_size: int = 0
     router_bias: bool = False  # gpt-oss routers have a bias; DeepSeek has a score-correction bias
     expert_bias: bool = False  # gpt-oss experts carry biases on gate/up and down
+
+    def __post_init__(self) -> None:
+        if self.num_experts < 1:
+            raise InputError("num_experts", self.num_experts, "a mixture-of-experts model needs >= 1 routed expert")
+        if not 1 <= self.top_k <= self.num_experts:
+            raise InputError("num_experts_per_tok", self.top_k, f"must be in 1..num_experts={self.num_experts}")
+        if self.expert_intermediate_size < 1:
+            raise InputError("moe_intermediate_size", self.expert_intermediate_size, "must be >= 1")
 
 
 @dataclass(frozen=True)
@@ -92,9 +165,10 @@ class ModelConfig:
     hf_config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size"):
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size",
+                     "max_position_embeddings"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise InputError(name, value, "must be a positive integer")
         if self.num_attention_heads % self.num_kv_heads:
             raise InputError(
@@ -106,62 +180,66 @@ class ModelConfig:
             raise InputError("num_hidden_layers", self.num_layers, "per-layer attributes must list every layer")
         if any(self.layer_is_moe) and self.moe is None:
             raise InputError("num_experts", None, "MoE layers need an expert count and top-k")
+        if not all(self.layer_is_moe) and (not isinstance(self.intermediate_size, int) or self.intermediate_size < 1):
+            raise InputError("intermediate_size", self.intermediate_size, "dense MLP layers need a width >= 1")
 
     # ------------------------------------------------------------------ construction
 
     @classmethod
     def from_hf_config(cls, cfg: dict[str, Any], name: str = "") -> ModelConfig:
-        """Build from the parsed contents of an HF config.json."""
+        """Build from the parsed contents of an HF config.json; every value read is checked first."""
         if not isinstance(cfg, dict):
             raise InputError("config.json", type(cfg).__name__, "must be a JSON object")
         if "text_config" in cfg:  # multimodal wrappers (Gemma 3): the decoder lives in text_config
-            cfg = {**cfg, **cfg["text_config"], "model_type": cfg["text_config"].get("model_type", cfg.get("model_type"))}
+            text = cfg["text_config"]
+            if not isinstance(text, dict):
+                raise InputError("text_config", type(text).__name__, "must be a JSON object")
+            cfg = {**cfg, **text, "model_type": text.get("model_type", cfg.get("model_type"))}
         model_type = cfg.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise InputError("model_type", model_type, f"supported: {', '.join(SUPPORTED_MODEL_TYPES)}")
+        try:
+            f = HFConfigFields.model_validate(cfg)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from None
 
-        def need(key: str) -> Any:
-            if key not in cfg:
-                raise InputError(key, None, f"missing from config.json of {name or model_type}")
-            return cfg[key]
-
-        num_layers = int(need("num_hidden_layers"))
-        hidden = int(need("hidden_size"))
-        num_heads = int(need("num_attention_heads"))
-        num_kv_heads = int(cfg.get("num_key_value_heads") or num_heads)
-        head_dim = int(cfg.get("head_dim") or hidden // num_heads)
-        if model_type == "deepseek_v3":  # MLA: a query/key head spans the no-RoPE and RoPE parts
-            head_dim = int(need("qk_nope_head_dim")) + int(need("qk_rope_head_dim"))
-        rope = cfg.get("rope_parameters") or {}  # transformers 5 folds rope_theta into rope_parameters
-        rope_scaling = cfg.get("rope_scaling") or (rope if rope.get("rope_type", "default") != "default" else None)
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-
-        moe, layer_is_moe = _parse_moe(cfg, model_type, num_layers)
+        num_heads = f.num_attention_heads
+        if f.head_dim is None and f.hidden_size % num_heads:
+            raise InputError("head_dim", None, f"absent, and hidden_size={f.hidden_size} is not a multiple of "
+                             f"num_attention_heads={num_heads}")
+        head_dim = f.head_dim or f.hidden_size // num_heads
+        mla = _parse_mla(f) if model_type == "deepseek_v3" else None
+        if mla is not None:  # MLA: a query/key head spans the no-RoPE and RoPE parts
+            head_dim = mla.qk_nope_head_dim + mla.qk_rope_head_dim
+        rope = f.rope_parameters or {}  # transformers 5 folds rope_theta into rope_parameters
+        rope_scaling = f.rope_scaling or (rope if rope.get("rope_type", "default") != "default" else None)
+        eos = f.eos_token_id
+        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (eos,))
+        moe, layer_is_moe = _parse_moe(cfg, model_type, f.num_hidden_layers)
         return cls(
             model_type=model_type,
-            num_layers=num_layers,
-            hidden_size=hidden,
+            num_layers=f.num_hidden_layers,
+            hidden_size=f.hidden_size,
             num_attention_heads=num_heads,
-            num_kv_heads=num_kv_heads,
+            num_kv_heads=f.num_key_value_heads or num_heads,
             head_dim=head_dim,
-            intermediate_size=int(cfg.get("intermediate_size") or 0) if not all(layer_is_moe) else 0,
-            vocab_size=int(need("vocab_size")),
-            max_position_embeddings=int(cfg.get("max_position_embeddings") or 2048),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", model_type.startswith("gemma"))),
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(cfg.get("rope_theta", rope.get("rope_theta", 10000.0))),
+            intermediate_size=(f.intermediate_size or 0) if not all(layer_is_moe) else 0,
+            vocab_size=f.vocab_size,
+            max_position_embeddings=f.max_position_embeddings or 2048,
+            tie_word_embeddings=f.tie_word_embeddings if f.tie_word_embeddings is not None else model_type.startswith("gemma"),
+            rms_norm_eps=f.rms_norm_eps or 1e-6,
+            rope_theta=f.rope_theta or float(rope.get("rope_theta", 10000.0)),
             rope_scaling=rope_scaling,
-            attention_bias=bool(cfg.get("attention_bias", model_type in ("qwen2", "qwen2_moe"))),
+            attention_bias=f.attention_bias if f.attention_bias is not None else model_type in ("qwen2", "qwen2_moe"),
             qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"),
             norms_per_layer=4 if model_type.startswith("gemma") else 2,
             attention_sinks=model_type == "gpt_oss",
-            layer_windows=_parse_windows(cfg, model_type, num_layers),
+            layer_windows=_parse_windows(cfg, model_type, f.num_hidden_layers),
             layer_is_moe=layer_is_moe,
             moe=moe,
-            mla=_parse_mla(need) if model_type == "deepseek_v3" else None,
+            mla=mla,
             torch_dtype=str(cfg.get("torch_dtype") or cfg.get("dtype") or "bfloat16"),
-            bos_token_id=cfg.get("bos_token_id"),
+            bos_token_id=f.bos_token_id,
             eos_token_ids=eos_ids,
             name=name,
             hf_config=cfg,
@@ -172,12 +250,20 @@ class ModelConfig:
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
+        if not path.exists():
+            raise InputError("model", str(path), "no such file (expected a config.json or a folder holding one)")
+        # Checked before reading: a device or a FIFO never ends, and a config is a few kilobytes.
+        if not path.is_file():
+            raise InputError("model", str(path), "not a regular file (expected a config.json)")
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise InputError("model", str(path), f"larger than {MAX_CONFIG_BYTES:,} bytes: not a config.json")
         try:
-            cfg = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise InputError("model", str(path), "no such file (expected a config.json or a folder holding one)") from None
+            cfg = json.loads(path.read_bytes().decode())
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError("config.json", str(path), f"is not valid JSON ({exc})") from None
+            raise InputError("config.json", str(path), f"is not valid JSON ({type(exc).__name__} at byte "
+                             f"{getattr(exc, 'pos', getattr(exc, 'start', '?'))})") from None
+        except RecursionError:
+            raise InputError("config.json", str(path), "is nested too deeply to be a model config") from None
         return cls.from_hf_config(cfg, name=name or path.parent.name)
 
     def first_layers(self, num_layers: int) -> ModelConfig:
@@ -315,7 +401,7 @@ class SpeculativeSettings(BaseModel):
     """Speculative decoding: one definition for the engine (which runs it) and the simulator
     (which draws acceptance from `acceptance_probabilities()`). See docs/speculative.md."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     method: Literal["ngram", "draft", "self"] = Field(description="Proposer: n-gram lookup, draft model or early-exit self-draft")
     num_speculative_tokens: int = Field(ge=1, le=16, description="Draft tokens proposed per step (k)")
@@ -366,43 +452,98 @@ class SpeculativeSettings(BaseModel):
         return None
 
 
+# Upper bounds of the engine knobs: far beyond any serving engine's setting, low enough that no
+# simulated or real step is sized by a typo (docs/security.md lists every limit).
+MAX_BATCHED_TOKENS = 1 << 20
+MAX_NUM_SEQS = 1 << 16
+
+
 class EngineKnobs(BaseModel):
-    """Engine settings that change scheduling and memory: one definition for engine and simulator."""
+    """Engine settings that change scheduling and memory: one definition for engine and simulator,
+    from which the CLI flags and the dashboard widgets are generated (engine/knobs.py)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    block_size_tokens: int = Field(16, ge=1, le=1024, description="Tokens per KV-cache block")
-    max_num_batched_tokens: int = Field(8192, ge=1, description="Token budget per engine step (prefill + decode + speculative)")
-    max_num_seqs: int = Field(256, ge=1, description="Most requests running at once")
-    enable_chunked_prefill: bool = Field(True, description="Split long prompts across steps to fit the token budget")
-    enable_prefix_caching: bool = Field(True, description="Share KV blocks of equal prefixes across requests")
-    policy: Policy = Field("fcfs", description="Admission and preemption order: first come first served, or by priority")
-    gpu_memory_utilization: float = Field(
-        0.9, gt=0, le=1, description="Share of device memory the engine may use for weights, activations and KV cache"
-    )
+    block_size_tokens: Annotated[int, Knob("--block-size", "KV block size", "tokens")] = Field(
+        16, ge=1, le=1024, description="Tokens per KV-cache block")
+    max_num_batched_tokens: Annotated[int, Knob("--max-num-batched-tokens", "Token budget per step", "tokens")] = Field(
+        8192, ge=1, le=MAX_BATCHED_TOKENS, description="Token budget per engine step (prefill + decode + speculative)")
+    max_num_seqs: Annotated[int, Knob("--max-num-seqs", "Max running requests", "requests")] = Field(
+        256, ge=1, le=MAX_NUM_SEQS, description="Most requests running at once")
+    enable_chunked_prefill: Annotated[bool, Knob("--chunked-prefill", "Chunked prefill")] = Field(
+        True, description="Split long prompts across steps to fit the token budget")
+    enable_prefix_caching: Annotated[bool, Knob("--prefix-caching", "Prefix caching")] = Field(
+        True, description="Share KV blocks of equal prefixes across requests")
+    policy: Annotated[Policy, Knob("--policy", "Scheduling policy")] = Field(
+        "fcfs", description="Admission and preemption order: first come first served, or by priority")
+    gpu_memory_utilization: Annotated[float, Knob("--gpu-memory-utilization", "GPU memory utilisation", "share")] = Field(
+        0.9, gt=0, le=1, description="Share of device memory the engine may use for weights, activations and KV cache")
     speculative: SpeculativeSettings | None = None
-    enforce_eager: bool = Field(
+    enforce_eager: Annotated[bool, Knob("--enforce-eager", "Eager only (no CUDA graphs)")] = Field(
         False, description="Launch every kernel of every step; otherwise decode-only steps replay a captured graph "
-        "(CUDA devices; other devices always run eagerly)"
-    )
-    max_graph_batch_size: int = Field(
-        512, ge=1, le=4096, description="Largest decode batch run as a captured graph; larger batches run eagerly"
-    )
+        "(CUDA devices; other devices always run eagerly)")
+    max_graph_batch_size: Annotated[int, Knob("--max-graph-batch-size", "Largest graph batch", "requests")] = Field(
+        512, ge=1, le=4096, description="Largest decode batch run as a captured graph; larger batches run eagerly")
 
     def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
-        try:
-            return SchedulerConfig(
-                max_num_batched_tokens=self.max_num_batched_tokens,
-                max_num_seqs=self.max_num_seqs,
-                max_model_len=max_model_len,
-                block_size=self.block_size_tokens,
-                enable_chunked_prefill=self.enable_chunked_prefill,
-                enable_prefix_caching=self.enable_prefix_caching,
-                policy=self.policy,
-                num_speculative_tokens=self.speculative.num_speculative_tokens if self.speculative else 0,
-            )
-        except ValueError as exc:  # the scheduler's own checks name the field and value already
-            raise InputError.from_value_error(exc) from None
+        return SchedulerConfig(
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=max_model_len,
+            block_size=self.block_size_tokens,
+            enable_chunked_prefill=self.enable_chunked_prefill,
+            enable_prefix_caching=self.enable_prefix_caching,
+            policy=self.policy,
+            num_speculative_tokens=self.speculative.num_speculative_tokens if self.speculative else 0,
+        )
+
+
+# Largest explicit KV cache: 16 TiB or 16M blocks, beyond any machine, well short of an overflow.
+MAX_KV_CACHE_GIB = 16384
+MAX_KV_BLOCKS = 1 << 24
+
+
+class EngineConfig(EngineKnobs):
+    """Engine knobs plus what only a real engine needs: device, precision, KV-cache size, seed."""
+
+    device: Annotated[str, Knob("--device", "Device")] = Field(
+        "auto", pattern=r"^(auto|cpu|cuda(:\d{1,3})?)$",
+        description="'auto' (CUDA when present, else CPU), 'cpu', 'cuda' or 'cuda:N'")
+    dtype: Annotated[EngineDtype, Knob("--dtype", "Compute dtype")] = Field(
+        "float32", description="Weights and activations")
+    kv_cache_gib: Annotated[float | None, Knob("--kv-cache-gib", "KV-cache size", "GiB")] = Field(
+        None, gt=0, le=MAX_KV_CACHE_GIB,
+        description="KV-cache size; default: gpu_memory_utilization of free memory on CUDA, 1 GiB on CPU")
+    num_kv_blocks: Annotated[int | None, Knob("--num-kv-blocks", "KV blocks", "blocks")] = Field(
+        None, ge=1, le=MAX_KV_BLOCKS, description="Exact KV block count (overrides kv_cache_gib)")
+    max_model_len: Annotated[int | None, Knob("--max-model-len", "Max model length", "tokens")] = Field(
+        None, ge=2, le=MAX_CONTEXT, description="Longest prompt + output; default: the model's context")
+    seed: int = Field(0, ge=0, description="Seed for random weights and for requests without their own seed")
+    random_weights: Annotated[bool, Knob("--random-weights", "Random weights")] = Field(
+        False, description="Initialise from the config with random weights (no checkpoint)")
+    weight_dtype: Annotated[Literal["auto", QuantWeightDtype], Knob("--weight-dtype", "Weight quantisation")] = Field(
+        "auto", description="Transformer-layer Linear weights: 'auto' = dtype (no quantisation), int8, int4 or fp8")
+    kv_cache_dtype: Annotated[Literal["auto", QuantKVDtype], Knob("--kv-cache-dtype", "KV-cache format")] = Field(
+        "auto", description="KV-cache values: 'auto' = dtype, or int8 / fp8 with a scale per (token, head)")
+    compile_model: Annotated[bool, Knob("--compile-model", "torch.compile")] = Field(
+        False, description="torch.compile the decode step once per captured batch size (then CUDA-graph it on CUDA)")
+    int8_kernel: Annotated[Literal["auto", "dynamic"], Knob("--int8-kernel", "int8 kernel")] = Field(
+        "auto", description="int8 weights: 'auto' = weight-only (Triton on CUDA; on CPUs torch's kernel where it is "
+        "vectorised, else dequantise then matmul), 'dynamic' = CPU only, fbgemm's W8A8 matmul quantising "
+        "each token's activations to 7 bits on each call: the fast int8 path on x86, at a further quality cost"
+    )
+    threads: Annotated[int | None, Knob("--threads", "CPU threads", "threads")] = Field(
+        None, ge=1, le=4096, description="Threads of torch's CPU pool, set when the engine starts on a CPU; unset: "
+        "as this process has it. The CLI defaults to OMP_NUM_THREADS, else the physical cores this process may "
+        "run on (engine/cpu.py)")
+
+    @field_validator("int8_kernel")
+    @classmethod
+    def _int8_kernel_applies(cls, kernel: str, info: ValidationInfo) -> str:
+        weight_dtype = info.data.get("weight_dtype")
+        if kernel == "dynamic" and weight_dtype != "int8":
+            raise ValueError(f"'dynamic' needs weight_dtype='int8', got {weight_dtype!r}")
+        return kernel
 
 
 def graph_capture_sizes(max_graph_batch_size: int) -> tuple[int, ...]:
@@ -436,49 +577,51 @@ def _parse_windows(cfg: dict[str, Any], model_type: str, num_layers: int) -> tup
     if layer_types:
         if len(layer_types) != num_layers:
             raise InputError("layer_types", f"{len(layer_types)} entries", f"must list all {num_layers} layers")
-        return tuple(int(window) if t == "sliding_attention" else None for t in layer_types)
+        if "sliding_attention" in layer_types and not window:
+            raise InputError("sliding_window", window, "layer_types names sliding_attention layers: needs a window >= 1")
+        return tuple(window if t == "sliding_attention" else None for t in layer_types)
     if not window:
         return (None,) * num_layers
-    window = int(window)
     if model_type == "gemma2":  # even layers are local, odd layers global
         return tuple(window if i % 2 == 0 else None for i in range(num_layers))
     if model_type in ("gemma3", "gemma3_text"):  # every pattern-th layer is global
-        pattern = int(cfg.get("sliding_window_pattern", 6))
+        pattern = cfg.get("sliding_window_pattern") or 6
         return tuple(window if (i + 1) % pattern else None for i in range(num_layers))
     if model_type in ("qwen2", "qwen3", "qwen2_moe", "qwen3_moe"):
         if not cfg.get("use_sliding_window", False):
             return (None,) * num_layers
-        first = int(cfg.get("max_window_layers", num_layers))
+        first = cfg.get("max_window_layers")
+        first = num_layers if first is None else first
         return tuple(window if i >= first else None for i in range(num_layers))
     return (window,) * num_layers  # Mistral: every layer windowed
 
 
 def _parse_moe(cfg: dict[str, Any], model_type: str, num_layers: int) -> tuple[MoEConfig | None, tuple[bool, ...]]:
-    num_experts = cfg.get("num_local_experts") or cfg.get("num_experts") or cfg.get("n_routed_experts")
+    key = next((k for k in ("num_local_experts", "num_experts", "n_routed_experts") if cfg.get(k) is not None), None)
+    num_experts = cfg[key] if key else 0
     if not num_experts:
+        if model_type in MOE_MODEL_TYPES:  # 0 experts would silently make it a dense model
+            raise InputError(key or "num_experts", num_experts if key else None,
+                             f"a {model_type} model routes to experts: needs >= 1")
         return None, (False,) * num_layers
-    top_k = int(cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0)
-    if not 1 <= top_k <= int(num_experts):
-        raise InputError("num_experts_per_tok", top_k, f"must be between 1 and num_experts={num_experts}")
     if model_type == "deepseek_v3":
-        first_dense = int(cfg.get("first_k_dense_replace", 0))
-        freq = int(cfg.get("moe_layer_freq", 1))
+        first_dense = cfg.get("first_k_dense_replace") or 0
+        freq = cfg.get("moe_layer_freq") or 1
         is_moe = tuple(i >= first_dense and i % freq == 0 for i in range(num_layers))
-        shared, shared_size = int(cfg.get("n_shared_experts") or 0), int(cfg.get("moe_intermediate_size") or 0)
+        shared, shared_size = cfg.get("n_shared_experts") or 0, cfg.get("moe_intermediate_size") or 0
     elif model_type in ("qwen2_moe", "qwen3_moe"):
-        step = int(cfg.get("decoder_sparse_step", 1))
+        step = cfg.get("decoder_sparse_step") or 1
         dense_layers = set(cfg.get("mlp_only_layers") or [])
         is_moe = tuple(i not in dense_layers and (i + 1) % step == 0 for i in range(num_layers))
-        shared_size = int(cfg.get("shared_expert_intermediate_size") or 0)
+        shared_size = cfg.get("shared_expert_intermediate_size") or 0
         shared = 1 if shared_size else 0
     else:  # mixtral, gpt_oss: every layer routed
         is_moe = (True,) * num_layers
         shared, shared_size = 0, 0
-    expert_size = int(cfg.get("moe_intermediate_size") or cfg.get("intermediate_size"))
     moe = MoEConfig(
-        num_experts=int(num_experts),
-        top_k=top_k,
-        expert_intermediate_size=expert_size,
+        num_experts=num_experts,
+        top_k=cfg.get("num_experts_per_tok") or cfg.get("experts_per_token") or 0,
+        expert_intermediate_size=cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0,
         num_shared_experts=shared,
         shared_expert_intermediate_size=shared_size,
         router_bias=model_type in ("gpt_oss", "deepseek_v3"),
@@ -487,11 +630,9 @@ def _parse_moe(cfg: dict[str, Any], model_type: str, num_layers: int) -> tuple[M
     return moe, is_moe
 
 
-def _parse_mla(need: Callable[[str], Any]) -> MLAConfig:
-    return MLAConfig(
-        q_lora_rank=need("q_lora_rank"),
-        kv_lora_rank=int(need("kv_lora_rank")),
-        qk_nope_head_dim=int(need("qk_nope_head_dim")),
-        qk_rope_head_dim=int(need("qk_rope_head_dim")),
-        v_head_dim=int(need("v_head_dim")),
-    )
+def _parse_mla(f: HFConfigFields) -> MLAConfig:
+    ranks = {k: getattr(f, k) for k in ("kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")}
+    for key, value in ranks.items():
+        if value is None:
+            raise InputError(key, None, "missing: DeepSeek's multi-head latent attention needs it")
+    return MLAConfig(q_lora_rank=f.q_lora_rank, **ranks)

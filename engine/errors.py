@@ -1,28 +1,41 @@
-"""The one error type for bad input, shared by the engine, the planner, the CLI and the dashboard."""
+"""The one error type for bad input, shared by the engine, the planner, the CLI and the dashboard.
+
+`InputError` itself lives in the torch-free core (engine/core/errors.py) so that the core raises
+it too; this module adds what needs more than the standard library: turning a pydantic
+ValidationError into an InputError, and suggesting names for an unknown catalog entry.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 import difflib
 
+from pydantic import ValidationError
 
-class InputError(ValueError):
-    """Bad input from a user: the message names the field, the value and what is allowed.
+from engine.core.errors import EXCERPT_CHARS, InputError, excerpt
 
-    Front ends print the message alone (no traceback) and exit non-zero.
+__all__ = ["EXCERPT_CHARS", "InputError", "excerpt", "from_validation_error", "unknown_name_error"]
+
+
+def from_validation_error(exc: ValidationError, where: str = "") -> InputError:
+    """The first problem pydantic found, as an InputError whose field is the path to the value
+    (`knobs.max_num_seqs`), prefixed by `where` (a file name, a section) when given.
+
+    A validator that raised an InputError itself keeps its field, value and wording.
     """
-
-    def __init__(self, field: str, value: object, allowed: str) -> None:
-        self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"{field}={value!r} is invalid: {allowed}")
-
-    @classmethod
-    def from_value_error(cls, exc: ValueError, rename: Callable[[str], str] = str) -> InputError:
-        """Re-raise a torch-free core check ("field=value is invalid: allowed") as an InputError,
-        optionally renaming the field to the flag the user typed."""
-        field, _, rest = str(exc).partition("=")
-        value, _, allowed = rest.partition(" is invalid: ")
-        return cls(rename(field), value, allowed)
+    err = exc.errors()[0]
+    path = [str(part) for part in err["loc"]]
+    raised = err.get("ctx", {}).get("error")
+    if isinstance(raised, InputError):
+        field, value, allowed = ".".join([*path, raised.field]), raised.value, raised.allowed
+    elif err["type"] == "missing":  # its input is the whole enclosing object: name none of it
+        field, value, allowed = ".".join(path), None, "required"
+    elif err["type"] == "json_invalid":  # its input is the whole document: say only how long it is
+        field, value, allowed = ".".join(path), f"{len(err.get('input') or '')} bytes", err["msg"]
+    else:
+        field, value, allowed = ".".join(path), err.get("input"), err["msg"].removeprefix("Value error, ")
+    field = field or exc.title
+    return InputError(f"{where}: {field}" if where else field, value, allowed)
 
 
 def unknown_name_error(field: str, value: str, known: Iterable[str]) -> InputError:

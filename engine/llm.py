@@ -12,17 +12,19 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 import itertools
+import os
 import threading
 import time
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import ValidationError
 import torch
 
-from engine.config import EngineKnobs
+from engine.config import EngineConfig
 from engine.core import KVCacheManager, Request, RequestUpdate, SamplingParams, Scheduler, SpecStats, StepLoop
 from engine.core.metrics import RequestMetrics
-from engine.errors import InputError
+from engine.dtypes import ENGINE_DTYPES
+from engine.errors import InputError, from_validation_error
 from engine.graphs import compile_recorder, cuda_graph_recorder
 from engine.kernels import triton_available
 from engine.model.loader import LoadedModel, load_model
@@ -34,46 +36,8 @@ if TYPE_CHECKING:
     from engine.core import StructuredOutput
     from engine.structured_output import GrammarCompiler
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+TORCH_DTYPES = {name: getattr(torch, name) for name in ENGINE_DTYPES}
 GIB = 2**30
-
-
-class EngineConfig(EngineKnobs):
-    """Engine knobs plus what only a real engine needs: device, precision, KV-cache size, seed."""
-
-    device: str = Field("auto", description="'auto' (CUDA when present, else CPU), 'cpu' or 'cuda[:N]'")
-    dtype: str = Field("float32", pattern="^(float32|bfloat16|float16)$", description="Weights and activations")
-    kv_cache_gib: float | None = Field(
-        None, gt=0, description="KV-cache size; default: gpu_memory_utilization of free memory on CUDA, 1 GiB on CPU"
-    )
-    num_kv_blocks: int | None = Field(None, ge=1, description="Exact KV block count (overrides kv_cache_gib)")
-    max_model_len: int | None = Field(None, ge=2, description="Longest prompt + output; default: the model's context")
-    seed: int = Field(0, ge=0, description="Seed for random weights and for requests without their own seed")
-    random_weights: bool = Field(False, description="Initialise from the config with random weights (no checkpoint)")
-    weight_dtype: Literal["auto", "int8", "int4", "fp8"] = Field(
-        "auto", description="Transformer-layer Linear weights: 'auto' = dtype (no quantisation), int8, int4 or fp8"
-    )
-    kv_cache_dtype: Literal["auto", "int8", "fp8"] = Field(
-        "auto", description="KV-cache values: 'auto' = dtype, or int8 / fp8 with a scale per (token, head)"
-    )
-    compile_model: bool = Field(
-        False, description="torch.compile the decode step once per captured batch size (then CUDA-graph it on CUDA)"
-    )
-    int8_kernel: Literal["auto", "dynamic"] = Field(
-        "auto", description="int8 weights: 'auto' = weight-only (Triton on CUDA; on CPUs torch's kernel where it is "
-        "vectorised, else dequantise then matmul), 'dynamic' = CPU only, fbgemm's W8A8 matmul quantising "
-        "each token's activations to 7 bits on each call: the fast int8 path on x86, at a further quality cost"
-    )
-
-    @field_validator("int8_kernel")
-    @classmethod
-    def _int8_kernel_applies(cls, kernel: str, info: ValidationInfo) -> str:
-        weight_dtype = info.data.get("weight_dtype")
-        if kernel == "dynamic" and weight_dtype != "int8":
-            raise ValueError(f"'dynamic' needs weight_dtype='int8', got {weight_dtype!r}")
-        return kernel
-
-
 @dataclass(frozen=True)
 class RequestOutput:
     request_id: str
@@ -100,18 +64,34 @@ def _engine_config(settings: dict[str, object]) -> EngineConfig:
     try:
         return EngineConfig.model_validate(settings)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        raise InputError(".".join(map(str, err["loc"])) or "engine_config", err.get("input"), err["msg"]) from None
+        raise from_validation_error(exc) from None
+
+
+def _device(name: str) -> torch.device:
+    """The device an engine setting names, checked against what torch can reach here."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise InputError("device", name, "no CUDA device is visible to torch here; use cpu or auto")
+        if (device.index or 0) >= count:
+            raise InputError("device", name, f"this machine has CUDA devices 0..{count - 1}")
+    return device
 
 
 class LLM:
     def __init__(self, model: str, **engine_config: object) -> None:
         cfg = _engine_config(engine_config)
-        device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available() else
-                              "cpu" if cfg.device == "auto" else cfg.device)
+        device = _device(cfg.device)
+        if cfg.threads is not None and device.type == "cpu":
+            if cfg.threads > (os.cpu_count() or 1):  # more threads than CPUs only ever wait on each other
+                raise InputError("threads", cfg.threads, f"must be in 1..{os.cpu_count()} (this machine's CPUs)")
+            torch.set_num_threads(cfg.threads)
         if cfg.int8_kernel == "dynamic" and device.type != "cpu":
             raise InputError("int8_kernel", "dynamic", f"runs on the CPU only; the engine chose {device}")
-        loaded = load_model(model, dtype=DTYPES[cfg.dtype], device=device, seed=cfg.seed,
+        loaded = load_model(model, dtype=TORCH_DTYPES[cfg.dtype], device=device, seed=cfg.seed,
                             random_weights=cfg.random_weights, weight_dtype=cfg.weight_dtype, int8_kernel=cfg.int8_kernel)
         self._start(loaded, cfg, device)
 
@@ -129,7 +109,7 @@ class LLM:
 
     def _start(self, loaded: LoadedModel, cfg: EngineConfig, device: torch.device) -> None:
         self.engine_config, self._loaded = cfg, loaded
-        dtype = DTYPES[cfg.dtype]
+        dtype = TORCH_DTYPES[cfg.dtype]
         self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
         kv_dtype = kv_cache_torch_dtype(cfg.kv_cache_dtype, dtype)
         self.max_model_len = cfg.max_model_len or self.config.max_position_embeddings

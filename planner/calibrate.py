@@ -35,8 +35,9 @@ from scipy.optimize import least_squares
 import yaml
 
 from engine.config import ModelConfig
+from engine.dtypes import SHORT_NAME
 from engine.core import Request, SamplingParams, SchedulerOutput
-from engine.errors import InputError
+from engine.errors import InputError, from_validation_error
 from hwprofiles import PROFILE_DIR
 from planner.costmodel import CostModel, CostParams
 from planner.hardware import hardware_catalog
@@ -47,8 +48,6 @@ if TYPE_CHECKING:
 
 CALIBRATION_DIR = PROFILE_DIR / "calibrations"
 GIB = 2**30
-# The engine's dtype name -> the cost model's.
-ENGINE_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 # --------------------------------------------------------------------------- records
@@ -123,11 +122,10 @@ def load_calibration(path: str | Path, model: ModelConfig | None = None, hardwar
     try:
         cal = Calibration.model_validate_json(path.read_bytes())
     except FileNotFoundError:
-        raise InputError("--calibration", str(path), "no such file") from None
+        raise InputError("calibration", str(path), "no such file") from None
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "file"
-        raise InputError("--calibration", str(path), f"not a valid calibration file ({where}: {first['msg']})") from None
+        problem = from_validation_error(exc)
+        raise InputError("calibration", str(path), f"not a valid calibration file ({problem.field}: {problem.allowed})") from None
     problems = []
     if model is not None and cal.model_fingerprint != model_fingerprint(model):
         problems.append(f"it was made for model {cal.model!r}, not {model.name!r}")
@@ -135,7 +133,7 @@ def load_calibration(path: str | Path, model: ModelConfig | None = None, hardwar
         problems.append(f"it was made on {cal.hardware_profile!r}, not {hardware!r}")
     if problems:
         if not force:
-            raise InputError("--calibration", str(path), "; ".join(problems) + " (use --force to apply it anyway)")
+            raise InputError("calibration", str(path), "; ".join(problems) + " (use --force to apply it anyway)")
         import warnings
 
         warnings.warn(f"calibration {path}: " + "; ".join(problems), stacklevel=2)
@@ -149,11 +147,11 @@ def detect_device(device: str = "auto") -> DeviceInfo:
     import torch
 
     if device not in ("auto", "cpu") and not re.fullmatch(r"cuda(:\d+)?", device):
-        raise InputError("--device", device, "allowed: auto, cpu, cuda, cuda:N")
+        raise InputError("device", device, "allowed: auto, cpu, cuda, cuda:N")
     use_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
     if use_cuda:
         if not torch.cuda.is_available():
-            raise InputError("--device", device, "no CUDA device is visible to torch")
+            raise InputError("device", device, "no CUDA device is visible to torch")
         props = torch.cuda.get_device_properties(torch.device(device if device != "auto" else "cuda"))
         return DeviceInfo(kind="cuda", name=props.name, slug=_slug("gpu-" + props.name), threads=props.multi_processor_count,
                           memory_gib=props.total_memory / GIB, torch_version=torch.__version__)
@@ -375,14 +373,14 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
 
     from engine.llm import LLM
 
-    if dtype not in ENGINE_DTYPES:
-        raise InputError("--dtype", dtype, f"allowed: {', '.join(ENGINE_DTYPES)}")
+    if dtype not in SHORT_NAME:
+        raise InputError("dtype", dtype, f"allowed: {', '.join(SHORT_NAME)}")
     if threads is not None:
         if not 1 <= threads <= (os.cpu_count() or 1):
-            raise InputError("--threads", threads, f"must be in 1..{os.cpu_count()} (this machine's CPUs)")
+            raise InputError("threads", threads, f"must be in 1..{os.cpu_count()} (this machine's CPUs)")
         torch.set_num_threads(threads)
     info = detect_device(device)
-    cm_dtype = ENGINE_DTYPES[dtype]
+    cm_dtype = SHORT_NAME[dtype]
     micro = micro_benchmarks(info.kind, cm_dtype, quick)
     profile = local_profile(info, micro, cm_dtype)
     profile_path = PROFILE_DIR / f"{profile.name}.yaml"

@@ -1,7 +1,9 @@
 """`serveplan`: one console command, one subcommand per capability.
 
-Bad input never produces a traceback: InputError and pydantic ValidationError become a
-one-line message naming the flag, the value and what is allowed, and exit status 2.
+Flags of declared settings (engine knobs, deployment, workload overrides) are generated from
+their fields (engine/knobs.py). Bad input never produces a traceback: `main` is the one handler
+that turns an InputError (whose field it names by the flag that sets it), an unreadable file or a
+Ctrl-C into one line on stderr and exit status 2 (130 for Ctrl-C).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import os
 from pathlib import Path
 import sys
 import time
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, NoReturn
 
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
@@ -21,34 +23,29 @@ from rich.table import Table
 
 from engine.catalog import catalog, resolve_model
 from engine.cli import add_engine_commands, add_engine_flags, engine_settings
-from engine.errors import InputError
+from engine.config import EngineConfig
+from engine.cpu import default_threads
+from engine.errors import InputError, from_validation_error
+from engine.knobs import add_flags, command, read_flags, settings, values
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import RunSummary
 from planner.playback import Replay
 from planner.sim import ROUTERS, simulate
-from planner.specs import SLO, Deployment, Dtype, EngineKnobs, HardwareProfile
+from planner.specs import SLO, Deployment, EngineKnobs, HardwareProfile, MemoryQuery, PlanSettings, WorkloadOverrides
 from planner.workload import PRESETS, Workload, get_workload
 
 if TYPE_CHECKING:
     from planner.endpoint_bench import BenchReport
     from planner.search import CandidatePlan, PlanResult
 
-DTYPES = list(get_args(Dtype))
-# Deployment field -> the flag that sets it, so validation errors name what the user typed.
-FLAG_OF_FIELD = {
-    "tensor_parallel": "--tp",
-    "pipeline_parallel": "--pp",
-    "expert_parallel": "--ep",
-    "replicas": "--replicas",
-    "weight_dtype": "--weight-dtype",
-    "kv_dtype": "--kv-dtype",
-    "block_size_tokens": "--block-size",
-    "max_num_batched_tokens": "--max-num-batched-tokens",
-    "max_num_seqs": "--max-num-seqs",
-    "gpu_memory_utilization": "--gpu-memory-utilization",
-    "max_graph_batch_size": "--max-graph-batch-size",
-}
+DEPLOYMENT = settings(Deployment)
+KNOBS = settings(EngineKnobs)
+WORKLOAD = settings(WorkloadOverrides)
+TRACE_SUFFIXES = (".jsonl", ".csv")
+# `engine bench` on a preset: a CPU serves a few requests per second at best, and a preset asks
+# for thousands. A workload file or a trace keeps its own count.
+BENCH_PRESET_REQUESTS = 16
 
 # Piped output (scripts, CI logs) gets a wide fixed width instead of rich's 80-column default.
 console = Console(width=None if sys.stdout.isatty() else 160)
@@ -58,46 +55,14 @@ console = Console(width=None if sys.stdout.isatty() else 160)
 
 
 def add_deployment_args(p: argparse.ArgumentParser) -> None:
-    """The deployment flags every planning subcommand shares (memory, simulate, plan, ...)."""
+    """The deployment flags every planning subcommand shares (memory, simulate, ...)."""
     p.add_argument("--model", default="llama-3.1-8b", help="catalog name (see `serveplan models list`) or path to a config.json / checkpoint folder")
-    p.add_argument("--hw", default="h100-sxm", help="hardware profile name (see `serveplan hw list`) or a YAML file")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs per replica")
-    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel stages per replica")
-    p.add_argument("--ep", type=int, default=1, help="expert-parallel ranks (MoE models)")
-    p.add_argument("--replicas", type=int, default=1, help="data-parallel replicas")
-    p.add_argument("--weight-dtype", default="bf16", choices=DTYPES, help="weight storage format")
-    p.add_argument("--kv-dtype", default="bf16", choices=DTYPES, help="KV-cache storage format")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV-cache block")
-    p.add_argument("--max-num-batched-tokens", type=int, default=8192, help="token budget per engine step")
-    p.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="share of device memory the engine may use (0-1]")
-    p.add_argument("--no-chunked-prefill", action="store_true", help="prefill whole prompts in one step")
-    p.add_argument("--no-prefix-caching", action="store_true", help="do not share KV blocks of equal prefixes")
-    p.add_argument("--enforce-eager", action="store_true", help="launch every kernel; no decode graphs (CUDA graphs)")
-    p.add_argument("--max-graph-batch-size", type=int, default=512, help="largest decode batch replayed as a graph")
+    p.add_argument("--hw", dest="hardware", default="h100-sxm", help="hardware profile name (see `serveplan hw list`) or a YAML file")
+    add_flags(p, [*DEPLOYMENT, *KNOBS])
 
 
 def deployment_from_args(args: argparse.Namespace) -> Deployment:
-    knobs = EngineKnobs(
-        block_size_tokens=args.block_size,
-        max_num_batched_tokens=args.max_num_batched_tokens,
-        max_num_seqs=args.max_num_seqs,
-        enable_chunked_prefill=not args.no_chunked_prefill,
-        enable_prefix_caching=not args.no_prefix_caching,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        enforce_eager=args.enforce_eager,
-        max_graph_batch_size=args.max_graph_batch_size,
-    )
-    return Deployment(
-        hardware=args.hw,
-        tensor_parallel=args.tp,
-        pipeline_parallel=args.pp,
-        expert_parallel=args.ep,
-        replicas=args.replicas,
-        weight_dtype=args.weight_dtype,
-        kv_dtype=args.kv_dtype,
-        knobs=knobs,
-    )
+    return Deployment(hardware=args.hardware, **values(args, DEPLOYMENT), knobs=EngineKnobs(**values(args, KNOBS)))
 
 
 def print_json(model: BaseModel | list | dict) -> None:
@@ -111,7 +76,7 @@ def print_json(model: BaseModel | list | dict) -> None:
 def cmd_memory(args: argparse.Namespace) -> None:
     model = resolve_model(args.model)
     dep = deployment_from_args(args)
-    plan = plan_memory(model, get_hardware(args.hw), dep, args.context)
+    plan = plan_memory(model, get_hardware(args.hardware), dep, args.context_tokens)
     if args.json:
         print_json(plan)
     else:
@@ -286,6 +251,8 @@ def cmd_models_show(args: argparse.Namespace) -> None:
 
 def cmd_schema(args: argparse.Namespace) -> None:
     out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise InputError("out", args.out, "exists and is not a folder; schema writes one file per spec into a folder")
     out.mkdir(parents=True, exist_ok=True)
     for model in (HardwareProfile, Deployment, SLO, Workload, MemoryPlan, RunSummary):
         path = out / f"{model.__name__}.schema.json"
@@ -297,54 +264,34 @@ def cmd_schema(args: argparse.Namespace) -> None:
 
 
 def add_workload_args(p: argparse.ArgumentParser, default: str = "chat") -> None:
-    """The workload flags shared by `simulate`, `plan` and `engine bench`."""
+    """The workload flags shared by `simulate`, `compare` and `engine bench`."""
     p.add_argument("--workload", default=default,
                    help=f"preset ({', '.join(PRESETS)}), a workload YAML/JSON file, or a JSONL/CSV trace")
-    p.add_argument("--rate", type=float, help="Poisson arrival rate, requests/s (replaces the preset's arrivals)")
-    p.add_argument("--concurrency", type=int, help="closed loop: users each sending their next request on a reply")
-    p.add_argument("--requests", type=int, help="number of requests (default: the workload's)")
-    p.add_argument("--seed", type=int, help="seed of every random draw (default: the workload's)")
+    add_flags(p, WORKLOAD)
 
 
 def workload_overrides(args: argparse.Namespace) -> dict[str, object]:
-    """Workload fields the flags replace; every bad value is an InputError naming its flag."""
-    rate, concurrency = args.rate, getattr(args, "concurrency", None)
-    if rate is not None and concurrency is not None:
-        raise InputError("--rate", rate, "give either --rate (open loop) or --concurrency (closed loop), not both")
-    if rate is not None and not rate > 0:
-        raise InputError("--rate", rate, "must be > 0 requests/s")
-    if concurrency is not None and concurrency < 1:
-        raise InputError("--concurrency", concurrency, "must be >= 1 user")
-    if args.requests is not None and args.requests < 1:
-        raise InputError("--requests", args.requests, "must be >= 1")
-    if args.seed is not None and args.seed < 0:
-        raise InputError("--seed", args.seed, "must be >= 0")
-    overrides: dict[str, object] = {}
-    if rate is not None:
-        overrides["arrival"] = {"kind": "poisson", "rate_per_s": rate}
-    if concurrency is not None:
-        overrides["arrival"] = {"kind": "closed_loop", "concurrency": concurrency}
-    if args.requests is not None:
-        overrides["num_requests"] = args.requests
-    if args.seed is not None:
-        overrides["seed"] = args.seed
-    return overrides
+    """The Workload fields the flags replace (each flag already checked by its declaration)."""
+    try:
+        return WorkloadOverrides(**values(args, WORKLOAD)).workload_fields()
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
 
 
 def replay_from_args(args: argparse.Namespace, vocab_size: int | None) -> Replay:
     """A Replay for the workload flags: a preset or workload file with the flags applied, or a trace."""
     overrides = workload_overrides(args)
-    if args.workload.lower().endswith((".jsonl", ".csv")):
-        for flag in ("rate", "concurrency", "requests"):
-            if getattr(args, flag) is not None:
-                raise InputError(f"--{flag}", getattr(args, flag), "does not apply to a trace, which records its own requests")
+    if args.workload.lower().endswith(TRACE_SUFFIXES):
+        for name in ("rate_per_s", "concurrency", "num_requests", "input_tokens", "output_tokens"):
+            if getattr(args, name) is not None:
+                raise InputError(name, getattr(args, name), "does not apply to a trace, which records its own requests")
         return Replay.from_trace(args.workload, vocab_size=vocab_size, seed=args.seed or 0)
     return Replay.of(get_workload(args.workload, **overrides), vocab_size=vocab_size)
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
     model = resolve_model(args.model)
-    hw = get_hardware(args.hw)
+    hw = get_hardware(args.hardware)
     dep = deployment_from_args(args)
     slo = SLO.parse(args.slo) if args.slo else None
     replay = replay_from_args(args, model.vocab_size)
@@ -397,6 +344,9 @@ def cmd_engine_bench(args: argparse.Namespace) -> None:
     from planner.engine_bench import bench_engine
 
     slo = SLO.parse(args.slo) if args.slo else None
+    if args.num_requests is None and args.workload.lower() in PRESETS:
+        args.num_requests = BENCH_PRESET_REQUESTS
+    workload_overrides(args)  # bad flags are refused before the model loads
     llm = LLM(args.model, **engine_settings(args))
     replay = replay_from_args(args, llm.config.vocab_size)
     summary, _ = bench_engine(llm, replay, model_name=args.model, slo=slo)
@@ -416,18 +366,19 @@ def add_bench_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="the model name the endpoint serves")
     p.add_argument("--workload", default="chat",
                    help=f"preset ({', '.join(PRESETS)}), a workload YAML/JSON file, or a JSONL/CSV trace")
-    p.add_argument("--rate", help="Poisson arrival rate, requests/s; a comma list sweeps it, e.g. 1,2,4")
-    p.add_argument("--concurrency", help="closed loop: users each sending on a reply; a comma list sweeps it")
+    # --rate and --concurrency take comma lists (a sweep); each point goes through the declarations.
+    add_flags(p, [s for s in WORKLOAD if s.name not in ("rate_per_s", "concurrency")], num_requests=64)
+    p.add_argument("--rate", dest="rates", help="Poisson arrival rate, requests/s; a comma list sweeps it, e.g. 1,2,4")
+    p.add_argument("--concurrency", dest="concurrencies",
+                   help="closed loop: users each sending on a reply; a comma list sweeps it, e.g. 1,8,32")
     p.add_argument("--max-concurrency", type=int, help="with --rate: most requests in flight (vllm bench serve's cap)")
-    p.add_argument("--requests", type=int, default=64, help="requests per run")
-    p.add_argument("--seed", type=int, help="seed of every random draw (default: the workload's)")
     p.add_argument("--vocab-size", type=int, help="the served model's vocabulary: prompt token ids stay below it "
                                                   "(default: the workload's id range)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature sent with every request")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take before it counts as failed")
     p.add_argument("--slo", help="latency targets for goodput, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=50'")
     p.add_argument("--json", action="store_true", help="the BenchReport: summaries plus every request's timings")
-    p.set_defaults(func=cmd_bench)
+    command(p, cmd_bench)
 
 
 def _points(flag: str, text: str | None, kind: type) -> list:
@@ -442,9 +393,9 @@ def _points(flag: str, text: str | None, kind: type) -> list:
 def cmd_bench(args: argparse.Namespace) -> None:
     from planner.endpoint_bench import EndpointError, bench_endpoint, report
 
-    rates, concurrencies = _points("--rate", args.rate, float), _points("--concurrency", args.concurrency, int)
+    rates, concurrencies = _points("--rate", args.rates, float), _points("--concurrency", args.concurrencies, int)
     if rates and concurrencies:
-        raise InputError("--rate", args.rate, "give either --rate (open loop) or --concurrency (closed loop), not both")
+        raise InputError("--rate", args.rates, "give either --rate (open loop) or --concurrency (closed loop), not both")
     if args.max_concurrency is not None and concurrencies:
         raise InputError("--max-concurrency", args.max_concurrency, "applies to --rate; closed loop has --concurrency")
     if not args.url.startswith(("http://", "https://")):
@@ -456,7 +407,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     points: list[float | None] = list(rates or concurrencies) or [None]
     runs = []
     for point in points:
-        flags = argparse.Namespace(**{**vars(args), "rate": point if sweep == "rate" else None,
+        flags = argparse.Namespace(**{**vars(args), "rate_per_s": point if sweep == "rate" else None,
                                       "concurrency": point if sweep == "concurrency" else None})
         replay = replay_from_args(flags, args.vocab_size)
         arrival, rate = _arrival(args.workload, flags)
@@ -485,8 +436,8 @@ def cmd_bench(args: argparse.Namespace) -> None:
 
 def _arrival(workload: str, flags: argparse.Namespace) -> tuple[str, float | None]:
     """The arrival kind and rate the client used, for the bench file."""
-    if flags.rate is not None:
-        return "poisson", flags.rate
+    if flags.rate_per_s is not None:
+        return "poisson", flags.rate_per_s
     if flags.concurrency is not None:
         return "closed_loop", None
     if workload.lower().endswith((".jsonl", ".csv")):
@@ -522,7 +473,7 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from planner.calibrate import calibrate
 
     cal, path = calibrate(args.model, device=args.device, dtype=args.dtype, quick=args.quick, out=args.out,
-                          random_weights=args.random_weights, threads=args.threads)
+                          random_weights=args.random_weights, threads=args.threads or default_threads())
     t = Table(title=f"{cal.model} on {cal.device.name} ({cal.hardware_profile}): "
                     f"fit median |error| {cal.fit_median_abs_error_pct:.1f} %, max {cal.fit_max_abs_error_pct:.1f} %")
     for col in ("grid step", "measured ms", "predicted ms", "error %"):
@@ -548,21 +499,18 @@ def _csv(text: str | None) -> list[str] | None:
 def cmd_plan(args: argparse.Namespace) -> None:
     from planner.search import DEFAULT_CACHE_DIR, plan  # keeps `serveplan simulate` start-up lean
 
-    if args.workload.lower().endswith((".jsonl", ".csv")):
-        raise InputError("--workload", args.workload, "plan needs a preset or workload spec file; traces are not supported")
+    if args.workload.lower().endswith(TRACE_SUFFIXES):
+        raise InputError("workload", args.workload, "plan needs a preset or workload spec file; traces are not supported")
     slo = SLO.parse(args.slo)
     workload = get_workload(args.workload, **({"seed": args.seed} if args.seed is not None else {}))
     started = time.perf_counter()
-    try:
-        result = plan(
-            args.model, workload, args.rate, slo, hardware=_csv(args.hw), max_gpus_per_replica=args.max_gpus,
-            budget_usd_per_hour=args.budget_usd_per_hour, weight_dtypes=_csv(args.weight_dtypes),
-            kv_dtypes=_csv(args.kv_dtypes), headroom=args.headroom, requests_per_probe=args.requests_per_probe,
-            executor=args.executor, workers=args.workers,
-            cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
-        )
-    except InputError as exc:  # plan() names its fields as this parser's destinations: name the flag
-        raise InputError(f"--{exc.field.replace('_', '-')}", exc.value, exc.allowed) if exc.field in vars(args) else exc
+    result = plan(
+        args.model, workload, args.rate_per_s, slo, hardware=_csv(args.hardware),
+        max_gpus_per_replica=args.max_gpus_per_replica, budget_usd_per_hour=args.budget_usd_per_hour,
+        weight_dtypes=_csv(args.weight_dtypes), kv_dtypes=_csv(args.kv_dtypes), headroom=args.headroom,
+        requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
+        cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
+    )
     if args.json:
         print_json(result)
     else:
@@ -665,33 +613,44 @@ def cmd_validate(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- entry point
 
 
+class UsageError(Exception):
+    """A command line argparse cannot parse (unknown flag, missing argument)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its own errors reported like every other bad input: one line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="serveplan", description="Capacity planning for LLM inference.")
+    parser = Parser(prog="serveplan", description="Capacity planning for LLM inference.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("memory", help="does a model fit: per-GPU memory breakdown and KV-cache capacity")
     add_deployment_args(p)
-    p.add_argument("--context", type=int, default=8192, help="tokens per sequence (prompt + output) for max concurrency")
+    add_flags(p, settings(MemoryQuery))
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=cmd_memory)
+    command(p, cmd_memory)
 
     hw = sub.add_parser("hw", help="hardware profile catalog").add_subparsers(dest="hw_command", required=True, metavar="ACTION")
     p = hw.add_parser("list", help="all profiles")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_hw_list)
+    command(p, cmd_hw_list)
     p = hw.add_parser("show", help="one profile with the provenance of each figure")
-    p.add_argument("name")
+    p.add_argument("name", metavar="hardware", help="profile name or YAML file")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_hw_show)
+    command(p, cmd_hw_show)
 
     models = sub.add_parser("models", help="model catalog").add_subparsers(dest="models_command", required=True, metavar="ACTION")
     p = models.add_parser("list", help="all catalog models")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_models_list)
+    command(p, cmd_models_list)
     p = models.add_parser("show", help="one model's architecture and derived sizes")
-    p.add_argument("name", help="catalog name or path to a config.json / checkpoint folder")
+    p.add_argument("name", metavar="model", help="catalog name or path to a config.json / checkpoint folder")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_models_show)
+    command(p, cmd_models_show)
 
     p = sub.add_parser("simulate", help="predict latency, throughput, goodput and cost of a deployment under a workload")
     add_deployment_args(p)
@@ -700,20 +659,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--router", default="round_robin", choices=list(ROUTERS), help="how replicas share requests")
     p.add_argument("--max-model-len", type=int, help="longest prompt + output per request (default: the model's context)")
     p.add_argument("--json", action="store_true", help="the full result in the stable schema of docs/simulate.md")
-    p.set_defaults(func=cmd_simulate)
+    command(p, cmd_simulate)
 
     p = sub.add_parser("plan", help="the cheapest deployment that serves a workload at a rate within an SLO")
     p.add_argument("--model", default="llama-3.1-8b", help="catalog name or path to a config.json / checkpoint folder")
     p.add_argument("--workload", default="chat", help=f"preset ({', '.join(PRESETS)}) or a workload YAML/JSON file")
-    p.add_argument("--rate", type=float, required=True, help="target Poisson arrival rate, requests/s")
+    add_flags(p, [s for s in WORKLOAD if s.name in ("rate_per_s", "seed")], required=("rate_per_s",))
     p.add_argument("--slo", required=True, help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=50'")
-    p.add_argument("--seed", type=int, help="seed of every random draw (default: the workload's)")
-    p.add_argument("--hw", help="comma-separated profiles or YAML files (default: every catalog profile with a price)")
-    p.add_argument("--max-gpus", type=int, default=8, help="most GPUs per replica")
-    p.add_argument("--budget-usd-per-hour", type=float, help="most US$/h to spend on all replicas")
+    p.add_argument("--hw", dest="hardware", help="comma-separated profiles or YAML files (default: every catalog profile with a price)")
+    add_flags(p, settings(PlanSettings))
     p.add_argument("--weight-dtypes", help="comma-separated weight formats (default: bf16, fp8 where native, int8, int4)")
     p.add_argument("--kv-dtypes", help="comma-separated KV-cache formats (default: bf16,fp8)")
-    p.add_argument("--headroom", type=float, default=0.1, help="size replicas for rate x (1 + headroom)")
     p.add_argument("--requests-per-probe", type=int, default=300, help="requests per simulation (at least 3 x max_num_seqs)")
     p.add_argument("--executor", default="process", choices=["process", "serial", "ray"],
                    help="local process pool, in-process, or a Ray cluster (pip install 'serveplan[cluster]')")
@@ -721,84 +677,97 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", help="where simulation results are cached (default: ~/.cache/serveplan)")
     p.add_argument("--no-cache", action="store_true", help="neither read nor write cached results")
     p.add_argument("--json", action="store_true", help="the PlanResult (recommendation, ranking, Pareto front, rejections)")
-    p.set_defaults(func=cmd_plan)
+    command(p, cmd_plan)
 
     p = sub.add_parser("compare", help="two deployment YAML files simulated side by side, with deltas")
     p.add_argument("a", help="deployment YAML (Deployment fields, optional model: and workload:)")
     p.add_argument("b", help="deployment YAML to compare against A")
     p.add_argument("--model", default="llama-3.1-8b", help="model for a file without model:")
-    p.add_argument("--workload", default="chat", help="workload for a file without workload:")
-    p.add_argument("--rate", type=float, help="Poisson arrival rate for both, requests/s")
-    p.add_argument("--requests", type=int, help="number of requests (default: the workload's)")
-    p.add_argument("--seed", type=int, help="seed of every random draw (default: the workload's)")
+    add_workload_args(p)
     p.add_argument("--slo", help="latency targets for goodput, e.g. 'ttft_p99_ms<=500'")
     p.add_argument("--router", default="round_robin", choices=list(ROUTERS), help="how replicas share requests")
     p.add_argument("--json", action="store_true", help="both summaries and the deltas")
-    p.set_defaults(func=cmd_compare)
+    command(p, cmd_compare)
 
     engine = add_engine_commands(sub)
     p = engine.add_parser("bench", help="play a workload against the real engine in real time; same summary as simulate")
-    add_workload_args(p)
-    p.set_defaults(requests=16)  # a CPU serves a few requests per second at best
     p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
+    add_workload_args(p)
     add_engine_flags(p)
     p.add_argument("--slo", help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=100'")
     p.add_argument("--json", action="store_true", help="the RunSummary schema of docs/simulate.md (source: engine)")
-    p.set_defaults(func=cmd_engine_bench)
+    command(p, cmd_engine_bench)
 
     add_bench_command(sub)
 
+    # The engine settings that decide a calibration or a validation: the same declarations.
+    engine_flags = {s.name: s for s in settings(EngineConfig)}
     p = sub.add_parser("calibrate", help="measure this machine and real engine steps; fit the cost model")
     p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
-    p.add_argument("--random-weights", action="store_true", help="random weights from the config (no checkpoint)")
-    p.add_argument("--device", default="auto", help="'auto', 'cpu' or 'cuda[:N]'")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    add_flags(p, [engine_flags[n] for n in ("random_weights", "device", "dtype", "threads")])
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats")
-    p.add_argument("--threads", type=int, help="CPU threads for torch (default: torch's); validate reuses the count")
     p.add_argument("--out", help="calibration file (default: hwprofiles/calibrations/<device>__<model>__<dtype>.json)")
-    p.set_defaults(func=cmd_calibrate)
+    command(p, cmd_calibrate)
 
     p = sub.add_parser("validate", help="run the same workloads through the engine and the calibrated simulator")
     p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
-    p.add_argument("--random-weights", action="store_true", help="random weights from the config (no checkpoint)")
-    p.add_argument("--calibration", required=True, help="a file written by `serveplan calibrate`")
+    add_flags(p, [engine_flags["random_weights"]])
+    p.add_argument("--calibration", required=True, help="a file written by `serveplan calibrate` (its thread count is used)")
     p.add_argument("--workloads", nargs="+", help="validate only these scenarios (default: all)")
     p.add_argument("--quick", action="store_true", help="fewer requests per workload")
     p.add_argument("--force", action="store_true", help="apply a calibration made for another model or device")
     p.add_argument("--report", help="also write the comparison as markdown to this file")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_validate)
+    command(p, cmd_validate)
 
     p = sub.add_parser("schema", help="export the JSON Schema of the specs")
     p.add_argument("--out", default="docs/schemas", help="output folder")
-    p.set_defaults(func=cmd_schema)
+    command(p, cmd_schema)
     return parser
 
 
-def format_validation_error(exc: ValidationError) -> str:
-    lines = []
-    for err in exc.errors():
-        field = str(err["loc"][-1]) if err["loc"] else "input"
-        flag = FLAG_OF_FIELD.get(field, field)
-        lines.append(f"{flag}={err.get('input')!r} is invalid: {err['msg']}")
-    return "; ".join(lines)
+def error_line(exc: BaseException, flags: dict[str, str]) -> str | None:
+    """The one line a bad input, an unreadable file or a too-deep input gets; None for a bug.
+    An InputError's field is named by the flag that sets it, where one does."""
+    if isinstance(exc, ValidationError):
+        exc = from_validation_error(exc)
+    if isinstance(exc, InputError):
+        name = flags.get(exc.field) or ("" if ":" in exc.field else flags.get(exc.field.rsplit(".", 1)[-1]))
+        return exc.message(name)
+    if isinstance(exc, UsageError):
+        return str(exc)
+    if isinstance(exc, UnicodeDecodeError):  # its text holds only the offending byte, never the file
+        return f"input is not {exc.encoding} text (byte {exc.start}: {exc.reason}); is it a binary file?"
+    if isinstance(exc, OSError):
+        what = exc.filename if exc.filename is not None else "input/output"
+        return f"{what}: {exc.strerror or type(exc).__name__}"
+    if isinstance(exc, RecursionError):
+        return "the input is nested too deeply to read (beyond Python's recursion limit)"
+    if isinstance(exc, MemoryError):
+        return "out of memory: some input is larger than a limit that should have refused it; please report it"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args: argparse.Namespace | None = None
     try:
+        args = build_parser().parse_args(argv)
+        read_flags(args)
         args.func(args)
-    except InputError as exc:
-        print(f"serveplan: error: {exc}", file=sys.stderr)
-        return 2
-    except ValidationError as exc:
-        print(f"serveplan: error: {format_validation_error(exc)}", file=sys.stderr)
-        return 2
-    except SystemExit as exc:
-        return int(exc.code or 0)
+    except SystemExit as exc:  # --help, or an answer that is "no" (memory: does not fit)
+        return exc.code if isinstance(exc.code, int) else 0
+    except KeyboardInterrupt:
+        print("serveplan: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `serveplan ... --json | head`: the reader left; not an error of ours
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (interpreter shutdown flushes and closes it)
         return 0
+    except Exception as exc:
+        line = error_line(exc, getattr(args, "flags", {}))
+        if line is None:
+            raise
+        print(f"serveplan: error: {line}", file=sys.stderr)
+        return 2
     return 0
 
 

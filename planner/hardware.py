@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 import yaml
 
-from engine.errors import InputError, unknown_name_error
+from engine.errors import InputError, from_validation_error, unknown_name_error
 from hwprofiles import PROFILE_DIR
 from planner.specs import HardwareProfile
 
@@ -27,9 +27,7 @@ def load_profile_file(path: str | Path) -> HardwareProfile:
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "profile"
-        raise InputError(f"{path.name}: {where}", first.get("input"), first["msg"]) from None
+        raise from_validation_error(exc, path.name) from None
 
 
 @cache

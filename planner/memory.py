@@ -79,10 +79,10 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
     """The per-GPU memory breakdown of one replica; the worst pipeline stage decides."""
     check_parallelism(model, dep)
     if context_tokens < 1:
-        raise InputError("context", context_tokens, "must be at least 1 token")
+        raise InputError("context_tokens", context_tokens, "must be at least 1 token")
     if context_tokens > model.max_position_embeddings:
         raise InputError(
-            "context", context_tokens, f"exceeds the model's max_position_embeddings={model.max_position_embeddings}"
+            "context_tokens", context_tokens, f"exceeds the model's max_position_embeddings={model.max_position_embeddings}"
         )
     tp, knobs = dep.tensor_parallel, dep.knobs
     stages = _stage_layers(model.num_layers, dep.pipeline_parallel)
@@ -176,18 +176,18 @@ def check_parallelism(model: ModelConfig, dep: Deployment) -> None:
     """Reject parallel layouts the model's shapes cannot be split into."""
     tp = dep.tensor_parallel
     if model.num_attention_heads % tp:
-        raise InputError("tp", tp, f"must divide the {model.num_attention_heads} attention heads of {model.name or model.model_type}")
+        raise InputError("tensor_parallel", tp, f"must divide the {model.num_attention_heads} attention heads of {model.name or model.model_type}")
     if model.mla is None and model.num_kv_heads % tp and tp % model.num_kv_heads:
-        raise InputError("tp", tp, f"must divide, or be a multiple of, the {model.num_kv_heads} KV heads")
+        raise InputError("tensor_parallel", tp, f"must divide, or be a multiple of, the {model.num_kv_heads} KV heads")
     if dep.pipeline_parallel > model.num_layers:
-        raise InputError("pp", dep.pipeline_parallel, f"exceeds the model's {model.num_layers} layers")
+        raise InputError("pipeline_parallel", dep.pipeline_parallel, f"exceeds the model's {model.num_layers} layers")
     if dep.expert_parallel > 1:
         if not model.is_moe:
-            raise InputError("ep", dep.expert_parallel, "expert parallelism needs a mixture-of-experts model")
+            raise InputError("expert_parallel", dep.expert_parallel, "expert parallelism needs a mixture-of-experts model")
         assert model.moe is not None
         if model.moe.num_experts % dep.expert_parallel or tp % dep.expert_parallel:
             raise InputError(
-                "ep", dep.expert_parallel, f"must divide both the {model.moe.num_experts} experts and tp={tp}"
+                "expert_parallel", dep.expert_parallel, f"must divide both the {model.moe.num_experts} experts and tp={tp}"
             )
 
 

@@ -7,34 +7,46 @@ JSON Schema of each is exported to docs/schemas/ by `serveplan schema`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from engine.config import EngineKnobs
-from engine.errors import InputError
+from engine.config import MAX_CONTEXT, EngineKnobs
+from engine.dtypes import Dtype, KVDtype
+from engine.errors import InputError, from_validation_error
+from engine.knobs import Knob
 
-Dtype = Literal["fp32", "bf16", "fp16", "fp8", "int8", "int4", "fp4"]
-"""Numeric formats for weights, KV cache and compute."""
-
-BYTES_PER_ELEMENT: dict[str, float] = {
-    "fp32": 4.0,
-    "bf16": 2.0,
-    "fp16": 2.0,
-    "fp8": 1.0,
-    "int8": 1.0,
-    "int4": 0.5,
-    "fp4": 0.5,
-}
+__all__ = ["SLO", "Deployment", "Dtype", "EngineKnobs", "HardwareProfile", "MemoryQuery", "PlanSettings", "Spec", "WorkloadOverrides"]
 
 
 class Spec(BaseModel):
-    """Base for every boundary spec: unknown keys are errors, values are immutable."""
+    """Base for every boundary spec: unknown keys are errors, values are immutable, and every
+    number is finite (an infinite bandwidth or a NaN price is a typo, never a figure)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # --------------------------------------------------------------------------- hardware
+
+# Bounds of a profile's figures: a decade or more beyond every device in hwprofiles/ on each side
+# (the slowest is a one-thread CPU at 0.02 TFLOPS and 7.5 GB/s), so that a typo such as 1e-300
+# GB/s or 1e9 US$/h is refused instead of turning into 1e300-second or free answers.
+MIN_TFLOPS, MAX_TFLOPS = 1e-3, 1e6
+MIN_BANDWIDTH_GB_S, MAX_BANDWIDTH_GB_S = 0.1, 1e6
+MAX_MEMORY_GIB = 1 << 16
+MAX_LATENCY_US = 1e6
+MAX_DOMAIN_SIZE = 1 << 20
+MAX_POWER_W = 1e5
+MIN_PRICE_USD_PER_HOUR, MAX_PRICE_USD_PER_HOUR = 0.001, 1000.0
+MAX_OVERHEAD_US = 1e6
+
+
+def _peak(description: str) -> float | None:
+    return Field(None, ge=MIN_TFLOPS, le=MAX_TFLOPS, description=description)
+
+
+def _bandwidth(description: str) -> float:
+    return Field(ge=MIN_BANDWIDTH_GB_S, le=MAX_BANDWIDTH_GB_S, description=description)
 
 
 class PeakTflops(Spec):
@@ -44,13 +56,13 @@ class PeakTflops(Spec):
     then computes in the next wider supported format and charges dequantisation.
     """
 
-    fp32: float | None = Field(None, gt=0, description="FP32 (vector or TF32-free) dense TFLOPS")
-    bf16: float | None = Field(None, gt=0, description="BF16 dense TFLOPS")
-    fp16: float | None = Field(None, gt=0, description="FP16 dense TFLOPS")
-    fp8: float | None = Field(None, gt=0, description="FP8 (e4m3) dense TFLOPS")
-    int8: float | None = Field(None, gt=0, description="INT8 dense TOPS")
-    int4: float | None = Field(None, gt=0, description="INT4 dense TOPS")
-    fp4: float | None = Field(None, gt=0, description="FP4 (NVFP4/MXFP4) dense TFLOPS")
+    fp32: float | None = _peak("FP32 (vector or TF32-free) dense TFLOPS")
+    bf16: float | None = _peak("BF16 dense TFLOPS")
+    fp16: float | None = _peak("FP16 dense TFLOPS")
+    fp8: float | None = _peak("FP8 (e4m3) dense TFLOPS")
+    int8: float | None = _peak("INT8 dense TOPS")
+    int4: float | None = _peak("INT4 dense TOPS")
+    fp4: float | None = _peak("FP4 (NVFP4/MXFP4) dense TFLOPS")
 
     def supported(self) -> list[str]:
         return [k for k, v in self.model_dump().items() if v is not None]
@@ -59,11 +71,11 @@ class PeakTflops(Spec):
 class Link(Spec):
     """One interconnect as seen by a single device: per-direction bandwidth and latency."""
 
-    name: str = Field(description="Link technology, e.g. 'NVLink4', 'PCIe Gen5 x16', '8x400G InfiniBand NDR'")
-    bandwidth_gb_s: float = Field(gt=0, description="Per-device bandwidth in GB/s, one direction")
-    latency_us: float = Field(ge=0, description="One-way small-message latency in microseconds")
+    name: str = Field(max_length=200, description="Link technology, e.g. 'NVLink4', 'PCIe Gen5 x16', '8x400G InfiniBand NDR'")
+    bandwidth_gb_s: float = _bandwidth("Per-device bandwidth in GB/s, one direction")
+    latency_us: float = Field(ge=0, le=MAX_LATENCY_US, description="One-way small-message latency in microseconds")
     domain_size: int = Field(
-        1, ge=1, description="Most devices reachable at this bandwidth (e.g. 8 in an HGX node, 72 in NVL72)"
+        1, ge=1, le=MAX_DOMAIN_SIZE, description="Most devices reachable at this bandwidth (e.g. 8 in an HGX node, 72 in NVL72)"
     )
 
 
@@ -77,29 +89,31 @@ class Efficiencies(Spec):
     )
     interconnect: float = Field(0.8, gt=0, le=1, description="Fraction of link bandwidth a large all-reduce reaches")
     step_overhead_us: float = Field(
-        200.0, ge=0, description="Fixed host-side cost per engine step (scheduling, input preparation), microseconds"
+        200.0, ge=0, le=MAX_OVERHEAD_US, description="Fixed host-side cost per engine step (scheduling, input preparation), microseconds"
     )
     kernel_launch_us: float = Field(
-        0.0, ge=0, description="Host time to issue one kernel in eager mode, microseconds; the device only waits for it "
+        0.0, ge=0, le=MAX_OVERHEAD_US, description="Host time to issue one kernel in eager mode, microseconds; the device only waits for it "
         "when its kernels are shorter (0: not modelled apart, e.g. CPUs, where it sits in the step and layer overheads)"
     )
     graph_kernel_us: float = Field(
-        0.0, ge=0, description="Device-side gap per kernel inside a replayed graph (CUDA/HIP graphs), microseconds"
+        0.0, ge=0, le=MAX_OVERHEAD_US, description="Device-side gap per kernel inside a replayed graph (CUDA/HIP graphs), microseconds"
     )
 
 
 class HardwareProfile(Spec):
     """One accelerator or system, as a single device of the deployment."""
 
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", description="Short id used on the command line, e.g. 'h100-sxm'")
-    display_name: str = Field(description="Human-readable product name")
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64,
+                      description="Short id used on the command line, e.g. 'h100-sxm'")
+    display_name: str = Field(max_length=200, description="Human-readable product name")
     vendor: str
     kind: Literal["gpu", "accelerator", "soc", "cpu"] = Field(description="Device class")
     family: str = Field(
         description="Architecture family; hypothetical hardware borrows the calibrated efficiencies of its family"
     )
-    memory_gib: float = Field(gt=0, description="Device memory usable for weights, KV cache and activations, GiB")
-    memory_bandwidth_gb_s: float = Field(gt=0, description="Peak device-memory bandwidth, GB/s")
+    memory_gib: float = Field(ge=0.25, le=MAX_MEMORY_GIB,
+                              description="Device memory usable for weights, KV cache and activations, GiB")
+    memory_bandwidth_gb_s: float = _bandwidth("Peak device-memory bandwidth, GB/s")
     peak_tflops: PeakTflops
     scale_up: Link | None = Field(None, description="Intra-node device-to-device link (NVLink, xGMI, ICI); None if PCIe only")
     scale_out: Link | None = Field(None, description="Inter-node network per device")
@@ -107,8 +121,10 @@ class HardwareProfile(Spec):
     graph_capture: bool = Field(
         False, description="The engine can capture a decode step as one graph and replay it (CUDA/HIP graphs)"
     )
-    power_w: float | None = Field(None, gt=0, description="Board or module power, watts")
-    price_usd_per_hour: float | None = Field(None, gt=0, description="Typical on-demand cloud price per device-hour, US$")
+    power_w: float | None = Field(None, ge=1, le=MAX_POWER_W, description="Board or module power, watts")
+    price_usd_per_hour: Annotated[float | None, Knob("--price", "Price", "US$ per GPU-hour")] = Field(
+        None, ge=MIN_PRICE_USD_PER_HOUR, le=MAX_PRICE_USD_PER_HOUR,
+        description="Typical on-demand cloud price per device-hour, US$")
     efficiency: Efficiencies = Field(default_factory=Efficiencies)
     provenance: dict[str, str] = Field(
         default_factory=dict,
@@ -120,7 +136,7 @@ class HardwareProfile(Spec):
     @model_validator(mode="after")
     def _has_a_compute_peak(self) -> HardwareProfile:
         if not self.peak_tflops.supported():
-            raise ValueError("peak_tflops: at least one numeric format needs a peak")
+            raise InputError("peak_tflops", None, "at least one numeric format needs a peak")
         return self
 
     @property
@@ -159,28 +175,25 @@ class Deployment(Spec):
     """How one model is served: hardware, parallelism, precision and engine settings."""
 
     hardware: str = Field(description="Hardware profile name (see `serveplan hw list`)")
-    tensor_parallel: int = Field(1, ge=1, le=1024, description="GPUs a layer is split across (TP)")
-    pipeline_parallel: int = Field(1, ge=1, le=1024, description="Pipeline stages (PP)")
-    expert_parallel: int = Field(1, ge=1, le=1024, description="GPUs the routed experts are spread across (EP)")
-    replicas: int = Field(1, ge=1, le=100_000, description="Data-parallel replicas (DP)")
-    weight_dtype: Dtype = Field("bf16", description="Storage format of the weights")
-    kv_dtype: Dtype = Field("bf16", description="Storage format of the KV cache")
+    tensor_parallel: Annotated[int, Knob("--tp", "Tensor parallel", "GPUs per replica")] = Field(
+        1, ge=1, le=1024, description="GPUs a layer is split across (TP); must divide the attention heads")
+    pipeline_parallel: Annotated[int, Knob("--pp", "Pipeline stages", "stages")] = Field(
+        1, ge=1, le=1024, description="Pipeline stages (PP): layers split into sequential stages")
+    expert_parallel: Annotated[int, Knob("--ep", "Expert parallel", "GPUs")] = Field(
+        1, ge=1, le=1024, description="GPUs the routed experts are spread across (EP; MoE models)")
+    replicas: Annotated[int, Knob("--replicas", "Replicas")] = Field(
+        1, ge=1, le=100_000, description="Data-parallel replicas (DP) behind the router")
+    weight_dtype: Annotated[Dtype, Knob("--weight-dtype", "Weight dtype")] = Field(
+        "bf16", description="Storage format of the weights (fp8/fp4 compute natively where the chip has a peak for it)")
+    kv_dtype: Annotated[KVDtype, Knob("--kv-dtype", "KV-cache dtype")] = Field(
+        "bf16", description="Storage format of the KV cache")
     knobs: EngineKnobs = Field(default_factory=EngineKnobs)
-
-    @field_validator("kv_dtype")
-    @classmethod
-    def _kv_dtype_supported(cls, v: str) -> str:
-        if v in ("int4", "fp4"):
-            raise ValueError(f"kv_dtype {v!r} is not supported; use one of fp32, bf16, fp16, fp8, int8")
-        return v
 
     @model_validator(mode="after")
     def _ep_within_replica(self) -> Deployment:
         if self.expert_parallel > self.gpus_per_replica:
-            raise ValueError(
-                f"expert_parallel={self.expert_parallel} exceeds the GPUs of one replica "
-                f"(tensor_parallel x pipeline_parallel = {self.gpus_per_replica})"
-            )
+            raise InputError("expert_parallel", self.expert_parallel, "must not exceed the GPUs of one replica "
+                             f"(tensor_parallel x pipeline_parallel = {self.gpus_per_replica})")
         return self
 
     @property
@@ -190,6 +203,71 @@ class Deployment(Spec):
     @property
     def total_gpus(self) -> int:
         return self.gpus_per_replica * self.replicas
+
+
+# --------------------------------------------------------------------------- workload overrides
+
+# Below one request per 1000 s a run is idle time and every per-token cost is meaningless
+# (1e-30 req/s once priced 1M tokens at US$3e30); above a million per second is a typo.
+MIN_RATE_PER_S, MAX_RATE_PER_S = 1e-3, 1e6
+
+
+class WorkloadOverrides(Spec):
+    """What the CLI's flags and the dashboard's inputs may replace in a workload preset or file;
+    unset fields keep the workload's own. The workload then validates the result as a whole."""
+
+    rate_per_s: Annotated[float | None, Knob("--rate", "Arrival rate", "requests/s")] = Field(
+        None, ge=MIN_RATE_PER_S, le=MAX_RATE_PER_S, description="Poisson arrivals at this rate, replacing the workload's")
+    concurrency: Annotated[int | None, Knob("--concurrency", "Concurrent users", "users")] = Field(
+        None, ge=1, le=1_000_000, description="Closed loop instead: users each sending their next request on a reply")
+    num_requests: Annotated[int | None, Knob("--requests", "Requests")] = Field(
+        None, ge=1, description="Requests to draw, follow-up turns included (default: the workload's)")
+    input_tokens: Annotated[int | None, Knob("--input-tokens", "Prompt tokens", "tokens")] = Field(
+        None, ge=1, description="One prompt length for every request (default: the workload's distribution)")
+    output_tokens: Annotated[int | None, Knob("--output-tokens", "Output tokens", "tokens")] = Field(
+        None, ge=1, description="One reply length for every request (default: the workload's distribution)")
+    seed: Annotated[int | None, Knob("--seed", "Seed")] = Field(
+        None, ge=0, le=2**32 - 1, description="Seed of every random draw (default: the workload's)")
+
+    @model_validator(mode="after")
+    def _one_arrival_process(self) -> WorkloadOverrides:
+        if self.rate_per_s is not None and self.concurrency is not None:
+            raise InputError("concurrency", self.concurrency, "not together with an arrival rate: give one of the two")
+        return self
+
+    def workload_fields(self) -> dict[str, object]:
+        """The Workload fields these replace, for `get_workload(name, **fields)`."""
+        fields: dict[str, object] = {k: v for k, v in self.model_dump().items()
+                                     if v is not None and k not in ("rate_per_s", "concurrency")}
+        if self.rate_per_s is not None:
+            fields["arrival"] = {"kind": "poisson", "rate_per_s": self.rate_per_s}
+        if self.concurrency is not None:
+            fields["arrival"] = {"kind": "closed_loop", "concurrency": self.concurrency}
+        return fields
+
+
+# --------------------------------------------------------------------------- memory
+
+
+class MemoryQuery(Spec):
+    """What `serveplan memory` and the Memory page ask of a deployment besides the deployment."""
+
+    context_tokens: Annotated[int, Knob("--context", "Context per sequence", "tokens")] = Field(
+        8192, ge=1, le=MAX_CONTEXT, description="Tokens per sequence (prompt + output) for max concurrency")
+
+
+# --------------------------------------------------------------------------- plan
+
+
+class PlanSettings(Spec):
+    """The search space and sizing of `serveplan plan` that the CLI and the Plan page share."""
+
+    max_gpus_per_replica: Annotated[int, Knob("--max-gpus", "Max GPUs per replica", "GPUs")] = Field(
+        8, ge=1, le=1024, description="Most GPUs per replica; tensor parallelism is tried in powers of two up to it")
+    budget_usd_per_hour: Annotated[float | None, Knob("--budget-usd-per-hour", "Budget", "US$/h")] = Field(
+        None, gt=0, le=1e9, description="Most US$/h to spend on all replicas (default: no budget)")
+    headroom: Annotated[float, Knob("--headroom", "Headroom", "share")] = Field(
+        0.1, ge=0, le=100, description="Replicas are sized for rate x (1 + headroom)")
 
 
 # --------------------------------------------------------------------------- SLO
@@ -220,34 +298,46 @@ class SLO(Spec):
         """The percentile targets that are set: field name -> limit in ms."""
         return {k: v for k, v in self.model_dump().items() if k.endswith("_ms") and v is not None}
 
+    def request_limit_ms(self, metric: Literal["ttft", "tpot", "e2e"]) -> tuple[float, float] | None:
+        """(limit in ms, quantile of requests it binds) for one metric: the P99 target if set,
+        else the P50 one; None when neither is set. The one place that choice is made."""
+        p99, p50 = getattr(self, f"{metric}_p99_ms", None), getattr(self, f"{metric}_p50_ms", None)
+        if p99 is not None:
+            return p99, 0.99
+        return None if p50 is None else (p50, 0.5)
+
     def request_limits_ms(self) -> dict[str, float]:
         """Per-request limits for goodput: metric (ttft, tpot, e2e) -> ms."""
-        limits: dict[str, float] = {}
-        for metric in ("ttft", "tpot", "e2e"):
-            limit = getattr(self, f"{metric}_p99_ms", None) or getattr(self, f"{metric}_p50_ms", None)
-            if limit is not None:
-                limits[metric] = limit
-        return limits
+        limits = {metric: self.request_limit_ms(metric) for metric in ("ttft", "tpot", "e2e")}
+        return {metric: limit[0] for metric, limit in limits.items() if limit is not None}
 
     @classmethod
     def parse(cls, text: str) -> SLO:
-        """'ttft_p99_ms<=500,tpot_p99_ms<=50,goodput_share>=0.95' -> SLO; errors name the clause."""
+        """'ttft_p99_ms<=500,tpot_p99_ms<=50,goodput_share>=0.95' -> SLO; errors name the clause.
+
+        Empty clauses between commas are skipped, but at least one target is needed, and no
+        target may be given twice (which one would count?)."""
         values: dict[str, float] = {}
+        clauses: dict[str, str] = {}
+        allowed = ", ".join(f"{f}<=MS" for f in cls.model_fields if f.endswith("_ms")) + ", goodput_share>=X"
         for clause in filter(None, (c.strip() for c in text.split(","))):
             op = ">=" if ">=" in clause else "<="
             name, sep, number = clause.partition(op)
             name = name.strip()
             if not sep or name not in cls.model_fields:
-                allowed = ", ".join(f"{f}<=MS" for f in cls.model_fields if f.endswith("_ms")) + ", goodput_share>=X"
-                raise InputError("--slo", clause, f"expected one of {allowed}")
+                raise InputError("slo", clause, f"expected one of {allowed}")
             if (op == ">=") != (name == "goodput_share"):
-                raise InputError("--slo", clause, f"use {'>=' if name == 'goodput_share' else '<='} for {name}")
+                raise InputError("slo", clause, f"use {'>=' if name == 'goodput_share' else '<='} for {name}")
+            if name in values:
+                raise InputError("slo", clause, f"{name} is given twice; give each target once")
             try:
-                values[name] = float(number)
+                values[name], clauses[name] = float(number), clause
             except ValueError:
-                raise InputError("--slo", clause, "the limit must be a number") from None
+                raise InputError("slo", clause, "the limit must be a number") from None
+        if not values:
+            raise InputError("slo", text, f"needs at least one target: {allowed}")
         try:
             return cls(**values)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            raise InputError(f"--slo {first['loc'][0]}", first.get("input"), first["msg"]) from None
+            problem = from_validation_error(exc)
+            raise InputError("slo", clauses.get(problem.field, text), problem.allowed) from None

@@ -16,6 +16,7 @@ import statistics
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.catalog import resolve_model
+from engine.dtypes import ENGINE_DTYPE_OF
 from engine.errors import unknown_name_error
 from planner.calibrate import load_calibration
 from planner.metrics import RunSummary
@@ -152,11 +153,11 @@ def validate(model_name: str, calibration_path: str | Path, *, random_weights: b
         known = {s.name: s for s in chosen}
         for name in only:
             if name not in known:
-                raise unknown_name_error("--workloads", name, known)
+                raise unknown_name_error("workloads", name, known)
         chosen = [known[name] for name in only]
 
     rows = []
-    engine_dtype = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[cal.dtype]
+    engine_dtype = ENGINE_DTYPE_OF[cal.dtype]
     knobs = EngineKnobs(block_size_tokens=BLOCK_SIZE, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                         max_num_seqs=MAX_NUM_SEQS)
     llm: LLM | None = None

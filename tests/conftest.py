@@ -24,10 +24,11 @@ TINY_LLAMA: dict[str, object] = {
 }
 
 
-@pytest.fixture(autouse=True, scope="session")
+@pytest.fixture(autouse=True)
 def one_torch_thread() -> Iterator[None]:
     # On a 2-core machine shared with other work, torch's second intra-op thread is often
     # descheduled and every parallel op waits for it (~8 ms each); one thread is 10x faster.
+    # Set before every test: an engine command run through the CLI sets its own --threads.
     # Imported here, not at module level, so that TRITON_INTERPRET (tests/kernels) is set first.
     import torch
 

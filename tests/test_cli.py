@@ -38,14 +38,14 @@ def test_does_not_fit_exits_one_with_the_answer(capsys) -> None:
     [
         (["memory", "--model", "llama-3.1-8bb"], "did you mean llama-3.1-8b"),
         (["memory", "--hw", "h100"], "did you mean"),
-        (["memory", "--tp", "0"], "--tp=0 is invalid"),
-        (["memory", "--tp", "3"], "tp=3 is invalid: must divide the 32 attention heads"),
-        (["memory", "--context", "-5"], "context=-5 is invalid"),
-        (["memory", "--block-size", "0"], "--block-size=0 is invalid"),
-        (["memory", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization=1.5 is invalid"),
+        (["memory", "--tp", "0"], "--tp='0' is invalid"),
+        (["memory", "--tp", "3"], "--tp=3 is invalid: must divide the 32 attention heads"),
+        (["memory", "--context", "-5"], "--context='-5' is invalid"),
+        (["memory", "--block-size", "0"], "--block-size='0' is invalid"),
+        (["memory", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization='1.5' is invalid"),
         (["hw", "show", "nonesuch"], "hardware='nonesuch' is invalid"),
         (["engine", "generate", "--temperature", "-1", "hi"], "is invalid: must be >= 0"),
-        (["engine", "generate", "--model", "nonesuch-7b", "hi"], "model='nonesuch-7b' is invalid"),
+        (["engine", "generate", "--model", "nonesuch-7b", "hi"], "--model='nonesuch-7b' is invalid"),
     ],
 )
 def test_bad_input_is_one_line_without_traceback(capsys, argv: list[str], message: str) -> None:
@@ -76,3 +76,95 @@ def test_schema_export(capsys, tmp_path) -> None:
     assert code == 0
     schema = json.loads((tmp_path / "HardwareProfile.schema.json").read_text())
     assert "memory_bandwidth_gb_s" in schema["properties"]
+
+
+# --------------------------------------------------------------------------- issue 14, defects 8 and 11
+# One top-level handler: whatever the input, one line on stderr and exit 2 (130 for Ctrl-C), no
+# traceback and nothing of a file's contents. Each case raised a traceback or was accepted with
+# an absurd answer before.
+
+
+def one_line_error(capsys, *argv: str) -> str:
+    code, _, err = run(capsys, *argv)
+    assert code == 2, err
+    assert err.startswith("serveplan: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_files_that_cannot_be_read_are_one_line_naming_the_file(capsys, tmp_path) -> None:
+    folder = tmp_path / "profile.yaml"
+    folder.mkdir()
+    assert str(folder) in one_line_error(capsys, "memory", "--hw", str(folder))
+    binary = tmp_path / "w.yaml"
+    binary.write_bytes(b"\xff\xfe\xfa" * 100)
+    assert "not utf-8 text" in one_line_error(capsys, "simulate", "--workload", str(binary), "--requests", "5").lower()
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100_000)
+    assert "nested too deeply" in one_line_error(capsys, "models", "show", str(deep))
+
+
+def test_ctrl_c_is_interrupted_exit_130_without_traceback(capsys, monkeypatch) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("planner.cli.simulate", interrupted)
+    code, _, err = run(capsys, "simulate", "--requests", "5")
+    assert code == 130 and err == "serveplan: interrupted\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plan", "--rate", "1", "--slo", "ttft_p99_ms<=500", "--headroom", "inf"], "--headroom='inf' is invalid"),
+        (["plan", "--rate", "1", "--slo", "ttft_p99_ms<=500", "--budget-usd-per-hour", "nan"],
+         "--budget-usd-per-hour='nan' is invalid"),
+        (["simulate", "--rate", "1e-30"], "--rate='1e-30' is invalid: must be a finite number in 0.001..1e+06 (requests/s)"),
+        (["simulate", "--slo", ",,,"], "--slo=',,,' is invalid: needs at least one target"),
+        (["simulate", "--slo", "ttft_p99_ms<=500,ttft_p99_ms<=900"], "ttft_p99_ms is given twice"),
+        (["simulate", "--slo", "ttft_p99_ms<=inf"], "--slo='ttft_p99_ms<=inf' is invalid: Input should be a finite number"),
+        (["simulate", "--requests", "0"], "--requests='0' is invalid: must be an integer >= 1"),
+        (["simulate", "--rate", "2", "--concurrency", "4"], "--concurrency=4 is invalid: not together with an arrival rate"),
+        (["simulate", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["memory", "--kv-dtype", "int4"], "--kv-dtype='int4' is invalid: must be one of fp32, bf16, fp16, fp8, int8"),
+        (["memory", "--tp", "9" * 500], "is invalid: must be an integer in 1..1024"),
+        (["engine", "generate", "--threads", "0", "hi"], "--threads='0' is invalid"),
+        (["engine", "bench", "--num-kv-blocks", "-1"], "--num-kv-blocks='-1' is invalid"),
+        (["calibrate", "--dtype", "float64"], "--dtype='float64' is invalid: must be one of float32, bfloat16, float16"),
+    ],
+)
+def test_absurd_values_are_refused_with_the_allowed_range(capsys, argv: list[str], message: str) -> None:
+    err = one_line_error(capsys, *argv)
+    assert message in err
+    assert len(err) < 400  # a value is shown as a short excerpt, never whole
+
+
+def test_schema_out_at_an_existing_file_is_refused(capsys, tmp_path) -> None:
+    existing = tmp_path / "notes.txt"
+    existing.write_text("keep me")
+    assert "exists and is not a folder" in one_line_error(capsys, "schema", "--out", str(existing))
+    assert existing.read_text() == "keep me"
+
+
+def test_cuda_without_cuda_is_refused(capsys) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert "--device='cuda' is invalid: no CUDA device" in one_line_error(
+        capsys, "engine", "generate", "--device", "cuda", "--random-weights", "hi")
+
+
+def test_model_configs_with_absurd_values_are_refused(capsys, tiny_model) -> None:
+    for changes, field in (({"num_attention_heads": 0}, "num_attention_heads"),
+                           ({"num_key_value_heads": 0}, "num_key_value_heads"),
+                           ({"intermediate_size": -1}, "intermediate_size"),
+                           ({"hidden_size": "64"}, "hidden_size")):
+        err = one_line_error(capsys, "models", "show", str(tiny_model(**changes)))
+        assert f"{field}=" in err
+
+
+def test_flags_users_already_type_keep_working(capsys) -> None:
+    code, out, _ = run(capsys, "memory", "--no-prefix-caching", "--no-chunked-prefill", "--enforce-eager",
+                       "--max-num-batched-tokens", "131072", "--json")
+    data = json.loads(out)
+    assert code == 0 and data["max_num_seqs"] == 256

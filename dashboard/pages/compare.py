@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pandas as pd
+from pydantic import ValidationError
 import streamlit as st
 
 from dashboard import charts, compute, ui
-from dashboard.inputs import DTYPES, KV_DTYPES, model_input, slo_input, workload_inputs
+from dashboard.inputs import DEPLOYMENT, KNOBS, model_input, slo_input, upload_bytes, workload_inputs
 from dashboard.state import PageState
 from engine.config import EngineKnobs
+from engine.errors import InputError, from_validation_error, unknown_name_error
 from planner.hardware import hardware_catalog
-from planner.specs import Deployment
+from planner.specs import Deployment, HardwareProfile
 
 COLUMNS = ["name", "hardware", "tp", "weight_dtype", "kv_dtype", "prefix_caching", "token_budget", "speculative_tokens"]
 DEFAULT_VARIANTS = [
@@ -21,15 +24,65 @@ DEFAULT_VARIANTS = [
     {"name": "B: fp8", "hardware": "h100-sxm", "tp": 1, "weight_dtype": "fp8", "kv_dtype": "fp8",
      "prefix_caching": True, "token_budget": 8192, "speculative_tokens": 0},
 ]
+# Each variant is a whole simulation: a link can ask for this many at most (docs/security.md).
+MAX_VARIANTS = 8
+MAX_NAME_CHARS = 64
 # The figures worth a chart; the table has every metric planner.compare reports.
 CHARTED = ["TTFT P99, ms", "TPOT P99, ms", "E2E P99, ms", "output tokens/s", "US$/h", "US$ per 1M output tokens"]
+TP = DEPLOYMENT["tensor_parallel"]
+BUDGET = next(s for s in KNOBS if s.name == "max_num_batched_tokens")
 
 
-def _deployment(row: dict) -> Deployment:
-    return Deployment(hardware=row["hardware"], tensor_parallel=int(row["tp"]), weight_dtype=row["weight_dtype"],
-                      kv_dtype=row["kv_dtype"],
-                      knobs=EngineKnobs(max_num_batched_tokens=int(row["token_budget"]),
-                                        enable_prefix_caching=bool(row["prefix_caching"])))
+def _deployment(row: dict[str, Any], hardware: dict[str, HardwareProfile]) -> Deployment:
+    """A variant row as a Deployment, checked by the same declarations as the CLI's flags; its
+    hardware is one of `hardware` by name, never a path."""
+    name = str(row.get("name"))[:MAX_NAME_CHARS]
+    try:
+        if row.get("hardware") not in hardware:
+            raise unknown_name_error("hardware", str(row.get("hardware")), hardware)
+        return Deployment(hardware=row["hardware"], tensor_parallel=row.get("tp"), weight_dtype=row.get("weight_dtype"),
+                          kv_dtype=row.get("kv_dtype"),
+                          knobs=EngineKnobs(max_num_batched_tokens=row.get("token_budget"),
+                                            enable_prefix_caching=bool(row.get("prefix_caching"))))
+    except InputError as exc:
+        raise InputError(f"variant {name!r}: {exc.field}", exc.value, exc.allowed) from None
+    except ValidationError as exc:
+        problem = from_validation_error(exc)
+        raise InputError(f"variant {name!r}: {problem.field}", problem.value, problem.allowed) from None
+
+
+def _rows(text: str, hardware: dict[str, HardwareProfile]) -> list[dict[str, Any]]:
+    """The variants table from its URL JSON: a list of at most MAX_VARIANTS rows of COLUMNS,
+    each a valid deployment."""
+    try:
+        rows = json.loads(text)
+    except (ValueError, RecursionError):
+        raise InputError("variants", text, "must be the variants table as JSON (a list of rows)") from None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise InputError("variants", text, "must be a JSON list of rows")
+    if len(rows) > MAX_VARIANTS:
+        raise InputError("variants", f"{len(rows)} rows", f"at most {MAX_VARIANTS} variants")
+    for row in rows:
+        if unknown := set(row) - set(COLUMNS):
+            raise InputError("variants", sorted(unknown), f"unknown columns; the columns are {', '.join(COLUMNS)}")
+        try:
+            _deployment(row, hardware)
+        except InputError as exc:
+            raise InputError("variants", text, exc.message()) from None
+    return rows
+
+
+def _uploaded_profiles() -> dict[str, HardwareProfile]:
+    """Hardware profiles uploaded in the page, by name; a catalog name cannot be taken."""
+    upload = upload_bytes("Own hardware profile (YAML)", ["yaml", "yml"], key="compare.hardware_upload",
+                          help="A profile written against docs/schemas/HardwareProfile.schema.json; its name "
+                               "becomes a hardware option in the table")
+    if upload is None:
+        return {}
+    profile = compute.uploaded_profile(*upload)
+    if profile.name in hardware_catalog():
+        raise InputError("hardware upload: name", profile.name, "is a catalog profile's; give the upload its own name")
+    return {profile.name: profile}
 
 
 def render() -> None:
@@ -39,24 +92,22 @@ def render() -> None:
                "Edit, add or remove rows in the table.")
     with st.sidebar:
         model = model_input(state)
-        work = workload_inputs(state, allow_trace=False, default_requests=300)
+        work = state.attempt(lambda: workload_inputs(state, allow_trace=False, default_requests=300))
         slo = slo_input(state)
+        hardware = {**hardware_catalog(), **state.attempt(_uploaded_profiles)}
     # The table lives in the URL as JSON, so a shared link reproduces the variants.
-    key = state.bind("variants", json.dumps(DEFAULT_VARIANTS), parse=str)
-    try:
-        rows = pd.DataFrame(json.loads(st.session_state[key]), columns=COLUMNS)
-    except (ValueError, TypeError) as exc:
-        st.warning(f"URL parameter variants could not be read ({exc}); showing the defaults")
-        rows = pd.DataFrame(DEFAULT_VARIANTS, columns=COLUMNS)
+    key = state.bind("variants", json.dumps(DEFAULT_VARIANTS), parse=lambda text: json.dumps(_rows(text, hardware)))
+    rows = pd.DataFrame(json.loads(st.session_state[key]), columns=COLUMNS)
     edited = st.data_editor(rows, num_rows="dynamic", hide_index=True, width="stretch", column_config={
-        "name": st.column_config.TextColumn("name", required=True),
-        "hardware": st.column_config.SelectboxColumn("hardware", options=sorted(hardware_catalog()), required=True),
-        "tp": st.column_config.NumberColumn("TP (GPUs)", min_value=1, max_value=64, step=1, required=True),
-        "weight_dtype": st.column_config.SelectboxColumn("weights", options=DTYPES, required=True),
-        "kv_dtype": st.column_config.SelectboxColumn("KV cache", options=KV_DTYPES, required=True),
+        "name": st.column_config.TextColumn("name", required=True, max_chars=MAX_NAME_CHARS),
+        "hardware": st.column_config.SelectboxColumn("hardware", options=sorted(hardware), required=True),
+        "tp": st.column_config.NumberColumn(TP.label, min_value=1, max_value=TP.bound("max")[0], step=1, required=True),
+        "weight_dtype": st.column_config.SelectboxColumn("weights", options=DEPLOYMENT["weight_dtype"].choices,
+                                                         required=True),
+        "kv_dtype": st.column_config.SelectboxColumn("KV cache", options=DEPLOYMENT["kv_dtype"].choices, required=True),
         "prefix_caching": st.column_config.CheckboxColumn("prefix caching"),
-        "token_budget": st.column_config.NumberColumn("chunk / token budget (tokens)", min_value=16, step=256,
-                                                      required=True),
+        "token_budget": st.column_config.NumberColumn(BUDGET.label, min_value=1, max_value=BUDGET.bound("max")[0],
+                                                      step=256, required=True),
         "speculative_tokens": st.column_config.NumberColumn("speculative tokens", min_value=0, max_value=16, step=1),
     })
     records = edited.dropna(subset=["name", "hardware"]).to_dict("records")
@@ -70,11 +121,14 @@ def render() -> None:
     records = [r for r in records if r["name"] not in speculative]
     if len(records) < 2:
         ui.stop_with("compare needs at least two variants without speculative decoding")
+    if len(records) > MAX_VARIANTS:
+        ui.stop_with(f"compare runs at most {MAX_VARIANTS} variants; remove {len(records) - MAX_VARIANTS}")
     if len({r["name"] for r in records}) != len(records):
         ui.stop_with("variant names must be unique")
-    variants = tuple((str(r["name"]), ui.attempt(lambda r=r: _deployment(r))) for r in records)
-    workload = ui.attempt(work.workload)
-    results = ui.attempt(lambda: compute.comparisons(model, workload, slo, variants))
+    variants = tuple((str(r["name"]), dep, hardware[dep.hardware])
+                     for r in records for dep in [state.attempt(lambda r=r: _deployment(r, hardware))])
+    workload = state.attempt(work.workload)
+    results = state.attempt(lambda: compute.comparisons(model, workload, slo, variants))
 
     base = results[0].a
     wide = pd.DataFrame({"metric": [m.metric for m in results[0].metrics], base.path: [m.a for m in results[0].metrics]})
@@ -82,7 +136,7 @@ def render() -> None:
         wide[c.b.path] = [m.b for m in c.metrics]
         wide[f"{c.b.path} vs A (%)"] = [m.delta_pct for m in c.metrics]
     ui.table(wide, "Variants side by side", key="compare.wide",
-             caption=f"{model}, workload {workload.name} at {work.rate_per_s:g} req/s, {workload.num_requests} requests; "
+             caption=f"{model}, workload {workload.name}, {workload.num_requests} requests; "
                      "% = (variant − first) / first × 100.")
     deltas = pd.DataFrame([{"variant": c.b.path, "metric": m.metric, "change vs A (%)": m.delta_pct}
                            for c in results for m in c.metrics if m.metric in CHARTED and m.delta_pct is not None])

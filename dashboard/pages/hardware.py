@@ -5,8 +5,9 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard import charts, compute, ui
-from dashboard.inputs import DTYPES, model_input
+from dashboard.inputs import DEPLOYMENT, RooflineQuery, choices_input, model_input, setting_input
 from dashboard.state import PageState
+from engine.knobs import settings
 from planner.hardware import hardware_catalog
 
 DEFAULT_CHIPS = ["h100-sxm", "h200", "b200", "mi300x", "l40s", "a100-80gb-sxm"]
@@ -18,13 +19,10 @@ def render() -> None:
     st.caption("Every profile in hwprofiles/ (datasheet figures with their provenance: `serveplan hw show NAME`).")
     with st.sidebar:
         model = model_input(state)
-        chips = st.multiselect("Chips on the roofline", sorted(hardware_catalog()), key=state.bind("chips", DEFAULT_CHIPS))
-        weight = st.selectbox("Weight dtype", DTYPES, key=state.bind("weight_dtype", "bf16"),
-                              help="Sets the GEMM peak each chip is held to (its fallback when it lacks the format)")
-        batch = st.number_input("Decode batch (requests)", 1, 4096, key=state.bind("batch", 32))
-        context = st.number_input("Decode context (tokens)", 1, 1_000_000, key=state.bind("context", 2048),
-                                  help="Tokens already in the KV cache of each decoding request")
-        prefill = st.number_input("Prefill chunk (tokens)", 1, 131072, key=state.bind("prefill", 2048))
+        chips = choices_input(state, "chips", "Chips on the roofline", sorted(hardware_catalog()), DEFAULT_CHIPS)
+        weight = setting_input(state, DEPLOYMENT["weight_dtype"],
+                               help="Sets the GEMM peak each chip is held to (its fallback when it lacks the format)")
+        batch, context, prefill = (setting_input(state, s) for s in settings(RooflineQuery))
     state.sync_url()
 
     ui.table(compute.hardware_table(), "Hardware catalog", key="hardware.catalog",
@@ -34,7 +32,7 @@ def render() -> None:
     if not chips:
         st.info("Choose chips in the sidebar to place the model on their rooflines.")
         return
-    points = ui.attempt(lambda: compute.roofline(model, tuple(chips), weight, batch, context, prefill))
+    points = state.attempt(lambda: compute.roofline(model, tuple(chips), weight, batch, context, prefill))
     for line in points.skipped:
         st.warning(f"Left out {line}")
     if points.points.empty:

@@ -6,9 +6,13 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, compute, ui
-from dashboard.inputs import deployment_inputs, model_input
+from dashboard.inputs import deployment_inputs, model_input, setting_input
 from dashboard.state import PageState
 from engine.catalog import resolve_model
+from engine.knobs import Setting
+from planner.specs import MemoryQuery
+
+CONTEXT = Setting.of(MemoryQuery, "context_tokens")
 
 
 def render() -> None:
@@ -18,14 +22,13 @@ def render() -> None:
                "The simulator sizes its KV cache from this same plan.")
     with st.sidebar:
         model = model_input(state)
-        dep = ui.attempt(lambda: deployment_inputs(state))
-        context = st.number_input("Context per sequence (tokens)", 1, 10_000_000, step=1024,
-                                  key=state.bind("context", 8192), help="Prompt + output tokens of one sequence")
+        dep = state.attempt(lambda: deployment_inputs(state))
+        context = setting_input(state, CONTEXT, step=1024)
     state.sync_url()
-    max_context = ui.attempt(lambda: resolve_model(model)).max_position_embeddings
+    max_context = state.attempt(lambda: resolve_model(model)).max_position_embeddings
     # The curve: powers of two from 256 tokens to the model's context, plus the chosen length.
     contexts = sorted({*(2**i for i in range(8, 40) if 2**i <= max_context), max_context, context})
-    plans = ui.attempt(lambda: compute.memory_plans(model, dep, tuple(contexts)))
+    plans = state.attempt(lambda: compute.memory_plans(model, dep, tuple(contexts)))
     plan = plans[contexts.index(context)]
 
     (st.success if plan.fits else st.error)(plan.reason)

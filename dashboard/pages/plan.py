@@ -8,14 +8,22 @@ import pandas as pd
 import streamlit as st
 
 from dashboard import charts, compute, ui
-from dashboard.inputs import DTYPES, KV_DTYPES, model_input, slo_input, workload_inputs
+from dashboard.inputs import DEPLOYMENT, WORKLOAD, choices_input, model_input, setting_input, slo_input, workload_inputs
 from dashboard.state import PageState
 from engine.config import EngineKnobs
+from engine.knobs import Setting, settings
 from planner.hardware import hardware_catalog
 from planner.search import CandidatePlan, PlanResult
+from planner.specs import HardwareProfile, PlanSettings
 
 # Small enough that the default plan finishes in well under a minute on a laptop CPU.
 DEFAULT_CANDIDATES = ["h100-sxm", "l40s", "a100-80gb-sxm"]
+PRICE = Setting.of(HardwareProfile, "price_usd_per_hour")
+PLAN = {s.name: s for s in settings(PlanSettings)}
+KNOB = {s.name: s for s in settings(EngineKnobs)}
+# Engine knob values the Plan page offers to try (any other value is for the CLI or a spec file).
+TOKEN_BUDGETS = [2048, 4096, 8192, 16384]
+MAX_SEQS = [32, 64, 128, 256, 512]
 
 
 def _candidates_frame(plans: list[CandidatePlan]) -> pd.DataFrame:
@@ -74,27 +82,28 @@ def render() -> None:
     priced = sorted(name for name, hw in catalog.items() if hw.price_usd_per_hour is not None)
     with st.sidebar.form("plan.form"):
         model = model_input(state)
-        work = workload_inputs(state, allow_trace=False, default_requests=100,
-                               requests_help="Requests per simulated probe (at least 3 × max running requests are used)")
+        work = state.attempt(lambda: workload_inputs(
+            state, allow_trace=False, default_requests=100,
+            requests_help="Requests per simulated probe (at least 3 × max running requests are used)"))
         slo = slo_input(state)
-        hardware = st.multiselect("Candidate hardware", priced, key=state.bind("hw", DEFAULT_CANDIDATES),
-                                  help="Profiles with a price; each is tried at every TP size that fits")
-        with st.expander("Prices (US$ per GPU-hour)"):
-            prices = {name: st.number_input(name, 0.01, 1000.0, key=state.bind(f"price.{name}",
-                                                                                 catalog[name].price_usd_per_hour),
-                                             help=f"Profile price: US${catalog[name].price_usd_per_hour:.2f}")
+        hardware = choices_input(state, "hw", "Candidate hardware", priced, DEFAULT_CANDIDATES, field="hardware",
+                                 help="Profiles with a price; each is tried at every TP size that fits")
+        with st.expander(f"Prices ({PRICE.knob.unit})"):
+            prices = {name: setting_input(state, PRICE, name=f"price.{name}", label=name,
+                                          default=catalog[name].price_usd_per_hour,
+                                          help=f"Profile price: US${catalog[name].price_usd_per_hour:.2f}")
                       for name in hardware}
-        max_gpus = st.number_input("Max GPUs per replica", 1, 72, key=state.bind("max_gpus", 1),
-                                   help="Tensor parallelism is tried in powers of two up to this")
-        weights = st.multiselect("Weight dtypes", DTYPES, key=state.bind("weight_dtypes", ["bf16"]))
-        kvs = st.multiselect("KV-cache dtypes", KV_DTYPES, key=state.bind("kv_dtypes", ["bf16"]))
-        mbts = st.multiselect("Token budgets per step (tokens)", [2048, 4096, 8192, 16384],
-                              key=state.bind("mbt", [8192]), help="max_num_batched_tokens values to try")
-        seqs = st.multiselect("Max running requests", [32, 64, 128, 256, 512], key=state.bind("seqs", [64]),
-                              help="max_num_seqs values to try; a probe has at least 3 × this many requests")
-        budget = st.number_input("Budget (US$/h, 0: none)", 0.0, 1e6, key=state.bind("budget", 0.0))
-        headroom = st.number_input("Headroom (share)", 0.0, 10.0, step=0.05, key=state.bind("headroom", 0.1),
-                                   help="Replicas are sized for rate × (1 + headroom)")
+        max_gpus = setting_input(state, PLAN["max_gpus_per_replica"], default=1)
+        weights = choices_input(state, "weight_dtypes", "Weight dtypes", DEPLOYMENT["weight_dtype"].choices, ["bf16"],
+                                field="weight_dtypes")
+        kvs = choices_input(state, "kv_dtypes", "KV-cache dtypes", DEPLOYMENT["kv_dtype"].choices, ["bf16"],
+                            field="kv_dtypes")
+        mbts = choices_input(state, "max_num_batched_tokens", f"{KNOB['max_num_batched_tokens'].label} to try",
+                             TOKEN_BUDGETS, [8192], help=KNOB["max_num_batched_tokens"].help)
+        seqs = choices_input(state, "max_num_seqs", f"{KNOB['max_num_seqs'].label} to try", MAX_SEQS, [64],
+                             help=KNOB["max_num_seqs"].help + "; a probe has at least 3 × this many requests")
+        budget = setting_input(state, PLAN["budget_usd_per_hour"])
+        headroom = setting_input(state, PLAN["headroom"], step=0.05)
         submitted = st.form_submit_button("Run plan", type="primary", icon=":material/play_arrow:")
     # A shared link carries run=true, so the recipient sees the plan without pressing the button.
     state.bind("run", False)
@@ -104,13 +113,16 @@ def render() -> None:
     if not state.get("run"):
         st.info("Set the question in the sidebar and press **Run plan**. Results are cached: asking again is instant.")
         return
-    workload = ui.attempt(work.workload)
+    for name, value in (("rate_per_s", work.rate_per_s), ("num_requests", work.requests)):
+        if value is None:
+            ui.stop_with(f"{WORKLOAD[name].label}: a plan needs a value")
+    workload = state.attempt(work.workload)
     profiles = tuple(catalog[name].model_copy(update={"price_usd_per_hour": prices[name]}) for name in hardware)
     knobs = tuple(EngineKnobs(max_num_batched_tokens=t, max_num_seqs=s) for t, s in itertools.product(mbts, seqs))
     if not knobs:
         ui.stop_with("engine knobs: choose at least one token budget and one max running requests value")
-    result = ui.attempt(lambda: compute.plan_result(
-        model, workload, work.rate_per_s, slo, profiles, max_gpus, budget or None,
+    result = state.attempt(lambda: compute.plan_result(
+        model, workload, work.rate_per_s, slo, profiles, max_gpus, budget,
         tuple(weights), tuple(kvs), knobs, headroom, work.requests))
     _show(result)
 

@@ -54,16 +54,16 @@ def render() -> None:
                "model in place of the forward pass (docs/simulate.md).")
     with st.sidebar:
         model = model_input(state)
-        dep = ui.attempt(lambda: deployment_inputs(state))
+        dep = state.attempt(lambda: deployment_inputs(state))
         router = router_input(state)
-        work = workload_inputs(state)
+        work = state.attempt(lambda: workload_inputs(state))
         slo = slo_input(state)
     state.sync_url()
-    workload = ui.attempt(work.workload)
+    workload = state.attempt(work.workload)
     if workload is None and work.trace_bytes is None:
         st.info("Upload a trace in the sidebar to simulate it.")
         return
-    view = ui.attempt(lambda: compute.simulate_view(model, dep, workload, work.trace_name, work.trace_bytes, slo, router))
+    view = state.attempt(lambda: compute.simulate_view(model, dep, workload, work.trace_name, work.trace_bytes, slo, router))
     s = view.summary
     st.subheader(f"{model} on {dep.replicas} × {dep.gpus_per_replica} {dep.hardware} "
                  f"(TP {dep.tensor_parallel}, PP {dep.pipeline_parallel}), weights {dep.weight_dtype}, KV {dep.kv_dtype}")

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pandas as pd
-from pydantic import ValidationError
 import streamlit as st
 
 from dashboard import charts, compute, ui
+from dashboard.inputs import choice_input, upload_bytes
 from dashboard.state import PageState
+from engine.errors import EXCERPT_CHARS, InputError
 
-DEFAULT_REPORT = "docs/validation.json"
+DEFAULT_REPORT = "validation.json"
 HEADLINE = ["ttft_ms.mean", "ttft_ms.p99", "tpot_ms.mean", "e2e_ms.mean", "throughput.output_tokens_per_s"]
 
 
@@ -26,24 +25,26 @@ def render() -> None:
     st.title("Validate")
     st.caption("The same seeded requests through the real engine and the calibrated simulator; the error is the "
                "simulator's, signed: (simulator − engine) / engine × 100.")
+    reports = compute.project_reports()
     with st.sidebar:
-        report_path = st.text_input("Report file", key=state.bind("report", DEFAULT_REPORT),
-                                    help="A ValidationReport JSON, relative to the repository root")
+        name = choice_input(state, "report", "Report in docs/", reports,
+                            DEFAULT_REPORT if DEFAULT_REPORT in reports else (reports[0] if reports else None),
+                            help="A ValidationReport JSON in the project's docs/ folder") if reports else None
+        upload = state.attempt(lambda: upload_bytes("Or upload a report (JSON)", ["json"],
+                                                    help="A ValidationReport from `serveplan validate --json`"))
     state.sync_url()
-    path = Path(report_path)
-    if not path.is_absolute():
-        path = Path(__file__).resolve().parents[2] / path
-    if not path.is_file():
-        st.info(f"No validation report at `{report_path}` yet. Produce one on the machine to validate "
-                "(it runs the real engine), then reload:\n\n"
+    if upload is None and name is None:
+        st.info("No validation report in docs/ yet. Produce one on the machine to validate "
+                "(it runs the real engine), then reload, or upload one in the sidebar:\n\n"
                 "```bash\n.venv/bin/serveplan calibrate --threads 1\n"
                 ".venv/bin/serveplan validate --calibration hwprofiles/calibrations/<device>__smollm2-135m__fp32.json "
                 "--json > docs/validation.json\n```")
         return
+    source, data = upload if upload is not None else (name, state.attempt(lambda: compute.project_report(name)))
     try:
-        report = compute.validation_report(str(path), path.stat().st_mtime_ns)
-    except ValidationError as exc:
-        ui.stop_with(f"{report_path} is not a ValidationReport: {ui.validation_message(exc)}")
+        report = compute.validation_report(data)
+    except InputError as exc:
+        ui.stop_with(f"{source[:EXCERPT_CHARS]} is not a ValidationReport: {exc}")
 
     (st.success if report.passed else st.error)(
         f"{report.model} on {report.hardware_profile}: every headline median |error| within its bound"

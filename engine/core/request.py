@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from engine.core.errors import InputError
+
 StructuredOutputKind = Literal["json_schema", "regex", "grammar"]
 
 
@@ -20,9 +22,9 @@ class StructuredOutput:
 
     def __post_init__(self) -> None:
         if self.kind not in ("json_schema", "regex", "grammar"):
-            raise ValueError(f"structured_output.kind={self.kind!r} is invalid: must be 'json_schema', 'regex' or 'grammar'")
+            raise InputError("structured_output.kind", self.kind, "must be 'json_schema', 'regex' or 'grammar'")
         if not self.spec:
-            raise ValueError(f"structured_output.spec={self.spec!r} is invalid: must not be empty")
+            raise InputError("structured_output.spec", self.spec, "must not be empty")
 
 
 @dataclass(frozen=True)
@@ -38,22 +40,22 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
-            raise ValueError(f"max_tokens={self.max_tokens} is invalid: must be >= 1")
+            raise InputError("max_tokens", self.max_tokens, "must be >= 1")
         if not self.temperature >= 0.0:  # also rejects NaN
-            raise ValueError(f"temperature={self.temperature} is invalid: must be >= 0 (0 = greedy)")
+            raise InputError("temperature", self.temperature, "must be >= 0 (0 = greedy)")
         if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} is invalid: must be >= 0 (0 = off)")
+            raise InputError("top_k", self.top_k, "must be >= 0 (0 = off)")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p} is invalid: must be in (0, 1]")
+            raise InputError("top_p", self.top_p, "must be in (0, 1]")
         if self.seed is not None and self.seed < 0:
-            raise ValueError(f"seed={self.seed} is invalid: must be None or >= 0")
+            raise InputError("seed", self.seed, "must be None or >= 0")
         # A list would make the params unhashable and mutable behind the scheduler's back.
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if any(t < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids={self.stop_token_ids} is invalid: token ids must be >= 0")
+            raise InputError("stop_token_ids", self.stop_token_ids, "token ids must be >= 0")
         if self.structured_output is not None and self.ignore_eos:
             # A complete structured output ends on EOS, the only token its mask then allows.
-            raise ValueError("ignore_eos=True is invalid with a structured_output: the output ends when it is complete")
+            raise InputError("ignore_eos", True, "cannot go with a structured_output: the output ends when it is complete")
 
 
 class RequestStatus(enum.Enum):

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from engine.core.errors import InputError
 from engine.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from engine.core.request import FINISH_REASONS, Request, RequestStatus, SamplingParams
 from engine.core.request_queue import RequestQueue, make_request_queue
@@ -61,32 +62,27 @@ class SchedulerConfig:
         for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
             value = getattr(self, name)
             if value < 1:
-                raise ValueError(f"{name}={value} is invalid: must be >= 1")
+                raise InputError(name, value, "must be >= 1")
         if self.max_model_len < 2:
-            raise ValueError(
-                f"max_model_len={self.max_model_len} is invalid: must be >= 2 (one prompt token plus one output token)"
-            )
+            raise InputError("max_model_len", self.max_model_len, "must be >= 2 (one prompt token plus one output token)")
         if self.policy not in ("fcfs", "priority"):
-            raise ValueError(f"policy={self.policy!r} is invalid: must be 'fcfs' or 'priority'")
+            raise InputError("policy", self.policy, "must be 'fcfs' or 'priority'")
         if self.num_speculative_tokens < 0:
-            raise ValueError(f"num_speculative_tokens={self.num_speculative_tokens} is invalid: must be >= 0")
+            raise InputError("num_speculative_tokens", self.num_speculative_tokens, "must be >= 0")
         if self.batching not in ("mixed", "prefill_first"):
-            raise ValueError(f"batching={self.batching!r} is invalid: must be 'mixed' or 'prefill_first'")
+            raise InputError("batching", self.batching, "must be 'mixed' or 'prefill_first'")
         if self.num_scheduler_steps < 1:
-            raise ValueError(f"num_scheduler_steps={self.num_scheduler_steps} is invalid: must be >= 1")
+            raise InputError("num_scheduler_steps", self.num_scheduler_steps, "must be >= 1")
         if self.num_scheduler_steps > 1 and self.num_speculative_tokens:
-            raise ValueError("num_scheduler_steps > 1 is invalid with speculative decoding (vLLM refuses it too)")
+            raise InputError("num_scheduler_steps", self.num_scheduler_steps,
+                             "must be 1 with speculative decoding (vLLM refuses it too)")
         if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(
-                f"max_num_batched_tokens={self.max_num_batched_tokens} is invalid: must be >= "
-                f"max_num_seqs={self.max_num_seqs}, or running requests cannot all decode in one step"
-            )
+            raise InputError("max_num_batched_tokens", self.max_num_batched_tokens,
+                             f"must be >= max_num_seqs={self.max_num_seqs}, or running requests cannot all decode in one step")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens={self.max_num_batched_tokens} is invalid: must be >= "
-                f"max_model_len={self.max_model_len} when enable_chunked_prefill=False, "
-                "or a long prompt could never be scheduled"
-            )
+            raise InputError("max_num_batched_tokens", self.max_num_batched_tokens,
+                             f"must be >= max_model_len={self.max_model_len} when enable_chunked_prefill=False, "
+                             "or a long prompt could never be scheduled")
 
 
 class ScheduledRequest(NamedTuple):

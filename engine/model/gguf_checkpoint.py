@@ -97,7 +97,8 @@ def gguf_model_config(reader: GGUFReader, path: Path, name: str) -> ModelConfig:
     if not isinstance(num_kv_heads, int):
         raise InputError(f"{arch}.attention.head_count_kv", num_kv_heads, "per-layer KV head counts are not supported")
     hidden = int(need("embedding_length"))
-    head_dim = int(_field(reader, f"{arch}.attention.key_length") or hidden // num_heads)
+    # A head count of 0 is left for ModelConfig's checks to refuse by name, not divided by here.
+    head_dim = int(_field(reader, f"{arch}.attention.key_length") or (hidden // num_heads if num_heads else 0))
     rope_dims = _field(reader, f"{arch}.rope.dimension_count")
     if rope_dims is not None and rope_dims != head_dim:
         raise InputError(f"{arch}.rope.dimension_count", rope_dims, f"partial RoPE (head_dim {head_dim}) is unsupported")

@@ -18,18 +18,18 @@ quantised on the way. Left in the model dtype, on purpose:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Literal, get_args
+from typing import get_args
 
 import torch
 from torch import Tensor, nn
 
+from engine.dtypes import QuantWeightDtype
 from engine.model.layers import Linear
 from engine.model.moe import SparseMoE
 from engine.quant.linear import Fp8Linear, Int4Linear, Int8Kernel, Int8Linear
 from engine.quant.smooth import activation_amax, smoothing_factors
 
-WeightDtype = Literal["int8", "int4", "fp8"]
-WEIGHT_DTYPES: tuple[str, ...] = get_args(WeightDtype)
+WEIGHT_DTYPES: tuple[str, ...] = get_args(QuantWeightDtype)
 
 
 def quantizable_linears(model: nn.Module) -> dict[str, tuple[nn.Module, str, Linear]]:
@@ -45,7 +45,7 @@ def quantizable_linears(model: nn.Module) -> dict[str, tuple[nn.Module, str, Lin
 @torch.no_grad()
 def quantize_model(
     model: nn.Module,
-    weight_dtype: WeightDtype,
+    weight_dtype: QuantWeightDtype,
     group_size: int = 128,
     int8_kernel: Int8Kernel = "auto",
     checkpoint_groups: Mapping[str, tuple[Tensor, ...]] | None = None,

@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from jinja2 import TemplateError
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, Field
+from pydantic import BaseModel
 
 from engine.core import SamplingParams, StructuredOutput
 from engine.errors import InputError
@@ -46,24 +46,12 @@ from engine.serve.protocol import (
     Usage,
     error_body,
 )
+from engine.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
     from engine.llm import LLM
 
 T = TypeVar("T")
-
-
-class ServeSettings(BaseModel):
-    """The server's own limits (the engine's are in EngineConfig)."""
-
-    served_model_name: str = Field(description="Model name clients send and /v1/models lists")
-    max_prompt_tokens: int | None = Field(None, ge=1, description="Longest prompt accepted; default: max_model_len - 1")
-    max_output_tokens: int | None = Field(None, ge=1, description="Largest max_tokens accepted; default: max_model_len - 1")
-    max_waiting_requests: int = Field(256, ge=0, description="Requests waiting for the engine before new ones get 429")
-    retry_after_s: int = Field(1, ge=1, le=3600, description="Retry-After of a 429, seconds")
-    max_body_bytes: int = Field(4 * 2**20, ge=1024, description="Largest request body")
-    shutdown_timeout_s: float = Field(30.0, ge=0, description="On SIGINT/SIGTERM, how long in-flight requests may "
-                                      "finish before they are aborted")
 
 
 class ApiError(Exception):
@@ -81,6 +69,7 @@ class OpenAIServer:
 
     def __init__(self, llm: LLM, settings: ServeSettings) -> None:
         self.llm, self.settings = llm, settings
+        assert settings.served_model_name is not None, "the front end names the served model"
         self.model_name = settings.served_model_name
         room = llm.max_model_len - 1
         self.max_prompt_tokens = min(settings.max_prompt_tokens or room, room)

@@ -7,18 +7,19 @@ from typing import TYPE_CHECKING
 
 import uvicorn
 
-from engine.serve.api import OpenAIServer, ServeSettings, build_app
+from engine.serve.api import OpenAIServer, build_app
+from engine.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
     from engine.llm import LLM
 
 
-def uvicorn_server(llm: LLM, settings: ServeSettings, host: str, port: int, log_level: str = "info") -> uvicorn.Server:
+def uvicorn_server(llm: LLM, settings: ServeSettings, log_level: str = "info") -> uvicorn.Server:
     app = build_app(OpenAIServer(llm, settings))
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False,
                             timeout_graceful_shutdown=settings.shutdown_timeout_s, lifespan="on")
     return uvicorn.Server(config)
 
 
-def serve(llm: LLM, settings: ServeSettings, host: str, port: int) -> None:
-    uvicorn_server(llm, settings, host, port).run()
+def serve(llm: LLM, settings: ServeSettings) -> None:
+    uvicorn_server(llm, settings).run()

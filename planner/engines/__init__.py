@@ -5,7 +5,8 @@ A profile says how the engine schedules (default budgets, chunked prefill, mixed
 batching, admission and preemption), how it executes (CUDA-graph sizes, whether host work overlaps
 the GPU), what its server adds (API server and tokeniser time), how it sizes its KV cache at
 start-up (memory rules), and its per-step host costs. Every default carries its source; the costs
-are estimates until the public fit (planner/public) replaces them.
+are estimates until the public fit (planner/public) replaces them. docs/engine-profiles.md explains
+each engine's behaviour; its tables are generated from these files (planner/engines/docs.py).
 """
 
 from __future__ import annotations
@@ -14,39 +15,117 @@ from functools import cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from packaging.version import InvalidVersion, Version
 import yaml
 
 from engine.errors import InputError, unknown_name_error
 
 PROFILE_DIR = Path(__file__).parent
 EngineName = Literal["vllm", "sglang", "trtllm", "serveplan"]
+Batching = Literal["mixed", "prefill_first"]
 DEFAULT_ENGINE = "vllm-0.11"  # the most widely used engine, its current release line
+MIB_PER_GIB = 1024
 
 
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class _Sourced(_Spec):
+    """A section whose defaults each have a source: `sources` lists them all, `field_sources`
+    says which one backs which field (docs/engine-profiles.md prints one per field)."""
+
+    sources: tuple[str, ...] = Field(min_length=1)
+    field_sources: dict[str, str] = Field(
+        default_factory=dict, description="Field name -> the URL (code at a tag or commit, or docs) it comes from"
+    )
+
+    @model_validator(mode="after")
+    def _field_sources_name_fields(self) -> _Sourced:
+        unknown = set(self.field_sources) - set(type(self).model_fields) - {"sources", "field_sources"}
+        if unknown:
+            raise ValueError(f"field_sources names unknown fields {sorted(unknown)}")
+        unlisted = set(self.field_sources.values()) - set(self.sources)
+        if unlisted:
+            raise ValueError(f"field_sources cites URLs missing from sources: {sorted(unlisted)}")
+        return self
+
+
 class DeviceDefaults(_Spec):
-    """Scheduling defaults an engine picks by device (vLLM V1: larger budgets on >= 70 GiB GPUs but A100)."""
+    """Defaults an engine picks by device (vLLM V1: larger budgets on >= 70 GiB GPUs but A100;
+    SGLang: chunked-prefill size and largest CUDA graph by GPU memory and TP size)."""
 
     min_memory_gib: float | None = Field(None, ge=0, description="Applies to devices with at least this memory")
     max_memory_gib: float | None = Field(None, ge=0, description="... and at most this memory")
     families: tuple[str, ...] | None = Field(None, description="Only these hardware families (profile `family`)")
     not_families: tuple[str, ...] = Field((), description="Never these families")
+    min_tp: int | None = Field(None, ge=1, description="Only with at least this tensor-parallel size")
     max_num_seqs: int | None = Field(None, ge=1)
     max_num_batched_tokens: int | None = Field(None, ge=1)
+    offline_max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="The offline (LLM class) budget on these devices, where it differs"
+    )
+    max_graph_batch_size: int | None = Field(None, ge=1, description="Largest decode batch captured on these devices")
+    source: str
+
+    def matches(self, family: str, memory_gib: float, tp: int) -> bool:
+        return not (
+            (self.min_memory_gib is not None and memory_gib < self.min_memory_gib)
+            or (self.max_memory_gib is not None and memory_gib > self.max_memory_gib)
+            or (self.families is not None and family not in self.families)
+            or family in self.not_families
+            or (self.min_tp is not None and tp < self.min_tp)
+        )
+
+
+class LongContextChunking(_Spec):
+    """vLLM V0: with --enable-chunked-prefill unset, chunked prefill switches itself on for models
+    whose max_model_len exceeds a threshold (to keep the profiling pass from running out of memory),
+    with its own small token budget, and the scheduler then mixes decodes and chunks."""
+
+    above_max_model_len: int = Field(ge=1, description="Chunked prefill turns on when max_model_len exceeds this")
+    max_num_batched_tokens: int = Field(ge=1, description="Default budget once it is on")
+    batching: Batching = Field(description="How a step is built once it is on")
     source: str
 
 
-class Scheduling(_Spec):
-    max_num_seqs: int = Field(ge=1, description="Default most requests running at once")
+class RunningFromKV(_Spec):
+    """SGLang: with --max-running-requests unset, the cap follows the KV pool:
+    min(kv_tokens // kv_tokens_per_request, request slots), where the request-slot pool holds
+    clamp(int(kv_tokens / context_len * slots_per_context_len), min_slots, max_slots) - reserved_slots."""
+
+    kv_tokens_per_request: int = Field(ge=1)
+    slots_per_context_len: int = Field(ge=1)
+    min_slots: int = Field(ge=1)
+    max_slots: int = Field(ge=1)
+    reserved_slots: int = Field(0, ge=0, description="Slots the cap leaves unused (SGLang 0.3.0: one)")
+    source: str
+
+    def cap(self, kv_tokens: int, context_len: int) -> int:
+        slots = min(max(int(kv_tokens / context_len * self.slots_per_context_len), self.min_slots), self.max_slots)
+        return min(kv_tokens // self.kv_tokens_per_request, slots - self.reserved_slots)
+
+
+class Scheduling(_Sourced):
+    max_num_seqs: int = Field(ge=1, description="Default most requests running at once (with running_from_kv: its ceiling)")
     max_num_batched_tokens: int = Field(ge=1, description="Default token budget per step (chunked-prefill chunk)")
+    offline_max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="Default budget of the offline LLM class where it differs from the API server's "
+        "(vLLM V1 picks by usage context)"
+    )
     device_defaults: tuple[DeviceDefaults, ...] = Field((), description="First matching rule wins over the defaults")
     enable_chunked_prefill: bool = Field(description="Default; without it a prompt is prefilled whole in one step")
+    long_context_chunking: LongContextChunking | None = Field(
+        None, description="Chunked prefill that switches itself on for long max_model_len (vLLM V0)"
+    )
+    budget_covers_max_model_len: bool = Field(
+        False, description="Without chunked prefill the default budget is max(max_model_len, max_num_batched_tokens), "
+        "so any prompt fits one step (vLLM V0)"
+    )
+    running_from_kv: RunningFromKV | None = Field(None, description="The running-request cap follows the KV pool (SGLang)")
     enable_prefix_caching: bool
-    batching: Literal["mixed", "prefill_first"] = Field(
+    batching: Batching = Field(
         description="mixed: a step runs decodes and prefill chunks together (vLLM V1, TensorRT-LLM in-flight batching); "
         "prefill_first: while prompts wait and fit, a step prefills only and decodes stall (vLLM V0, SGLang)"
     )
@@ -56,15 +135,63 @@ class Scheduling(_Spec):
         "reserve_ratio: reserve admission_ratio x max_tokens of future output per running request (SGLang)"
     )
     admission_ratio: float | None = Field(None, gt=0, le=1, description="reserve_ratio: share of max_tokens reserved")
-    preemption: Literal["recompute", "swap"] = "recompute"
+    admission_ratio_min: float | None = Field(
+        None, gt=0, le=1, description="reserve_ratio: the share decays to this floor while decoding goes well"
+    )
+    admission_ratio_decay: float | None = Field(
+        None, ge=0, description="reserve_ratio: subtracted from the share after every decode step; the share "
+        "returns to admission_ratio when the engine idles and is raised after a retraction"
+    )
+    admission_clip_tokens: int | None = Field(
+        None, ge=1, description="reserve_ratio: max_tokens counts at most this many tokens in the reservation, and an "
+        "admitted request reserves min(max_tokens, this) in full"
+    )
+    preemption: Literal["recompute", "swap", "none"] = Field(
+        "recompute", description="What a request short of KV loses: recompute (frees its blocks, prefills again), "
+        "swap (to host memory), none (admission guarantees it never runs short)"
+    )
     num_scheduler_steps: int = Field(1, ge=1, description="Decode steps per scheduling decision (vLLM 0.6 multi-step)")
+    decode_steps_without_streams: int = Field(
+        1, ge=1, description="Decode steps run back to back before waiting prompts are looked at again when no running "
+        "request streams its output (SGLang 0.3.0-0.3.3: 10)"
+    )
     block_size_tokens: int = Field(ge=1, description="KV-cache page size")
-    sources: tuple[str, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _ratio_fields_only_with_reserve_ratio(self) -> Scheduling:
+        ratio_fields = ("admission_ratio_min", "admission_ratio_decay", "admission_clip_tokens")
+        if self.admission != "reserve_ratio" and any(getattr(self, f) is not None for f in ratio_fields):
+            raise ValueError(f"{', '.join(ratio_fields)} apply only when admission is 'reserve_ratio'")
+        if self.admission_ratio_min is not None and self.admission_ratio is not None \
+                and self.admission_ratio_min > self.admission_ratio:
+            raise ValueError("admission_ratio_min must not exceed admission_ratio")
+        if self.running_from_kv is not None and self.running_from_kv.max_slots - self.running_from_kv.reserved_slots \
+                != self.max_num_seqs:
+            raise ValueError("with running_from_kv, max_num_seqs is its ceiling: max_slots - reserved_slots")
+        if self.long_context_chunking is not None and self.enable_chunked_prefill:
+            raise ValueError("long_context_chunking describes a default that is off below the threshold")
+        return self
 
 
-class Execution(_Spec):
+class Execution(_Sourced):
     cuda_graphs: bool = Field(description="Decode steps replay captured graphs by default")
     max_graph_batch_size: int = Field(ge=1, description="Largest decode batch captured")
+    graph_batch_sizes: tuple[int, ...] | None = Field(
+        None, description="The capture pattern, where it is not 1, 2, 4 and multiples of 8: the sizes up to the "
+        "device's largest captured batch are captured"
+    )
+    graph_padding: bool = Field(
+        True, description="A decode batch is padded up to the next captured size; otherwise only a batch of exactly a "
+        "captured size replays a graph (TensorRT-LLM's default enable_padding=False)"
+    )
+    graph_max_context_len: int | None = Field(
+        None, ge=1, description="Decode steps whose longest sequence exceeds this run eagerly (vLLM V0 "
+        "max_seq_len_to_capture)"
+    )
+    graphs_cover_mixed_steps: bool = Field(
+        False, description="Steps with prefill tokens replay piecewise graphs too, up to max_graph_batch_size tokens, "
+        "with attention run eagerly between the pieces (vLLM V1)"
+    )
     overlap_host: bool = Field(
         description="Host work of step n+1 (scheduling, input preparation) overlaps the GPU work of step n "
         "(SGLang's overlap scheduler, TensorRT-LLM); otherwise it adds to every step"
@@ -72,7 +199,13 @@ class Execution(_Spec):
     kv_scale_format: Literal["per_tensor", "per_token_head"] = Field(
         description="FP8 KV-cache scales: one per tensor (no extra bytes) or one per (token, head) (ServePlan's engine)"
     )
-    sources: tuple[str, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _graph_sizes_ascend(self) -> Execution:
+        sizes = self.graph_batch_sizes
+        if sizes is not None and (list(sizes) != sorted(set(sizes)) or self.max_graph_batch_size not in sizes):
+            raise ValueError("graph_batch_sizes must ascend without repeats and contain max_graph_batch_size")
+        return self
 
 
 class Overheads(_Spec):
@@ -87,22 +220,70 @@ class Overheads(_Spec):
     provenance: str
 
 
-class Memory(_Spec):
+class UtilizationByTP(_Spec):
+    """SGLang <= 0.4: mem_fraction_static by tensor-parallel size."""
+
+    min_tp: int = Field(ge=1)
+    utilization: float = Field(gt=0, le=1)
+
+
+class ReservedMemory(_Spec):
+    """SGLang >= 0.5.3 with mem_fraction_static unset: round((device MiB - reserved MiB) / device MiB, 3), with
+    reserved = base + per_budget_token x max(chunked_prefill_size, min_budget_tokens)
+    + per_graph_batch x cuda_graph_max_bs + per_gpu x tp x pp, at least floor_mib on devices above floor_above_mib."""
+
+    base_mib: float = Field(ge=0)
+    per_budget_token_mib: float = Field(ge=0)
+    min_budget_tokens: int = Field(ge=0)
+    per_graph_batch_mib: float = Field(ge=0)
+    per_gpu_mib: float = Field(ge=0)
+    floor_mib: float = Field(ge=0)
+    floor_above_mib: float = Field(ge=0)
+    source: str
+
+    def utilization(self, device_mib: float, budget_tokens: int, graph_batch: int, gpus: int) -> float:
+        reserved = (self.base_mib + self.per_budget_token_mib * max(budget_tokens, self.min_budget_tokens)
+                    + self.per_graph_batch_mib * graph_batch + self.per_gpu_mib * gpus)
+        if device_mib > self.floor_above_mib:
+            reserved = max(reserved, self.floor_mib)
+        return round((device_mib - reserved) / device_mib, 3)
+
+
+class Memory(_Sourced):
     """How the engine sizes its KV cache at start-up (issue 23)."""
 
     utilization_default: float = Field(gt=0, le=1, description="gpu_memory_utilization / mem_fraction_static / "
-                                       "free_gpu_memory_fraction default")
-    utilization_of: Literal["total", "free_after_weights"] = Field(
-        description="total: the share of device memory the engine may use for everything (vLLM, SGLang); "
+                                       "free_gpu_memory_fraction default (where no rule below applies)")
+    utilization_by_tp: tuple[UtilizationByTP, ...] = Field(
+        (), description="The default by tensor-parallel size: the first rule with min_tp <= tp wins (SGLang 0.3)"
+    )
+    reserved_rule: ReservedMemory | None = Field(None, description="The default from an estimate of what the KV pool "
+                                                 "must leave free (SGLang 0.5)")
+    utilization_of: Literal["total", "free_at_start", "free_after_weights"] = Field(
+        description="total: the share of device memory the engine may use for everything (vLLM); "
+        "free_at_start: the share of the memory free when the engine starts (after the CUDA context and "
+        "communicators) that weights and the KV pool may use (SGLang); "
         "free_after_weights: the share of memory still free after loading weights that goes to KV (TensorRT-LLM)"
     )
     activation_profile: Literal["budget", "none"] = Field(
         description="budget: a profiling forward pass at the token budget sets the activation reserve (vLLM); "
         "none: a fixed reserve (see reserve_gib)"
     )
+    sampler_in_profile: bool = Field(
+        False, description="The profiling pass also samples one row of logits per request for up to max_num_seqs "
+        "requests, so the sampler's peak (requests x vocabulary, fp32) is reserved too (vLLM)"
+    )
     reserve_gib: float = Field(0.0, ge=0, description="Fixed memory kept out of the KV cache beyond the rules above")
     cuda_graph_in_budget: bool = Field(description="CUDA-graph memory is taken out of the KV cache budget")
-    sources: tuple[str, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> Memory:
+        if self.utilization_by_tp and self.reserved_rule is not None:
+            raise ValueError("give utilization_by_tp or reserved_rule, not both")
+        tps = [rule.min_tp for rule in self.utilization_by_tp]
+        if tps != sorted(tps, reverse=True):
+            raise ValueError("utilization_by_tp rules must go from the largest min_tp down (the first match wins)")
+        return self
 
 
 class EngineProfile(_Spec):
@@ -110,6 +291,9 @@ class EngineProfile(_Spec):
     display_name: str
     engine: EngineName
     versions: str = Field(description="Releases the profile describes, e.g. '0.10.x-0.11.x'")
+    releases: tuple[str, str] | None = Field(
+        None, description="First and last release the profile covers (PEP 440, inclusive; the last may be a bound such as "
+        "'0.11.99'), for matching a run's engine version; None: not a released engine (ServePlan's own)")
     scheduling: Scheduling
     execution: Execution
     overheads: Overheads
@@ -123,25 +307,77 @@ class EngineProfile(_Spec):
             raise ValueError("admission_ratio is set exactly when admission is 'reserve_ratio'")
         return self
 
-    def scheduling_defaults(self, family: str, memory_gib: float) -> tuple[int, int]:
-        """(max_num_seqs, max_num_batched_tokens) this engine picks on a device of `family` with `memory_gib`."""
-        s = self.scheduling
-        for rule in s.device_defaults:
-            if rule.min_memory_gib is not None and memory_gib < rule.min_memory_gib:
-                continue
-            if rule.max_memory_gib is not None and memory_gib > rule.max_memory_gib:
-                continue
-            if (rule.families is not None and family not in rule.families) or family in rule.not_families:
-                continue
-            return rule.max_num_seqs or s.max_num_seqs, rule.max_num_batched_tokens or s.max_num_batched_tokens
-        return s.max_num_seqs, s.max_num_batched_tokens
+    def _device_rule(self, family: str, memory_gib: float, tp: int) -> DeviceDefaults | None:
+        return next((r for r in self.scheduling.device_defaults if r.matches(family, memory_gib, tp)), None)
+
+    def _long_context(self, max_model_len: int | None) -> LongContextChunking | None:
+        rule = self.scheduling.long_context_chunking
+        if rule is None and not self.scheduling.budget_covers_max_model_len:
+            return None
+        if max_model_len is None:
+            raise InputError("max_model_len", None, f"{self.name} picks chunked prefill and its token budget from "
+                             "max_model_len; give it")
+        return rule if rule is not None and max_model_len > rule.above_max_model_len else None
+
+    def scheduling_defaults(
+        self, family: str, memory_gib: float, *, tp: int = 1, offline: bool = False, max_model_len: int | None = None
+    ) -> tuple[int, int]:
+        """(max_num_seqs, max_num_batched_tokens) this engine picks on a device of `family` with `memory_gib`,
+        for the API server (or the offline LLM class); engines whose budget follows max_model_len need it."""
+        s, rule = self.scheduling, self._device_rule(family, memory_gib, tp)
+        seqs = rule.max_num_seqs if rule and rule.max_num_seqs else s.max_num_seqs
+        tokens = rule.max_num_batched_tokens if rule and rule.max_num_batched_tokens else s.max_num_batched_tokens
+        if offline:
+            tokens = (rule.offline_max_num_batched_tokens if rule and rule.offline_max_num_batched_tokens
+                      else s.offline_max_num_batched_tokens or tokens)
+        long_context = self._long_context(max_model_len)
+        if long_context is not None:
+            return seqs, long_context.max_num_batched_tokens
+        if s.budget_covers_max_model_len and not s.enable_chunked_prefill and max_model_len is not None:
+            tokens = max(max_model_len, tokens)
+        return seqs, tokens
+
+    def chunked_prefill_default(self, max_model_len: int | None = None) -> bool:
+        return self.scheduling.enable_chunked_prefill or self._long_context(max_model_len) is not None
+
+    def batching_default(self, max_model_len: int | None = None) -> Batching:
+        long_context = self._long_context(max_model_len)
+        return long_context.batching if long_context is not None else self.scheduling.batching
+
+    def max_running_requests(
+        self, family: str, memory_gib: float, *, kv_tokens: int, context_len: int, tp: int = 1
+    ) -> int:
+        """The running-request cap once the KV pool holds `kv_tokens` for a model of `context_len`."""
+        seqs, _ = self.scheduling_defaults(family, memory_gib, tp=tp, max_model_len=context_len)
+        rule = self.scheduling.running_from_kv
+        return seqs if rule is None else min(seqs, rule.cap(kv_tokens, context_len))
+
+    def max_graph_batch_size(self, family: str, memory_gib: float, *, tp: int = 1) -> int:
+        rule = self._device_rule(family, memory_gib, tp)
+        return rule.max_graph_batch_size if rule and rule.max_graph_batch_size else self.execution.max_graph_batch_size
+
+    def memory_utilization(self, family: str, memory_gib: float, *, tp: int = 1, pp: int = 1) -> float:
+        """The default utilisation share on a device with `memory_gib` as the device reports it (SGLang reads
+        nvidia-smi's total, e.g. 81559 MiB on an H100 SXM, not the marketed 80 GB)."""
+        m = self.memory
+        for rule in m.utilization_by_tp:
+            if tp >= rule.min_tp:
+                return rule.utilization
+        if m.reserved_rule is not None:
+            _, budget = self.scheduling_defaults(family, memory_gib, tp=tp)
+            graph_batch = self.max_graph_batch_size(family, memory_gib, tp=tp)
+            return m.reserved_rule.utilization(memory_gib * MIB_PER_GIB, budget, graph_batch, tp * pp)
+        return m.utilization_default
 
 
 def load_engine_profile(path: Path) -> EngineProfile:
     try:
-        data = yaml.safe_load(path.read_text())
-        return EngineProfile.model_validate(data)
-    except (yaml.YAMLError, ValueError) as exc:
+        return EngineProfile.model_validate(yaml.safe_load(path.read_text()))
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error["loc"]) or "top level"
+        raise InputError("engine profile", f"{path.name} at {where}", error["msg"][:200]) from None
+    except yaml.YAMLError as exc:
         raise InputError("engine profile", path.name, str(exc).splitlines()[0][:200]) from None
 
 
@@ -154,6 +390,25 @@ def engine_catalog() -> dict[str, EngineProfile]:
             raise InputError(f"{path.name}: name", profile.name, f"must equal the file name {path.stem!r}")
         profiles[profile.name] = profile
     return profiles
+
+
+def engine_for_release(engine: EngineName, version: str) -> tuple[EngineProfile, str | None]:
+    """The profile of `engine` whose releases cover `version`, and a note when none does: then the
+    nearest release line (the newest for an unknown or newer version, the oldest for an older one)."""
+    lines = sorted((p for p in engine_catalog().values() if p.engine == engine and p.releases),
+                   key=lambda p: Version(p.releases[0]))  # type: ignore[index]
+    if not lines:
+        raise InputError("engine", engine, f"no profile describes a release of {engine}")
+    try:
+        wanted = Version(version)
+    except InvalidVersion:
+        return lines[-1], f"{engine} version {version!r} unknown: {lines[-1].name} (the newest line) assumed"
+    for profile in lines:
+        low, high = profile.releases  # type: ignore[misc]
+        if Version(low) <= wanted <= Version(high):
+            return profile, None
+    nearest = lines[0] if wanted < Version(lines[0].releases[0]) else lines[-1]  # type: ignore[index]
+    return nearest, f"{engine} {version} is outside every profile: {nearest.name} (the nearest line) assumed"
 
 
 def get_engine(name: str) -> EngineProfile:

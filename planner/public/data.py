@@ -2,9 +2,9 @@
 is fitted to and checked against, each entry with its source and the conditions it was run under.
 
 Two files under planner/data/, validated by the models below:
-- `public_measurements.json`: one figure per entry (a throughput or a latency statistic of one
-  benchmark run), with the engine, its flags, the benchmark client's semantics and the request
-  lengths as published, so the simulator can replay the run as it was run;
+- `public_measurements.json`: one benchmark run per entry, with the engine, its flags, the
+  benchmark client's semantics and the request lengths as published, so the simulator can replay
+  it as it was run, and the figures it produced (throughputs and latency statistics);
 - `startup_logs.json`: what an engine reported about its memory at start-up (weights, KV-cache
   GiB and tokens, activation peak, CUDA-graph memory) for one deployment.
 
@@ -85,8 +85,9 @@ class Lengths(_Data):
     input_tokens: int | None = Field(None, ge=1, description="random/fixed: the nominal prompt length")
     output_tokens: int | None = Field(None, ge=1, description="random/fixed: the nominal output length")
     random_range_ratio: float | None = Field(
-        None, ge=0, le=1, description="random: the client's range ratio when stated (vLLM default 0: exact lengths; "
-        "SGLang's default samples uniformly below the nominal length)"
+        None, ge=0, le=1, description="random: the client's --random-range-ratio r as run; its meaning depends on "
+        "client.tool: vllm-bench-serve draws lengths uniformly in [L(1-r), L(1+r)] (default 0: exact lengths), "
+        "sglang-bench-serving draws inputs in [max(1, rL), L] and outputs in [rL, L] (default 0: uniform below L)"
     )
     mean_input_tokens: float | None = Field(None, gt=0, description="Published totals / prompts, when given")
     mean_output_tokens: float | None = Field(None, gt=0, description="Published totals / prompts, when given")
@@ -141,23 +142,17 @@ class Deployment(_Data):
     quantization_as_published: str = Field("", description="e.g. 'FP8 dynamic', 'AWQ int4', '' for none")
 
 
-class PublicMeasurement(_Data):
+class Figure(_Data):
+    """One published figure of a run."""
+
     id: str = Field(pattern=r"^[a-z0-9][a-z0-9._\-]*$")
-    source_url: str
-    source_key: str = Field(description="One publication; the unit left out in leave-one-source-out")
-    run_key: str = Field(description="Figures sharing a run_key come from one benchmark run (one simulation)")
-    deployment: Deployment
-    engine: EngineRun
-    client: Client
-    lengths: Lengths
     metric: Metric
     value: float = Field(gt=0)
     unit: Literal["req/s", "tokens/s", "ms"]
-    confidence: Literal["high", "medium", "low"]
-    notes: str = ""
+    source_url: str | None = Field(None, description="Where it is printed, when not at the run's source_url")
 
     @model_validator(mode="after")
-    def _unit_matches(self) -> PublicMeasurement:
+    def _unit_matches(self) -> Figure:
         expected = "ms" if metric_family(self.metric) != "throughput" else (
             "req/s" if self.metric == "request_throughput" else "tokens/s")
         if self.unit != expected:
@@ -169,18 +164,46 @@ class PublicMeasurement(_Data):
         return metric_family(self.metric)
 
 
+class PublicRun(_Data):
+    """One benchmark run as published: its conditions once, its figures under it (one simulation)."""
+
+    run_key: str
+    source_key: str = Field(description="One publication; the unit left out in leave-one-source-out")
+    source_url: str
+    deployment: Deployment
+    engine: EngineRun
+    client: Client
+    lengths: Lengths
+    confidence: Literal["high", "medium", "low"]
+    notes: str = ""
+    figures: tuple[Figure, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _one_figure_per_metric(self) -> PublicRun:
+        metrics = [f.metric for f in self.figures]
+        if len(metrics) != len(set(metrics)):
+            raise ValueError(f"run {self.run_key!r} gives a metric twice")
+        return self
+
+
 class StartupReport(_Data):
     """What the engine printed about its memory; None where the log does not say."""
 
     weights_gib: float | None = Field(None, gt=0, description="vLLM: 'Model loading took X GiB'")
-    kv_cache_gib: float | None = Field(None, gt=0, description="vLLM: 'Available KV cache memory: X GiB'")
+    kv_cache_gib: float | None = Field(
+        None, description="vLLM: 'Available KV cache memory: X GiB' (negative when the engine found no room and refused "
+        "to start); SGLang: K size + V size of 'KV Cache is allocated'")
     kv_cache_tokens: int | None = Field(None, gt=0, description="vLLM: 'GPU KV cache size: N tokens'")
     num_gpu_blocks: int | None = Field(None, gt=0, description="'# GPU blocks: N' (older vLLM)")
     activation_peak_gib: float | None = Field(None, ge=0, description="'torch peak memory increase' of the profile run")
     non_torch_gib: float | None = Field(None, ge=0, description="'non-torch memory' (NCCL buffers, CUDA context)")
-    cuda_graph_gib: float | None = Field(None, ge=0, description="'Graph capturing finished ... took X GiB'")
+    cuda_graph_gib: float | None = Field(
+        None, description="'Graph capturing finished ... took X GiB': the change of free memory around capture, which "
+        "vLLM can print negative")
     max_concurrency: float | None = Field(None, gt=0, description="'Maximum concurrency for N tokens per request: X'")
     total_gpu_memory_gib: float | None = Field(None, gt=0, description="Device memory the engine saw, when printed")
+    free_gpu_memory_gib: float | None = Field(
+        None, gt=0, description="'Free memory on device (free/total GiB) on startup', before the engine allocated anything")
 
 
 class StartupLog(_Data):
@@ -199,7 +222,7 @@ class StartupLog(_Data):
 class _MeasurementFile(_Data):
     about: str
     attribution: str
-    measurements: list[PublicMeasurement]
+    runs: list[PublicRun]
 
 
 class _StartupFile(_Data):
@@ -209,8 +232,8 @@ class _StartupFile(_Data):
 
 
 @cache
-def public_measurements() -> tuple[PublicMeasurement, ...]:
-    return tuple(_MeasurementFile.model_validate(json.loads(MEASUREMENTS_FILE.read_text())).measurements)
+def public_runs() -> tuple[PublicRun, ...]:
+    return tuple(_MeasurementFile.model_validate(json.loads(MEASUREMENTS_FILE.read_text())).runs)
 
 
 @cache

@@ -69,8 +69,8 @@ class Screen:
 
 def slo_limits_ms(slo: SLO) -> dict[str, tuple[float, float]]:
     """metric -> (tightest per-request or percentile limit, quantile of requests it binds)."""
-    limits = {metric: (limit, max(0.99 if getattr(slo, f"{metric}_p99_ms") is not None else 0.5, slo.goodput_share))
-              for metric, limit in slo.request_limits_ms().items() if metric in ("ttft", "tpot")}
+    limits = {metric: (bound[0], max(bound[1], slo.goodput_share))
+              for metric in ("ttft", "tpot") if (bound := slo.request_limit_ms(metric)) is not None}
     if slo.itl_p99_ms is not None:
         tpot = limits.get("tpot")
         limits["tpot"] = (min(slo.itl_p99_ms, tpot[0]) if tpot else slo.itl_p99_ms, 0.99)

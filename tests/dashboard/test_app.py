@@ -12,6 +12,8 @@ import pytest
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402 (after the skip check)
 
+from tests.dashboard.apptest import open_page  # noqa: E402
+
 from dashboard import compute  # noqa: E402
 from engine.catalog import resolve_model  # noqa: E402
 from engine.errors import InputError  # noqa: E402
@@ -21,25 +23,7 @@ from planner.specs import Deployment  # noqa: E402
 from planner.validate import ValidationReport, ValidationRow  # noqa: E402
 from planner.workload import get_workload  # noqa: E402
 
-APP = str(Path(__file__).resolve().parents[2] / "app.py")
 SMALL = {"requests": "60", "rate": "4"}  # a few seconds of simulated chat on an H100
-
-
-@pytest.fixture(autouse=True)
-def plan_cache(tmp_path, monkeypatch):
-    """Keep the planner's on-disk cache out of the user's home."""
-    monkeypatch.setattr("planner.search.DEFAULT_CACHE_DIR", tmp_path / "serveplan-cache")
-
-
-def open_page(page: str, **params: str) -> AppTest:
-    """The app on `page` (dashboard/pages/<page>.py) with URL query parameters `params`, run once."""
-    at = AppTest.from_file(APP, default_timeout=120)
-    if page != "plan":
-        at.run()  # the default page (Plan) draws its form only; switching needs one run first
-        at.switch_page(f"dashboard/pages/{page}.py")
-    for key, value in params.items():
-        at.query_params[key] = value
-    return at.run()
 
 
 def errors(at: AppTest) -> list[str]:
@@ -75,7 +59,8 @@ def test_plan_bad_slo_is_an_in_page_error():
 def test_plan_zero_rate_is_an_in_page_error():
     at = open_page("plan", hw="h100-sxm", rate="0", run="true")
     assert not at.exception
-    assert errors(at) == ["rate=0.0 is invalid: must be > 0 requests/s"]
+    assert errors(at) == ["URL parameter rate='0' is invalid: must be a finite number in 0.001..1e+06 (requests/s)"]
+    assert not at.subheader  # refused, not replaced: nothing was planned
 
 
 # --------------------------------------------------------------------------- Simulate
@@ -102,9 +87,9 @@ def test_simulate_input_goes_to_the_url_and_a_cached_rerun_answers():
 
 
 @pytest.mark.parametrize(("params", "message"), [
-    ({"tp": "3"}, "tp=3 is invalid: must divide the 32 attention heads"),
-    ({"rate": "0"}, "rate=0.0 is invalid"),
-    ({"slo": "latency<=5"}, "--slo='latency<=5' is invalid"),
+    ({"tp": "3"}, "Tensor parallel (GPUs per replica): 3 is invalid: must divide the 32 attention heads"),
+    ({"rate": "0"}, "URL parameter rate='0' is invalid"),
+    ({"slo": "latency<=5"}, "SLO: 'latency<=5' is invalid"),
     ({"model": "llama-3.1-70b", "hw": "l4"}, "is invalid"),  # 70B in bf16 does not fit one L4
 ])
 def test_simulate_bad_input_is_an_in_page_error(params, message):
@@ -144,7 +129,7 @@ def test_compare_bad_variant_and_speculative_variant_are_reported_in_page():
     at = open_page("compare", variants=json.dumps(rows), **SMALL)
     assert not at.exception
     assert any("Speculative decoding is not modelled" in w.value for w in at.warning)
-    assert any("tp=3 is invalid" in e for e in errors(at))
+    assert any("variant 'B': tensor_parallel=3 is invalid" in e for e in errors(at)), errors(at)
 
 
 # --------------------------------------------------------------------------- Memory
@@ -162,7 +147,8 @@ def test_memory_breakdown_and_concurrency_curve():
 def test_memory_bad_context_is_an_in_page_error():
     at = open_page("memory", context="999999")
     assert not at.exception
-    assert any("context=999999 is invalid" in e for e in errors(at))
+    assert any("Context per sequence (tokens): 999999 is invalid: exceeds the model's max_position_embeddings" in e
+               for e in errors(at)), errors(at)
 
 
 # --------------------------------------------------------------------------- Hardware
@@ -180,42 +166,67 @@ def test_hardware_catalog_and_roofline():
     assert (prefill["intensity (FLOP/byte)"].to_numpy() > 5 * decode["intensity (FLOP/byte)"].to_numpy()).all()
 
 
-def test_hardware_unknown_url_value_falls_back_with_a_warning():
+def test_hardware_bad_url_value_is_refused_not_replaced():
     at = open_page("hardware", batch="many")
     assert not at.exception
-    assert any("batch='many' ignored" in w.value for w in at.warning)
+    assert errors(at) == ["URL parameter batch='many' is invalid: must be an integer in 1..4096 (requests)"]
+    assert not at.dataframe  # the page stopped: nothing drawn from a substitute
 
 
 # --------------------------------------------------------------------------- Validate
 
 
-def test_validate_explains_how_to_produce_a_missing_report(tmp_path):
-    at = open_page("validate", report=str(tmp_path / "none.json"))
-    assert not at.exception
-    assert "serveplan validate" in at.info[0].value
-
-
-def test_validate_shows_a_report_and_rejects_a_malformed_one(tmp_path):
+def _report_json() -> str:
     model = resolve_model("llama-3.1-8b")
     summary = simulate(model, get_hardware("h100-sxm"), Deployment(hardware="h100-sxm"),
                        get_workload("chat", num_requests=20)).summary
     errors_pct = {"ttft_ms.mean": 4.0, "ttft_ms.p99": -12.0, "tpot_ms.mean": 2.0, "e2e_ms.mean": 3.0,
                   "throughput.output_tokens_per_s": -1.0}
-    report = ValidationReport(
+    return ValidationReport(
         model=model.name, calibration="cal.json", hardware_profile="local", fit_median_abs_error_pct=1.5,
         rows=[ValidationRow(scenario="poisson-2", description="Poisson 2 req/s", engine=summary, simulator=summary,
                             error_pct=errors_pct)],
         median_abs_error_pct={k: abs(v) for k, v in errors_pct.items()},
-        bounds_pct={"ttft_ms.mean": 10.0, "ttft_ms.p99": 20.0}, passed=True)
-    good = tmp_path / "validation.json"
-    good.write_text(report.model_dump_json())
-    at = open_page("validate", report=str(good))
-    assert not at.exception and not errors(at)
-    assert at.success[0].value.startswith(model.name)
-    assert at.dataframe[1].value.iloc[0]["ttft_ms.p99"] == -12.0
+        bounds_pct={"ttft_ms.mean": 10.0, "ttft_ms.p99": 20.0}, passed=True).model_dump_json()
 
-    bad = tmp_path / "bad.json"
-    bad.write_text('{"model": "x"}')
-    at = open_page("validate", report=str(bad))
+
+@pytest.fixture
+def docs(tmp_path, monkeypatch) -> Path:
+    """A docs/ folder of our own for the Validate page, with a good and a malformed report."""
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "validation.json").write_text(_report_json())
+    (folder / "bad.json").write_text('{"model": "x"}')
+    monkeypatch.setattr(compute, "REPORTS_DIR", folder)
+    return folder
+
+
+def test_validate_explains_how_to_produce_a_missing_report(tmp_path, monkeypatch):
+    monkeypatch.setattr(compute, "REPORTS_DIR", tmp_path)
+    at = open_page("validate")
     assert not at.exception
-    assert "is not a ValidationReport" in errors(at)[0]
+    assert "serveplan validate" in at.info[0].value
+
+
+def test_validate_shows_a_report_from_docs_and_rejects_a_malformed_one(docs):
+    at = open_page("validate")
+    assert not at.exception and not errors(at)
+    assert at.success[0].value.startswith("llama-3.1-8b")
+    assert at.dataframe[1].value.iloc[0]["ttft_ms.p99"] == -12.0
+    at = open_page("validate", report="bad.json")
+    assert not at.exception
+    assert "bad.json is not a ValidationReport" in errors(at)[0]
+
+
+def test_validate_shows_an_uploaded_report_and_refuses_an_oversized_one(docs, monkeypatch):
+    at = open_page("validate", report="bad.json")
+    at.file_uploader[0].set_value(("mine.json", _report_json().encode(), "application/json")).run()
+    assert not at.exception and not errors(at)
+    assert at.success[0].value.startswith("llama-3.1-8b")
+    at.file_uploader[0].set_value(("bin.json", bytes(range(256)), "application/json")).run()
+    assert not at.exception
+    assert errors(at) == ["bin.json is not a ValidationReport: ValidationReport='256 bytes' is invalid: Invalid JSON: "
+                          "expected value at line 1 column 1"]
+    monkeypatch.setattr("dashboard.inputs.MAX_UPLOAD_BYTES", 100)
+    at.file_uploader[0].set_value(("big.json", b" " * 101, "application/json")).run()
+    assert errors(at) == ["upload='big.json' is invalid: is 101 bytes; the limit is 100"]

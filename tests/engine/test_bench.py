@@ -72,7 +72,7 @@ def test_cli(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
     data = json.loads(capsys.readouterr().out)
     assert data["num_finished"] == 4 and data["goodput"]["slo_met"] is True
     assert main([*args, "--rate", "0"]) == 2
-    assert "--rate=0.0 is invalid" in capsys.readouterr().err
+    assert "--rate='0' is invalid" in capsys.readouterr().err
 
 
 def test_a_speculative_engine_drafts_under_bench(model_dir: Path) -> None:

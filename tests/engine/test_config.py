@@ -83,3 +83,62 @@ def test_malformed_json_is_an_input_error(tmp_path) -> None:
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(InputError, match="not valid JSON"):
         resolve_model(str(tmp_path))
+
+
+# --------------------------------------------------------------------------- issue 14, defects 8 and 11
+# A config.json written by hand or exported by another tool: every value ServePlan reads is a
+# finite, positive, consistent figure, or the config is refused naming the field. Each case
+# below was accepted with an absurd answer, or raised a traceback, before.
+
+
+def _config(base: str, **patch: object) -> dict:
+    return {**resolve_model(base).hf_config, **patch}
+
+
+@pytest.mark.parametrize(
+    ("base", "patch", "field", "allowed"),
+    [
+        ("llama-3.2-1b", {"num_attention_heads": 0}, "num_attention_heads", "greater than or equal to 1"),
+        ("llama-3.2-1b", {"num_key_value_heads": 0}, "num_key_value_heads", "greater than or equal to 1"),
+        ("llama-3.2-1b", {"intermediate_size": -8192}, "intermediate_size", "greater than or equal to 0"),
+        ("llama-3.2-1b", {"intermediate_size": 0}, "intermediate_size", "dense MLP layers need a width >= 1"),
+        ("mixtral-8x7b", {"num_local_experts": 0}, "num_local_experts", "routes to experts: needs >= 1"),
+        ("mixtral-8x7b", {"num_experts_per_tok": 9}, "num_experts_per_tok", "must be in 1..num_experts=8"),
+        ("llama-3.2-1b", {"hidden_size": "2048"}, "hidden_size", "valid integer"),
+        ("llama-3.2-1b", {"hidden_size": 2048.5}, "hidden_size", "valid integer"),
+        ("llama-3.2-1b", {"num_hidden_layers": True}, "num_hidden_layers", "valid integer"),
+        ("llama-3.2-1b", {"vocab_size": 10**12}, "vocab_size", "less than or equal to"),
+        ("llama-3.2-1b", {"rms_norm_eps": float("nan")}, "rms_norm_eps", "finite number"),
+        ("llama-3.2-1b", {"rope_scaling": "yes"}, "rope_scaling", "valid dictionary"),
+        ("llama-3.2-1b", {"head_dim": None, "hidden_size": 2050}, "head_dim", "not a multiple"),
+        ("deepseek-v3", {"kv_lora_rank": None}, "kv_lora_rank", "missing"),
+        ("gemma-2-9b", {"text_config": [1, 2]}, "text_config", "must be a JSON object"),
+    ],
+)
+def test_absurd_or_mistyped_configs_are_refused(base: str, patch: dict, field: str, allowed: str) -> None:
+    with pytest.raises(InputError) as info:
+        ModelConfig.from_hf_config(_config(base, **patch))
+    assert info.value.field == field and allowed in info.value.allowed, info.value
+
+
+def test_an_absent_kv_head_count_still_means_one_per_query_head() -> None:
+    cfg = _config("llama-3.2-1b")
+    del cfg["num_key_value_heads"]
+    assert ModelConfig.from_hf_config(cfg).num_kv_heads == cfg["num_attention_heads"]
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00binary", b"[" * 200_000, b"{}" + b" " * (1 << 20)])
+def test_unreadable_config_files_are_one_input_error(tmp_path, content: bytes) -> None:
+    (tmp_path / "config.json").write_bytes(content)
+    with pytest.raises(InputError) as info:
+        resolve_model(str(tmp_path))
+    assert info.value.field in ("config.json", "model") and len(str(info.value)) < 300
+
+
+def test_a_config_that_is_not_a_regular_file_is_refused_before_reading(tmp_path) -> None:
+    import os
+
+    fifo = tmp_path / "config.json"
+    os.mkfifo(fifo)  # reading it would block forever
+    with pytest.raises(InputError, match="not a regular file"):
+        resolve_model(str(tmp_path))

@@ -78,7 +78,7 @@ def test_corrupt_calibration_and_unknown_device_are_clear_errors(tmp_path: Path,
     bad.write_text('{"format_version": 1, "model": ')
     with pytest.raises(InputError, match="not a valid calibration file"):
         load_calibration(bad)
-    with pytest.raises(InputError, match="--device='tpu' is invalid"):
+    with pytest.raises(InputError, match="^device='tpu' is invalid"):
         detect_device("tpu")
     assert main(["validate", "--calibration", str(tmp_path / "missing.json")]) == 2
     assert "no such file" in capsys.readouterr().err

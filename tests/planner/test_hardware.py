@@ -55,3 +55,37 @@ def test_invalid_field_is_named(tmp_path) -> None:
     path.write_text(yaml.safe_dump(data))
     with pytest.raises(InputError, match="memory_bandwidth_gb_s"):
         get_hardware(str(path))
+
+
+# --------------------------------------------------------------------------- issue 14, defect 11
+# A profile's figures are finite and within sane bounds (planner/specs.py), so a typo cannot turn
+# into 0 ms or 1e300 s latencies or a free GPU.
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("memory_bandwidth_gb_s",), float("inf"), "finite number"),
+        (("memory_bandwidth_gb_s",), 1e-300, "greater than or equal to 0.1"),
+        (("memory_gib",), float("inf"), "finite number"),
+        (("memory_gib",), 0, "greater than or equal to 0.25"),
+        (("peak_tflops", "bf16"), 1e300, "less than or equal to 1000000"),
+        (("price_usd_per_hour",), 1e9, "less than or equal to 1000"),
+        (("scale_up", "latency_us"), float("nan"), "finite number"),
+        (("efficiency", "step_overhead_us"), 1e12, "less than or equal to"),
+        (("peak_tflops",), {}, "at least one numeric format needs a peak"),
+    ],
+)
+def test_absurd_profile_figures_are_refused(tmp_path, path: tuple[str, ...], value: object, message: str) -> None:
+    import yaml
+
+    data = get_hardware("h100-sxm").model_dump(mode="json")
+    node = data
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    file = tmp_path / "p.yaml"
+    file.write_text(yaml.safe_dump(data))
+    with pytest.raises(InputError) as info:
+        load_profile_file(file)
+    assert info.value.field.startswith(f"p.yaml: {'.'.join(path)}") and message in info.value.allowed, info.value

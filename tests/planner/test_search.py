@@ -139,12 +139,12 @@ def test_ray_executor_without_ray_is_a_clear_input_error(cache_dir, monkeypatch:
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
-        (["--hw", "h100-sxmm"], "hardware='h100-sxmm' is invalid: unknown name; did you mean h100-sxm"),
+        (["--hw", "h100-sxmm"], "--hw='h100-sxmm' is invalid: unknown name; did you mean h100-sxm"),
         (["--hw", "m4-max"], "--hw='m4-max' is invalid: has no price_usd_per_hour"),
-        (["--rate", "0"], "--rate=0.0 is invalid: must be > 0"),
+        (["--rate", "0"], "--rate='0' is invalid: must be a finite number in 0.001..1e+06"),
         (["--slo", "ttft<=500"], "--slo='ttft<=500' is invalid"),
-        (["--workload", "chatt"], "workload='chatt' is invalid"),
-        (["--max-gpus", "0"], "--max-gpus=0 is invalid"),
+        (["--workload", "chatt"], "--workload='chatt' is invalid"),
+        (["--max-gpus", "0"], "--max-gpus='0' is invalid"),
         (["--kv-dtypes", "int4"], "--kv-dtypes='int4' is invalid"),
     ],
 )
@@ -173,7 +173,7 @@ def test_cli_compare_two_deployments(tmp_path, capsys: pytest.CaptureFixture[str
     assert tpot["delta_pct"] == pytest.approx(100 * (tpot["b"] - tpot["a"]) / tpot["a"])
     a.write_text("hardware: l40s\ntensor_parallel: 3\n")
     assert main(["compare", str(a), str(b), "--requests", "10"]) == 2
-    assert "tp=3 is invalid" in capsys.readouterr().err
+    assert "tensor_parallel=3 is invalid" in capsys.readouterr().err
 
 
 def test_why_not_shows_each_hardwares_lowest_cost_bound(cache_dir) -> None:

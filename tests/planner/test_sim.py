@@ -232,7 +232,7 @@ def test_goodput_counts_requests_within_every_limit() -> None:
 def test_impossible_deployments_are_clear_errors() -> None:
     with pytest.raises(InputError, match="does not fit"):
         simulate(resolve_model("llama-3.1-405b"), get_hardware("l4"), Deployment(hardware="l4"), workload(n=1))
-    with pytest.raises(InputError, match="tp=3 is invalid: must divide the 32 attention heads"):
+    with pytest.raises(InputError, match="tensor_parallel=3 is invalid: must divide the 32 attention heads"):
         simulate(LLAMA_8B, H100, Deployment(hardware="h100-sxm", tensor_parallel=3), workload(n=1))
     with pytest.raises(InputError, match="max_model_len"):
         simulate(LLAMA_8B, H100, Deployment(hardware="h100-sxm"), workload(n=2, inp=4000, out=200), max_model_len=4096)
@@ -241,14 +241,14 @@ def test_impossible_deployments_are_clear_errors() -> None:
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--rate", "0"], "--rate=0.0 is invalid: must be > 0"),
-        (["--rate", "-2"], "--rate=-2.0 is invalid"),
-        (["--concurrency", "0"], "--concurrency=0 is invalid"),
-        (["--tp", "3"], "tp=3 is invalid: must divide"),
+        (["--rate", "0"], "--rate='0' is invalid: must be a finite number in 0.001..1e+06 (requests/s)"),
+        (["--rate", "-2"], "--rate='-2' is invalid"),
+        (["--concurrency", "0"], "--concurrency='0' is invalid"),
+        (["--tp", "3"], "--tp=3 is invalid: must divide"),
         (["--model", "llama-3.1-405b", "--hw", "l4"], "does not fit"),
         (["--slo", "ttft<=5"], "--slo='ttft<=5' is invalid"),
         (["--workload", "chatt"], "did you mean chat"),
-        (["--max-graph-batch-size", "0"], "--max-graph-batch-size=0 is invalid"),
+        (["--max-graph-batch-size", "0"], "--max-graph-batch-size='0' is invalid"),
     ],
 )
 def test_cli_bad_input(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

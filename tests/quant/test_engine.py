@@ -58,14 +58,16 @@ def test_cli_flags() -> None:
     import argparse
 
     from engine.cli import add_engine_commands
+    from engine.knobs import read_flags
 
     parser = argparse.ArgumentParser()
     add_engine_commands(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["engine", "generate", "hi", "--weight-dtype", "int4", "--kv-cache-dtype", "fp8"])
+    read_flags(args)
     assert (args.weight_dtype, args.kv_cache_dtype) == ("int4", "fp8")
     assert parser.parse_args(["engine", "generate", "hi"]).weight_dtype == "auto"
-    with pytest.raises(SystemExit):
-        parser.parse_args(["engine", "generate", "hi", "--weight-dtype", "int3"])
+    with pytest.raises(InputError, match="weight_dtype='int3' is invalid: must be one of auto, int8, int4, fp8"):
+        read_flags(parser.parse_args(["engine", "generate", "hi", "--weight-dtype", "int3"]))
 
 
 def test_dynamic_int8_kernel_runs_the_engine_and_is_refused_where_it_does_not_apply(model_dirs) -> None:

@@ -16,7 +16,8 @@ from .test_swap import DECODE, PROMPT
 KV_DTYPES = [torch.int8, torch.float8_e4m3fn]
 # 2 KV heads of 16 dims: the shapes of the caches allocated below.
 TWO_HEADS_OF_16 = ModelConfig.from_hf_config({"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 64,
-                                              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 8})
+                                              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 8,
+                                              "intermediate_size": 128})
 
 
 def randn(*shape: int, seed: int = 0) -> torch.Tensor:

@@ -14,7 +14,7 @@ import threading
 import time
 
 from engine.llm import LLM
-from engine.serve.api import ServeSettings
+from engine.serve.settings import ServeSettings
 from engine.serve.server import uvicorn_server
 
 EOS = "<|endoftext|>"
@@ -44,7 +44,7 @@ def byte_llm(folder: Path, **knobs: object) -> LLM:
 
 class RunningServer:
     def __init__(self, llm: LLM, settings: ServeSettings) -> None:
-        self.server = uvicorn_server(llm, settings, "127.0.0.1", 0, log_level="warning")
+        self.server = uvicorn_server(llm, settings.model_copy(update={"port": 0}), log_level="warning")
         self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
         self.app_server = self.server.config.app  # FastAPI app, for its OpenAIServer
         self.llm = llm

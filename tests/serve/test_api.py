@@ -294,6 +294,6 @@ def model_dir_no_tokenizer(tiny_model) -> LLM:  # noqa: ANN001
 
 
 def _settings(**changes: object):  # noqa: ANN202
-    from engine.serve.api import ServeSettings
+    from engine.serve.settings import ServeSettings
 
     return ServeSettings(served_model_name="tiny", **changes)

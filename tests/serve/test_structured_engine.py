@@ -67,7 +67,7 @@ def test_grammar_and_refusals(llm: LLM, byte_model: Path, tiny_model: Callable[.
         llm.add_request("x", SamplingParams(structured_output=StructuredOutput("grammar", "root ::= nothing")))
     with pytest.raises(InputError, match="json_schema=.* cannot be compiled"):
         llm.add_request("x", SamplingParams(structured_output=StructuredOutput("json_schema", "{not json")))
-    with pytest.raises(ValueError, match="ignore_eos=True is invalid with a structured_output"):
+    with pytest.raises(InputError, match="ignore_eos=True is invalid: cannot go with a structured_output"):
         SamplingParams(ignore_eos=True, structured_output=StructuredOutput("regex", "a"))
 
     speculative = LLM(str(byte_model), random_weights=True, num_kv_blocks=64, block_size_tokens=16,
