@@ -47,6 +47,7 @@ def add_engine_commands(sub: argparse._SubParsersAction) -> argparse._SubParsers
     add_engine_flags(p)
     p.add_argument("--json", action="store_true", help="print outputs and per-request metrics as JSON")
     command(p, cmd_generate)
+    add_serve_parser(engine)
     return engine
 
 
@@ -92,3 +93,26 @@ def _as_dict(out: object) -> dict:
     from dataclasses import asdict
 
     return asdict(out)
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def add_serve_parser(engine: argparse._SubParsersAction) -> None:
+    from engine.serve.settings import ServeSettings
+
+    p = engine.add_parser("serve", help="serve the engine over an OpenAI-compatible HTTP API (docs/serving.md)")
+    p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
+    add_flags(p, settings(ServeSettings))
+    add_engine_flags(p)
+    command(p, cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> None:
+    from engine.llm import LLM
+    from engine.serve.server import serve
+    from engine.serve.settings import ServeSettings
+
+    served = ServeSettings(**values(args, settings(ServeSettings)))
+    serve(LLM(args.model, **engine_settings(args)), served.model_copy(
+        update={"served_model_name": served.served_model_name or args.model}))

@@ -13,7 +13,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 import itertools
 import os
+import threading
 import time
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 import torch
@@ -29,6 +31,10 @@ from engine.model.loader import LoadedModel, load_model
 from engine.quant.kv import is_quantized_kv, kv_cache_torch_dtype, kv_dtype_name
 from engine.runner import ModelRunner
 from engine.spec.factory import TargetInfo, build_proposer
+
+if TYPE_CHECKING:
+    from engine.core import StructuredOutput
+    from engine.structured_output import GrammarCompiler
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in ENGINE_DTYPES}
 GIB = 2**30
@@ -136,6 +142,8 @@ class LLM:
         self._t0 = time.perf_counter()
         self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer is not None else (
             self.config.eos_token_ids[0] if self.config.eos_token_ids else None)
+        self._grammar_compiler: GrammarCompiler | None = None
+        self._grammar_lock = threading.Lock()  # a server's front end checks constraints on its own thread
 
     def now(self) -> float:
         """Seconds since the engine started; the scheduler is always handed this clock."""
@@ -186,6 +194,8 @@ class LLM:
         chat: bool = False,
         priority: int = 0,
     ) -> str:
+        if params.structured_output is not None:
+            self.check_structured_output(params.structured_output)
         request = Request(
             request_id=request_id if request_id is not None else f"req-{next(self._ids)}",
             prompt_token_ids=self.encode(prompt, chat),
@@ -202,6 +212,22 @@ class LLM:
 
     def step(self) -> list[RequestUpdate]:
         return self.loop.step()
+
+    def check_structured_output(self, constraint: StructuredOutput) -> None:
+        """Refuse a constraint this engine cannot apply; compile it into the cache the sampler
+        reads. Thread-safe, so a server can check a request before it reaches the engine."""
+        if self.engine_config.speculative is not None:
+            raise InputError("structured_output", constraint.kind, "is not supported with speculative decoding: "
+                             "drafts are verified without grammar masks; run the engine without speculation")
+        if self.tokenizer is None:
+            raise InputError("structured_output", constraint.kind, "needs the model's tokenizer, and this model has none")
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                from engine.structured_output import GrammarCompiler, GrammarMasks
+
+                self._grammar_compiler = GrammarCompiler(self.tokenizer, self.config.vocab_size, self.eos_token_id)
+                self.runner.sampler.grammars = GrammarMasks(self._grammar_compiler)
+        self._grammar_compiler.compile(constraint)
 
     @property
     def spec_stats(self) -> SpecStats | None:

@@ -2,10 +2,13 @@
 
 A request's draws depend only on its own seed and how many tokens it has drawn, never on which
 other requests share the batch, so seeded sampling is reproducible under continuous batching.
+Requests with a structured output have their logits masked by their grammar first
+(engine/structured_output.py), whichever way they sample.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 import zlib
 
 import torch
@@ -13,27 +16,35 @@ import torch
 from engine.core import SamplingParams
 from engine.spec.verify import greedy_verify, rejection_sample
 
+if TYPE_CHECKING:  # xgrammar takes seconds to import: only engines that constrain a request load it
+    from engine.structured_output import GrammarMasks
+
 
 class Sampler:
     def __init__(self, device: torch.device | str = "cpu", seed: int = 0) -> None:
         self.device = torch.device(device)
         self.seed = seed  # engine-wide seed for requests that bring none of their own
         self._generators: dict[str, torch.Generator] = {}
+        self.grammars: GrammarMasks | None = None  # set by the engine on its first structured request
 
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
+        if self.grammars is not None:
+            self.grammars.forget(request_id)
 
     def __call__(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]) -> list[int]:
-        """One token per row of fp32 logits [N, V]."""
-        greedy = logits.argmax(dim=-1)
-        if all(p.temperature == 0.0 for p in params):
-            return greedy.tolist()
-        tokens = greedy.tolist()
+        """One token per row of fp32 logits [N, V] (constrained rows are masked in place)."""
+        grammars = self.grammars
+        constrained = grammars.apply(logits, request_ids, params) if grammars is not None else []
+        tokens = logits.argmax(dim=-1).tolist()
         for row, (request_id, p) in enumerate(zip(request_ids, params, strict=True)):
             if p.temperature == 0.0:
                 continue
             probs = self.probabilities(logits[row], p)
             tokens[row] = int(torch.multinomial(probs, 1, generator=self._generator(request_id, p)).item())
+        for row in constrained:
+            assert grammars is not None
+            grammars.accept(request_ids[row], tokens[row])
         return tokens
 
     def verify(self, logits: torch.Tensor, request_id: str, p: SamplingParams, drafts: list[int]) -> list[int]:

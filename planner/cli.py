@@ -36,6 +36,7 @@ from planner.specs import SLO, Deployment, EngineKnobs, HardwareProfile, MemoryQ
 from planner.workload import PRESETS, Workload, get_workload
 
 if TYPE_CHECKING:
+    from planner.endpoint_bench import BenchReport
     from planner.search import CandidatePlan, PlanResult
 
 DEPLOYMENT = settings(Deployment)
@@ -355,6 +356,116 @@ def cmd_engine_bench(args: argparse.Namespace) -> None:
         render_summary(summary, summary.hardware)
 
 
+# --------------------------------------------------------------------------- bench --url
+
+
+def add_bench_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("bench", help="play a workload against a live OpenAI-compatible endpoint; same summary as "
+                                     "simulate, measured from the stream (docs/serving.md)")
+    p.add_argument("--url", required=True, help="the endpoint's base URL, e.g. http://127.0.0.1:8000/v1")
+    p.add_argument("--model", required=True, help="the model name the endpoint serves")
+    p.add_argument("--workload", default="chat",
+                   help=f"preset ({', '.join(PRESETS)}), a workload YAML/JSON file, or a JSONL/CSV trace")
+    # --rate and --concurrency take comma lists (a sweep); each point goes through the declarations.
+    add_flags(p, [s for s in WORKLOAD if s.name not in ("rate_per_s", "concurrency")], num_requests=64)
+    p.add_argument("--rate", dest="rates", help="Poisson arrival rate, requests/s; a comma list sweeps it, e.g. 1,2,4")
+    p.add_argument("--concurrency", dest="concurrencies",
+                   help="closed loop: users each sending on a reply; a comma list sweeps it, e.g. 1,8,32")
+    p.add_argument("--max-concurrency", type=int, help="with --rate: most requests in flight (vllm bench serve's cap)")
+    p.add_argument("--vocab-size", type=int, help="the served model's vocabulary: prompt token ids stay below it "
+                                                  "(default: the workload's id range)")
+    p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature sent with every request")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds a request may take before it counts as failed")
+    p.add_argument("--slo", help="latency targets for goodput, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=50'")
+    p.add_argument("--json", action="store_true", help="the BenchReport: summaries plus every request's timings")
+    command(p, cmd_bench)
+
+
+def _points(flag: str, text: str | None, kind: type) -> list:
+    if text is None:
+        return []
+    try:
+        return [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise InputError(flag, text, f"must be a comma-separated list of {kind.__name__}s") from None
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    from planner.endpoint_bench import EndpointError, bench_endpoint, report
+
+    rates, concurrencies = _points("--rate", args.rates, float), _points("--concurrency", args.concurrencies, int)
+    if rates and concurrencies:
+        raise InputError("--rate", args.rates, "give either --rate (open loop) or --concurrency (closed loop), not both")
+    if args.max_concurrency is not None and concurrencies:
+        raise InputError("--max-concurrency", args.max_concurrency, "applies to --rate; closed loop has --concurrency")
+    if not args.url.startswith(("http://", "https://")):
+        raise InputError("--url", args.url, "must be an http:// or https:// base URL, e.g. http://127.0.0.1:8000/v1")
+    if not args.timeout > 0:
+        raise InputError("--timeout", args.timeout, "must be > 0 seconds")
+    slo = SLO.parse(args.slo) if args.slo else None
+    sweep = "rate" if rates else "concurrency" if concurrencies else None
+    points: list[float | None] = list(rates or concurrencies) or [None]
+    runs = []
+    for point in points:
+        flags = argparse.Namespace(**{**vars(args), "rate_per_s": point if sweep == "rate" else None,
+                                      "concurrency": point if sweep == "concurrency" else None})
+        replay = replay_from_args(flags, args.vocab_size)
+        arrival, rate = _arrival(args.workload, flags)
+        try:
+            run = bench_endpoint(args.url, args.model, replay, slo=slo, rate_per_s=rate,
+                                 max_concurrency=args.max_concurrency, arrival=arrival,
+                                 temperature=args.temperature, timeout_s=args.timeout)
+        except EndpointError as exc:
+            raise InputError("--url", args.url, str(exc)) from None
+        failed = [r for r in run.requests if r.error is not None]
+        if run.summary is None:
+            raise InputError("--url", args.url, f"no request finished; the first failed with HTTP "
+                             f"{failed[0].http_status}: {failed[0].error}")
+        if failed:
+            print(f"serveplan: {len(failed)} of {len(run.requests)} requests failed; the first with HTTP "
+                  f"{failed[0].http_status}: {failed[0].error}", file=sys.stderr)
+        runs.append(run)
+        if not args.json and run.summary is not None:
+            render_summary(run.summary, f"{args.url}" + (f" at {sweep} {point:g}" if sweep else ""))
+    result = report(runs, sweep, points, slo)
+    if args.json:
+        print_json(result)
+    elif len(runs) > 1:
+        render_sweep(result)
+
+
+def _arrival(workload: str, flags: argparse.Namespace) -> tuple[str, float | None]:
+    """The arrival kind and rate the client used, for the bench file."""
+    if flags.rate_per_s is not None:
+        return "poisson", flags.rate_per_s
+    if flags.concurrency is not None:
+        return "closed_loop", None
+    if workload.lower().endswith((".jsonl", ".csv")):
+        return "trace", None
+    arrival = get_workload(workload).arrival
+    return arrival.kind, getattr(arrival, "rate_per_s", None)
+
+
+def render_sweep(result: BenchReport) -> None:
+    t = Table(title=f"latency-throughput curve over {result.sweep} (client-side, ms)")
+    for col in (result.sweep or "", "finished", "req/s", "output tok/s", "TTFT P50", "TTFT P99", "TPOT P50",
+                "TPOT P99", "ITL P99", "goodput req/s", "SLO"):
+        t.add_column(col, justify="right")
+    for run in result.runs:
+        s = run.summary
+        point = run.client.rate_per_s if result.sweep == "rate" else run.client.concurrency
+        if s is None:
+            t.add_row(f"{point:g}", "0", *["-"] * 9)
+            continue
+        t.add_row(f"{point:g}", f"{s.num_finished}/{s.num_requests}", f"{s.throughput.requests_per_s:,.2f}",
+                  f"{s.throughput.output_tokens_per_s:,.1f}", f"{s.ttft_ms.p50:,.1f}", f"{s.ttft_ms.p99:,.1f}",
+                  f"{s.tpot_ms.p50:,.1f}", f"{s.tpot_ms.p99:,.1f}", f"{s.itl_ms.p99:,.1f}",
+                  f"{s.goodput.requests_per_s:,.2f}", {True: "met", False: "missed", None: "-"}[s.goodput.slo_met])
+    console.print(t)
+    console.print(f"max goodput: {result.max_goodput_requests_per_s:,.2f} req/s at {result.sweep} "
+                  f"{result.max_goodput_point:g}" + ("" if result.slo else " (no --slo: goodput is throughput)"))
+
+
 # --------------------------------------------------------------------------- calibrate
 
 
@@ -587,6 +698,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo", help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=100'")
     p.add_argument("--json", action="store_true", help="the RunSummary schema of docs/simulate.md (source: engine)")
     command(p, cmd_engine_bench)
+
+    add_bench_command(sub)
 
     # The engine settings that decide a calibration or a validation: the same declarations.
     engine_flags = {s.name: s for s in settings(EngineConfig)}

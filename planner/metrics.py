@@ -122,9 +122,10 @@ class TimeSeries(_Out):
 
 
 class RunSummary(_Out):
-    """The stable result schema of `serveplan simulate --json` and `serveplan engine bench --json`."""
+    """The stable result schema of `serveplan simulate --json`, `serveplan engine bench --json` and
+    `serveplan bench --url` (source 'endpoint': measured by a client from the stream)."""
 
-    source: Literal["simulator", "engine"]
+    source: Literal["simulator", "engine", "endpoint"]
     model: str
     hardware: str
     workload: str
@@ -161,7 +162,7 @@ def latency_stats_ms(values_s: Sequence[float] | np.ndarray) -> LatencyStats:
 def summarize(
     record: RunRecord,
     *,
-    source: Literal["simulator", "engine"],
+    source: Literal["simulator", "engine", "endpoint"],
     model: str,
     hardware: str,
     workload: str,
@@ -185,7 +186,8 @@ def summarize(
         "itl_ms": latency_stats_ms(itl),
         "tpot_ms": latency_stats_ms(tpot),
         "e2e_ms": latency_stats_ms(e2e),
-        "queueing_ms": latency_stats_ms([r.queueing_s for r in reqs]),
+        # A client cannot see when the server first scheduled a request: no values, count 0.
+        "queueing_ms": latency_stats_ms([r.queueing_s for r in reqs if r.queueing_s is not None]),
     }
     input_tokens = sum(r.prompt_tokens for r in reqs)
     output_tokens = sum(r.output_tokens for r in reqs)

@@ -6,7 +6,7 @@ Shared by the PyTorch engine and the planner's simulator; imports only the stand
 from engine.core.block_pool import BlockPool, KVCacheBlock
 from engine.core.kv_cache_manager import KVCacheManager, PrefixCacheStats, hash_block_tokens
 from engine.core.metrics import RequestMetrics, StepSample
-from engine.core.request import BlockHash, Request, RequestStatus, SamplingParams
+from engine.core.request import BlockHash, Request, RequestStatus, SamplingParams, StructuredOutput
 from engine.core.request_queue import FCFSQueue, PriorityQueue, RequestQueue
 from engine.core.scheduler import (
     RequestUpdate,
@@ -45,6 +45,7 @@ __all__ = [
     "SpecStats",
     "StepLoop",
     "StepSample",
+    "StructuredOutput",
     "draft_budget",
     "hash_block_tokens",
 ]

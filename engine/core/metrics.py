@@ -6,6 +6,7 @@ same scheduler, so both compute TTFT, ITL, TPOT and E2E with this one function.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -31,7 +32,7 @@ class RequestMetrics:
     prompt_tokens: int
     output_tokens: int
     cached_prompt_tokens: int
-    queueing_s: float  # arrival to first scheduled step
+    queueing_s: float | None  # arrival to first scheduled step; None where unseen (a client's view)
     ttft_s: float  # arrival to first output token
     itl_s: tuple[float, ...]  # gaps between consecutive deliveries of output tokens
     tpot_s: float  # mean time per output token after the first (0 with one token)
@@ -43,21 +44,46 @@ class RequestMetrics:
     def from_request(cls, r: Request) -> RequestMetrics:
         if r.first_token_time is None or r.finish_time is None or r.first_scheduled_time is None:
             raise ValueError(f"request {r.request_id} has not produced a token and finished yet")
-        times = r.token_times
+        return cls.from_token_times(
+            r.request_id, r.arrival_time, r.num_prompt_tokens, r.token_times, r.finish_time,
+            first_token_time=r.first_token_time, first_scheduled_time=r.first_scheduled_time,
+            cached_prompt_tokens=r.num_cached_tokens, finish_reason=r.finish_reason, num_preemptions=r.num_preemptions,
+        )
+
+    @classmethod
+    def from_token_times(
+        cls,
+        request_id: str,
+        arrival_time: float,
+        prompt_tokens: int,
+        token_times: Sequence[float],
+        finish_time: float,
+        *,
+        first_token_time: float | None = None,
+        first_scheduled_time: float | None = None,
+        cached_prompt_tokens: int = 0,
+        finish_reason: str | None = None,
+        num_preemptions: int = 0,
+    ) -> RequestMetrics:
+        """From one time per output token (tokens delivered together share it): the engine's
+        stamps, or what a client saw arrive on a stream."""
+        if not token_times:
+            raise ValueError(f"request {request_id} has no output token: its latencies are undefined")
+        times = token_times
         # ITL per delivered chunk, as benchmark clients measure it from the stream: tokens that
         # arrive together (accepted drafts, a multi-step group) make one gap, not several zeros.
         itl = tuple(b - a for a, b in zip(times, times[1:]) if b != a)
         return cls(
-            request_id=r.request_id,
-            arrival_time=r.arrival_time,
-            prompt_tokens=r.num_prompt_tokens,
-            output_tokens=r.num_output_tokens,
-            cached_prompt_tokens=r.num_cached_tokens,
-            queueing_s=r.first_scheduled_time - r.arrival_time,
-            ttft_s=r.first_token_time - r.arrival_time,
+            request_id=request_id,
+            arrival_time=arrival_time,
+            prompt_tokens=prompt_tokens,
+            output_tokens=len(times),
+            cached_prompt_tokens=cached_prompt_tokens,
+            queueing_s=None if first_scheduled_time is None else first_scheduled_time - arrival_time,
+            ttft_s=(times[0] if first_token_time is None else first_token_time) - arrival_time,
             itl_s=itl,
             tpot_s=(times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
-            e2e_s=r.finish_time - r.arrival_time,
-            finish_reason=r.finish_reason,
-            num_preemptions=r.num_preemptions,
+            e2e_s=finish_time - arrival_time,
+            finish_reason=finish_reason,
+            num_preemptions=num_preemptions,
         )

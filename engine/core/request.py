@@ -4,9 +4,27 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from engine.core.errors import InputError
+
+StructuredOutputKind = Literal["json_schema", "regex", "grammar"]
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """A constraint on a request's output, which the sampler applies as a token mask: a JSON
+    schema (as JSON text), a regular expression, or an EBNF grammar (xgrammar's dialect). Plain
+    strings, so that SamplingParams stays hashable and the core stays free of the grammar library."""
+
+    kind: StructuredOutputKind
+    spec: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("json_schema", "regex", "grammar"):
+            raise InputError("structured_output.kind", self.kind, "must be 'json_schema', 'regex' or 'grammar'")
+        if not self.spec:
+            raise InputError("structured_output.spec", self.spec, "must not be empty")
 
 
 @dataclass(frozen=True)
@@ -18,6 +36,7 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -34,6 +53,9 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if any(t < 0 for t in self.stop_token_ids):
             raise InputError("stop_token_ids", self.stop_token_ids, "token ids must be >= 0")
+        if self.structured_output is not None and self.ignore_eos:
+            # A complete structured output ends on EOS, the only token its mask then allows.
+            raise InputError("ignore_eos", True, "cannot go with a structured_output: the output ends when it is complete")
 
 
 class RequestStatus(enum.Enum):

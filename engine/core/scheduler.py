@@ -174,7 +174,7 @@ class Scheduler:
             )
         self.config = config
         self.kv_cache_manager = kv_cache_manager
-        self.requests: dict[str, Request] = {}  # every request ever accepted, finished ones too
+        self.requests: dict[str, Request] = {}  # every request accepted, finished ones until pop_finished()
         self.waiting: RequestQueue = make_request_queue(config.policy)
         self.running: list[Request] = []  # in admission order: FCFS preempts from the end
         self._finished_ids: list[str] = []  # reported by the next schedule()
@@ -182,6 +182,7 @@ class Scheduler:
         self._num_finished: dict[str, int] = {reason: 0 for reason in FINISH_REASONS.values()}
         self._num_preemptions = 0
         self._num_steps = 0
+        self._num_added = 0
         reservation = config.output_reservation
         self._reserve_ratio = reservation.initial_ratio if reservation is not None else 0.0
         # Output tokens running requests may still produce (max_tokens - produced): what a
@@ -219,6 +220,7 @@ class Scheduler:
             )
         self.requests[rid] = request
         self.waiting.add(request)
+        self._num_added += 1
 
     def abort_request(self, request_id: str, now: float) -> bool:
         """Returns False when the request had already finished. Unknown ids raise KeyError."""
@@ -536,6 +538,15 @@ class Scheduler:
         self._num_finished[request.finish_reason] += 1
         self._finished_ids.append(request.request_id)
 
+    def pop_finished(self, request_id: str) -> Request:
+        """Drop a finished request from `requests` and return it: a long-running server calls
+        this once the request's result is out, or it would keep every request it ever served."""
+        request = self.requests[request_id]
+        if not request.is_finished:
+            raise ValueError(f"request {request_id!r} is {request.status.name}: only a finished request can be dropped")
+        del self.requests[request_id]
+        return request
+
     # ---- queries --------------------------------------------------------------------------
 
     def has_unfinished_requests(self) -> bool:
@@ -554,7 +565,7 @@ class Scheduler:
 
     def stats(self) -> SchedulerStats:
         return SchedulerStats(
-            num_requests=len(self.requests),
+            num_requests=self._num_added,
             num_waiting=len(self.waiting),
             num_running=len(self.running),
             num_finished=dict(self._num_finished),
