@@ -576,6 +576,10 @@ class EngineConfig(EngineKnobs):
         "vectorised, else dequantise then matmul), 'dynamic' = CPU only, fbgemm's W8A8 matmul quantising "
         "each token's activations to 7 bits on each call: the fast int8 path on x86, at a further quality cost"
     )
+    lm_head_dtype: Annotated[Literal["auto", "int8"], Knob("--lm-head-dtype", "LM head format")] = Field(
+        "auto", description="The LM head's weight: 'auto' = dtype; 'int8' = per output channel, run on a CPU by "
+        "fbgemm's W8A8 matmul (activations per token to 7 bits). It is the largest matmul of a small model; "
+        "the planner's memory model counts it unquantised (a tied embedding keeps its float copy)")
     threads: Annotated[int | None, Knob("--threads", "CPU threads", "threads")] = Field(
         None, ge=1, le=4096, description="Threads of torch's CPU pool, set when the engine starts on a CPU; unset: "
         "as this process has it. The CLI defaults to OMP_NUM_THREADS, else the physical cores this process may "

@@ -5,7 +5,7 @@ torch reference (engine/model/attention.py) and the Triton kernels alike."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -23,6 +23,10 @@ class AttentionMetadata:
     # Host-side maxima, so choosing a code path never waits on the device.
     max_query_len: int
     max_seq_len: int
+    # Tensors the torch reference attention derives from the fields above (gather indices, masks,
+    # the rows to store): built by the first layer that needs them, reused by the others. Whoever
+    # rewrites the tensors above in place (engine/graphs.py's static buffers) must clear it.
+    derived: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
 
 def build_attention_metadata(
