@@ -101,8 +101,22 @@ def paged_attention(
     return _reference_paged_attention(q, kv_cache, metadata, scale, window)
 
 
-@torch.library.custom_op("serveplan::cached_attention", mutates_args=("kv_cache",))
-def cached_attention(
+# write_kv_cache, then paged_attention, as one operator that torch.compile keeps opaque. Traced
+# through, the in-place write into the paged cache made inductor copy the whole cache every step
+# (5x slower than eager on the CPU); vLLM registers its attention the same way. Defined with
+# torch.library's schema API rather than torch.library.custom_op, whose Python wrappers cost ~0.1 ms
+# a call on the CPU (3 ms a SmolLM2 step); under inference mode the dispatcher calls the kernel below
+# directly.
+_LIBRARY = torch.library.Library("serveplan", "DEF")
+_LIBRARY.define(
+    "cached_attention(Tensor q, Tensor k, Tensor v, Tensor(a!) kv_cache, Tensor slot_mapping, "
+    "Tensor query_start_loc, Tensor seq_lens, Tensor block_tables, int block_size, int max_query_len, "
+    "int max_seq_len, float scale, int? window) -> Tensor"
+)
+
+
+@torch.library.impl(_LIBRARY, "cached_attention", "CompositeExplicitAutograd")
+def _cached_attention(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -117,11 +131,7 @@ def cached_attention(
     scale: float,
     window: int | None,
 ) -> Tensor:
-    """write_kv_cache, then paged_attention: one operator that torch.compile keeps opaque. Traced
-    through, the in-place write into the paged cache made inductor copy the whole cache every
-    step (5x slower than eager on the CPU); vLLM registers its attention the same way.
-
-    A captured decode step carries max_model_len as its max_seq_len (engine/graphs.py): the Triton
+    """A captured decode step carries max_model_len as its max_seq_len (engine/graphs.py): the Triton
     kernels need that static bound, but the torch reference would pad every sequence's keys to it
     (3x the eager step's attention time for SmolLM2 at max_model_len 512), so it reads the real
     maximum back from seq_lens (a host read: free on the CPU, where the reference runs)."""
@@ -131,15 +141,17 @@ def cached_attention(
     return _write_and_attend(q, k, v, kv_cache, metadata, scale, window)
 
 
-@cached_attention.register_fake
+@torch.library.register_fake("serveplan::cached_attention", lib=_LIBRARY)
 def _(q: Tensor, *args: object) -> Tensor:
     return torch.empty_like(q)
 
 
+cached_attention = torch.ops.serveplan.cached_attention
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor, kv_cache: Tensor, m: AttentionMetadata, scale: float, window: int | None) -> Tensor:
     """Store the step's K/V [T, Hkv, D] in the cache and attend q [T, H, D] over it: through the
-    cached_attention operator under torch.compile, directly otherwise (the Python custom-op
-    dispatch costs ~0.3 ms a call on the CPU, 10 ms a step for SmolLM2)."""
+    cached_attention operator under torch.compile, directly otherwise (no dispatch at all)."""
     if torch.compiler.is_compiling():
         return cached_attention(q, k, v, kv_cache, m.slot_mapping, m.query_start_loc, m.seq_lens, m.block_tables,
                                 m.block_size, m.max_query_len, m.max_seq_len, scale, window)
@@ -202,8 +214,12 @@ def _decode_layout(m: AttentionMetadata, window: int | None) -> tuple[Tensor, Te
     layer of one sliding window, so built once per step."""
     key = ("decode", window)
     if key not in m.derived:
-        query_lens = torch.ones_like(m.seq_lens)
-        m.derived[key] = _layout(m.block_tables, m.seq_lens, query_lens, 1, m.max_seq_len, m.block_size, window)
+        tables = m.block_tables[:, : -(-m.max_seq_len // m.block_size)].long()
+        k_pos = torch.arange(m.max_seq_len, device=m.seq_lens.device)
+        visible = k_pos < m.seq_lens[:, None]  # [B, keys]: the query is each sequence's last position
+        if window is not None:
+            visible &= k_pos > (m.seq_lens - 1 - window)[:, None]
+        m.derived[key] = (tables, visible[:, None, None, :])
     return m.derived[key]  # type: ignore[return-value]
 
 
@@ -245,8 +261,8 @@ def _attend(q: Tensor, kv_cache: Tensor, tables: Tensor, visible: Tensor, max_kv
         raw = kv_cache.view(torch.uint8)
         k = dequantize_kv(raw[0][tables], kv_cache.dtype, q.dtype)
         v = dequantize_kv(raw[1][tables], kv_cache.dtype, q.dtype)
-    else:
-        k, v = kv_cache[:, tables].unbind(0)  # K and V in one gather
+    else:  # K and V in one gather: [2, B * blocks, block_size, Hkv, D]
+        k, v = kv_cache.index_select(1, tables.flatten()).unflatten(1, tables.shape).unbind(0)
     # [B, blocks, block_size, Hkv, D] -> [B, Hkv, keys, D]
     k = k.flatten(1, 2)[:, :max_kv].transpose(1, 2)
     v = v.flatten(1, 2)[:, :max_kv].transpose(1, 2)
