@@ -107,7 +107,7 @@ def main() -> None:
     for repeat in range(args.repeats):
         for side in (list(sides) if repeat % 2 == 0 else list(reversed(sides))):
             this_repeat = []
-            for i, ids in enumerate(prompts):
+            for ids in prompts:
                 out, decode_s = sides[side](ids)
                 this_repeat.append((len(out) - 1) / decode_s)
                 if repeat == 0:
