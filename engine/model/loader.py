@@ -81,8 +81,10 @@ def load_model(
     if lm_head_dtype == "int8":
         from engine.model.quantize import quantize_lm_head
 
-        kernel = quantize_lm_head(loaded.model)
-        loaded.source_description += f"; LM head quantised to int8 (kernel {kernel})"
+        calibration = _calibration_ids(loaded)
+        kernel = quantize_lm_head(loaded.model, calibration)
+        smoothed = f", SmoothQuant on {len(calibration)} tokens" if kernel == "dynamic" else ""
+        loaded.source_description += f"; LM head quantised to int8 (kernel {kernel}{smoothed})"
     return loaded
 
 

@@ -87,13 +87,18 @@ def quantize_model(
 
 
 @torch.no_grad()
-def quantize_lm_head(model: nn.Module) -> Int8Kernel:
+def quantize_lm_head(model: nn.Module, calibration_ids: Sequence[int] | None = None) -> Int8Kernel:
     """Replace the LM head by a per-channel Int8Linear (a tied embedding keeps its float weight for
     lookups); returns the kernel chosen. On a CPU that is fbgemm's W8A8 matmul: the head is a small
     model's largest matmul (SmolLM2-135M: 28 M of its 134 M weights, read for every sampled row),
-    and the packed weight-only int8 kernel is slow there once a batch has more than a few rows."""
-    if type(model.lm_head) is not Linear:
-        raise ValueError(f"the LM head is already a {type(model.lm_head).__name__}")
-    kernel: Int8Kernel = "dynamic" if model.lm_head.weight.device.type == "cpu" else "auto"
-    model.lm_head = Int8Linear.from_linear(model.lm_head, kernel)
+    and the packed weight-only int8 kernel is slow there once a batch has more than a few rows.
+    calibration_ids (W8A8 only): token ids whose prefill sets the head's SmoothQuant factors."""
+    head = model.lm_head
+    if type(head) is not Linear:
+        raise ValueError(f"the LM head is already a {type(head).__name__}")
+    kernel: Int8Kernel = "dynamic" if head.weight.device.type == "cpu" else "auto"
+    smooth = None
+    if kernel == "dynamic" and calibration_ids is not None:
+        smooth = smoothing_factors(head.weight, activation_amax(model, {"lm_head": head}, list(calibration_ids))["lm_head"])
+    model.lm_head = Int8Linear.from_linear(head, kernel, smooth)
     return kernel
