@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-import yaml
 
 from engine.catalog import resolve_model
 from engine.errors import InputError
+from engine.files import load_yaml
 from planner.hardware import get_hardware
 from planner.metrics import RunSummary
 from planner.playback import Replay
@@ -72,12 +72,7 @@ def load_side(path: str | Path, default_model: str, default_workload: str, overr
     config path) and `workload:` (a preset name, a workload file or an inline workload mapping).
     `overrides` (arrival, num_requests, seed) apply to the workload either way."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise InputError("deployment file", str(path), f"cannot read ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise InputError("deployment file", str(path), f"malformed YAML ({exc})".replace("\n", " ")) from None
+    data = load_yaml(path, "deployment file")
     if not isinstance(data, dict):
         raise InputError("deployment file", str(path), "must be a mapping of Deployment fields")
     model = resolve_model(str(data.pop("model", default_model)))
@@ -98,7 +93,8 @@ def load_side(path: str | Path, default_model: str, default_workload: str, overr
         raise InputError(f"{path.name}: {'.'.join(map(str, first['loc'])) or 'deployment'}", first.get("input"),
                          first["msg"]) from None
     hw = get_hardware(dep.hardware)
-    summary = simulate(model, hw, dep, Replay.of(workload, vocab_size=model.vocab_size), slo=slo, router=router).summary
+    replay = Replay.of(workload, model.vocab_size, model.max_position_embeddings)
+    summary = simulate(model, hw, dep, replay, slo=slo, router=router).summary
     return Side(path=str(path), model=model.name, workload=workload.name, deployment=dep, summary=summary)
 
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import InputError
-from planner.workload import ClosedLoopArrivals, Workload, WorkloadRequest, build_prompt, draw, follow_ups, load_trace
+from planner.workload import (ClosedLoopArrivals, Workload, WorkloadRequest, build_prompt, context_error, draw, follow_ups,
+                              load_trace)
 
 
 @dataclass(frozen=True)
@@ -32,19 +33,22 @@ class Replay:
     description: str
 
     @classmethod
-    def of(cls, workload: Workload, vocab_size: int | None = None) -> Replay:
+    def of(cls, workload: Workload, vocab_size: int | None = None, max_model_len: int | None = None) -> Replay:
+        """`max_model_len`: refuse a request beyond it before drawing any token id."""
         arrival = workload.arrival
         return cls(
             name=workload.name,
-            requests=draw(workload, vocab_size),
+            requests=draw(workload, vocab_size, max_model_len),
             concurrency=arrival.concurrency if isinstance(arrival, ClosedLoopArrivals) else None,
             description=f"workload {workload.name!r} ({arrival.kind}, seed {workload.seed})",
         )
 
     @classmethod
-    def from_trace(cls, path: str | Path, vocab_size: int | None = None, seed: int = 0) -> Replay:
+    def from_trace(cls, path: str | Path, vocab_size: int | None = None, seed: int = 0,
+                   max_model_len: int | None = None) -> Replay:
         kwargs = {} if vocab_size is None else {"vocab_size_tokens": min(vocab_size, 30_000)}
-        return cls(name=Path(path).stem, requests=load_trace(path, seed=seed, **kwargs), concurrency=None,
+        return cls(name=Path(path).stem, requests=load_trace(path, seed=seed, max_model_len=max_model_len, **kwargs),
+                   concurrency=None,
                    description=f"trace {path} (recorded arrival times, synthetic token ids, seed {seed})")
 
 
@@ -115,8 +119,7 @@ def check_lengths(replay: Replay, max_model_len: int, num_blocks: int, block_siz
     for request_id, (prompt, total) in request_lengths(replay).items():
         output = total - prompt
         if total > max_model_len:
-            raise InputError(f"request {request_id}", f"{prompt} prompt + {output} output tokens",
-                             f"must fit max_model_len={max_model_len}")
+            raise context_error(request_id, prompt, output, max_model_len)
         blocks = -(-(total - 1) // block_size)
         if blocks > num_blocks:
             raise InputError(f"request {request_id}", f"{prompt} prompt + {output} output tokens",

@@ -80,7 +80,7 @@ def simulate(
         raise InputError("speculative.acceptance_profile", None,
                          "the simulator needs acceptance_profile (per draft position) or acceptance_rate")
     sched_config = dataclasses.replace(dep.knobs.scheduler_config(max_len), output_reservation=engine.output_reservation())
-    replay = workload if isinstance(workload, Replay) else Replay.of(workload, vocab_size=model.vocab_size)
+    replay = workload if isinstance(workload, Replay) else Replay.of(workload, model.vocab_size, max_len)
     check_lengths(replay, max_len, memory.kv_cache_blocks, sched_config.block_size, where="a replica")
 
     env = simpy.Environment()
