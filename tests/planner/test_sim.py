@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 import subprocess
 import sys
+import tracemalloc
 
 import pytest
 
@@ -167,6 +168,37 @@ def test_a_shared_system_prompt_hits_at_the_theoretical_share() -> None:
     assert hit == pytest.approx(theory, abs=0.01)
     off = Deployment(hardware="h100-sxm", knobs=EngineKnobs(enable_prefix_caching=False))
     assert simulate(LLAMA_8B, H100, off, w).summary.prefix_cache_hit_rate == 0.0
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def _simulate_peak_bytes(hw_name: str, dep: Deployment, w: Workload) -> tuple[int, int]:
+    """(KV blocks per replica, peak Python memory of simulating w) on hw_name."""
+    hw = get_hardware(hw_name)
+    tracemalloc.start()
+    try:
+        result = simulate(LLAMA_8B, hw, dep, w)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.summary.num_finished == w.num_requests
+    return result.memory.kv_cache_blocks, peak
+
+
+def test_a_thousand_replicas_of_a_large_memory_deployment_cost_little() -> None:
+    blocks, peak = _simulate_peak_bytes("mi355x", Deployment(hardware="mi355x", replicas=1000), workload(n=40))
+    assert blocks > 100_000
+    # Block objects made up front would be 1000 x 100k+ of them, over 10 GB; memory now follows
+    # the blocks the 40 requests used.
+    assert peak < 64 * 2**20
+
+
+def test_one_token_blocks_on_a_large_memory_device_cost_little() -> None:
+    dep = Deployment(hardware="epyc-9654-2s", knobs=EngineKnobs(block_size_tokens=1))
+    blocks, peak = _simulate_peak_bytes("epyc-9654-2s", dep, workload(n=20))
+    assert blocks > 1_000_000
+    assert peak < 64 * 2**20
 
 
 # --------------------------------------------------------------------------- overload
