@@ -142,7 +142,11 @@ class _BoundedLoader(yaml.SafeLoader):
 
 
 def parse_yaml(text: str, path: Path, field: str) -> object:
-    loader = _BoundedLoader(text, path, field)
+    try:
+        loader = _BoundedLoader(text, path, field)  # the reader refuses control characters here
+    except yaml.reader.ReaderError as exc:
+        raise InputError(field, str(path), f"malformed YAML (character #x{exc.character:04x} at position "
+                                           f"{exc.position:,} is not allowed)") from None
     try:
         return loader.get_single_data()
     except InputError:  # the loader's own refusals (it is a ValueError, caught below otherwise)
