@@ -284,8 +284,8 @@ class Conversation(_Spec):
 class Workload(_Spec):
     """Everything needed to draw the same request list again: the spec plus its seed."""
 
-    name: str = Field("custom", min_length=1, description="Short id used in reports and request ids")
-    description: str = Field("", description="One line for humans")
+    name: str = Field("custom", min_length=1, max_length=64, description="Short id used in reports and request ids")
+    description: str = Field("", max_length=1000, description="One line for humans")
     arrival: Arrival = Field(description="When requests (or conversations) arrive")
     input_tokens: LengthDist = Field(description="Prompt length (per turn's new message in conversations), tokens")
     output_tokens: LengthDist = Field(description="Tokens to generate per request (exact: drivers set ignore_eos)")
@@ -364,6 +364,8 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
     children = np.random.SeedSequence(workload.seed).spawn(len(_STREAMS))
     rngs = {stream: np.random.default_rng(child) for stream, child in zip(_STREAMS, children)}
     lo, n = workload.first_token_id, workload.num_requests
+    if n > limits.MAX_REQUESTS:  # the field's own bound, for a Workload built without validation
+        raise over_limit("num_requests", n, "MAX_REQUESTS", "the request count")
 
     conv = workload.conversation
     if conv is None:

@@ -505,3 +505,10 @@ def test_a_trace_line_over_the_length_limit_is_refused(tmp_path) -> None:
     p.write_text('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1, "prefix_id": "' + "x" * 70_000 + '"}\n')
     with pytest.raises(InputError, match="length of line 1.*MAX_LINE_BYTES"):
         load_trace(p)
+
+
+def test_a_workload_copied_past_validation_is_still_held_to_the_request_limit() -> None:
+    w = wl().model_copy(update={"num_requests": 10_000_000})  # model_copy does not validate
+    exc, peak = _peak_bytes(lambda: draw(w))
+    assert isinstance(exc, InputError) and "MAX_REQUESTS" in str(exc)
+    assert peak < 20 * 2**20
