@@ -446,6 +446,7 @@ def _check_sizes(workload: Workload, turns: np.ndarray, prefix_ids: list[int | N
 
 
 def context_error(request_id: str, prompt_tokens: int, output_tokens: int, max_model_len: int) -> InputError:
+    """A request that cannot fit the model's context, named as drivers name it."""
     return InputError(f"request {request_id}", f"{prompt_tokens} prompt + {output_tokens} output tokens",
                       f"must fit max_model_len={max_model_len}")
 
@@ -568,13 +569,16 @@ def load_trace(path: str | Path, prefix_tokens: int | None = None, seed: int = 0
         raise InputError("trace", str(path), "the trace holds no requests")
 
     rng = np.random.default_rng(seed)
-    group_len: dict[str, int] = {}
+    group_len: dict[str, tuple[int, int]] = {}  # prefix label -> its shortest and longest prompt
     for r in rows:
         if r.prefix is not None:
-            group_len[r.prefix] = min(group_len.get(r.prefix, r.input_tokens), r.input_tokens)
+            shortest, longest = group_len.get(r.prefix, (r.input_tokens, r.input_tokens))
+            group_len[r.prefix] = (min(shortest, r.input_tokens), max(longest, r.input_tokens))
+    # A prefix is cut to each prompt: ids past the group's longest prompt would never be used.
     prefixes = {label: tuple(rng.integers(first_token_id, vocab_size_tokens,
-                                          size=prefix_tokens or max(1, shortest // 2)).tolist())
-                for label, shortest in group_len.items()}
+                                          size=min(prefix_tokens, longest) if prefix_tokens else max(1, shortest // 2)
+                                          ).tolist())
+                for label, (shortest, longest) in group_len.items()}
     prefix_num = {label: i for i, label in enumerate(prefixes)}
     conv_num: dict[str, int] = {}
     conv_turns: dict[str, int] = {}

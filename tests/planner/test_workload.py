@@ -512,3 +512,13 @@ def test_a_workload_copied_past_validation_is_still_held_to_the_request_limit() 
     exc, peak = _peak_bytes(lambda: draw(w))
     assert isinstance(exc, InputError) and "MAX_REQUESTS" in str(exc)
     assert peak < 20 * 2**20
+
+
+def test_a_trace_prefix_is_drawn_no_longer_than_its_longest_prompt(tmp_path) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"arrival_s": 0, "input_tokens": 50, "output_tokens": 1, "prefix_id": "sys"}\n'
+                 '{"arrival_s": 1, "input_tokens": 80, "output_tokens": 1, "prefix_id": "sys"}\n')
+    exc, peak = _peak_bytes(lambda: load_trace(p, prefix_tokens=10**9))  # 1e9 ids if drawn as asked
+    assert exc is None and peak < 20 * 2**20
+    reqs = load_trace(p, prefix_tokens=10**9)
+    assert reqs[1].prompt_token_ids[:50] == reqs[0].prompt_token_ids
