@@ -278,15 +278,16 @@ def workload_overrides(args: argparse.Namespace) -> dict[str, object]:
         raise from_validation_error(exc) from None
 
 
-def replay_from_args(args: argparse.Namespace, vocab_size: int | None) -> Replay:
-    """A Replay for the workload flags: a preset or workload file with the flags applied, or a trace."""
+def replay_from_args(args: argparse.Namespace, vocab_size: int | None, max_model_len: int | None = None) -> Replay:
+    """A Replay for the workload flags: a preset or workload file with the flags applied, or a trace.
+    A request longer than `max_model_len` is refused before any token id is drawn."""
     overrides = workload_overrides(args)
     if args.workload.lower().endswith(TRACE_SUFFIXES):
         for name in ("rate_per_s", "concurrency", "num_requests", "input_tokens", "output_tokens"):
             if getattr(args, name) is not None:
                 raise InputError(name, getattr(args, name), "does not apply to a trace, which records its own requests")
-        return Replay.from_trace(args.workload, vocab_size=vocab_size, seed=args.seed or 0)
-    return Replay.of(get_workload(args.workload, **overrides), vocab_size=vocab_size)
+        return Replay.from_trace(args.workload, vocab_size=vocab_size, seed=args.seed or 0, max_model_len=max_model_len)
+    return Replay.of(get_workload(args.workload, **overrides), vocab_size, max_model_len)
 
 
 def cmd_simulate(args: argparse.Namespace) -> None:
@@ -294,7 +295,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     hw = get_hardware(args.hardware)
     dep = deployment_from_args(args)
     slo = SLO.parse(args.slo) if args.slo else None
-    replay = replay_from_args(args, model.vocab_size)
+    replay = replay_from_args(args, model.vocab_size, args.max_model_len or model.max_position_embeddings)
     result = simulate(model, hw, dep, replay, slo=slo, router=args.router, max_model_len=args.max_model_len)
     if args.json:
         print_json(result.summary)
@@ -348,7 +349,7 @@ def cmd_engine_bench(args: argparse.Namespace) -> None:
         args.num_requests = BENCH_PRESET_REQUESTS
     workload_overrides(args)  # bad flags are refused before the model loads
     llm = LLM(args.model, **engine_settings(args))
-    replay = replay_from_args(args, llm.config.vocab_size)
+    replay = replay_from_args(args, llm.config.vocab_size, llm.max_model_len)
     summary, _ = bench_engine(llm, replay, model_name=args.model, slo=slo)
     if args.json:
         print_json(summary)

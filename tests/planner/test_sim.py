@@ -291,6 +291,27 @@ def test_cli_bad_input(args: list[str], message: str, capsys: pytest.CaptureFixt
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(("name", "text"), [
+    ("w.yaml", "arrival: {kind: poisson, rate_per_s: 1}\ninput_tokens: 10000000\noutput_tokens: 8\nnum_requests: 1\n"),
+    ("t.csv", "arrival_s,input_tokens,output_tokens\n0,10000000,8\n"),
+])
+def test_cli_refuses_a_prompt_beyond_the_context_before_drawing_it(tmp_path: Path, name: str, text: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    path = tmp_path / name
+    path.write_text(text)
+    tracemalloc.start()
+    try:
+        assert main(["simulate", "--workload", str(path)]) == 2
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    err = capsys.readouterr().err
+    assert "10000000 prompt + 8 output tokens' is invalid: must fit max_model_len=131072" in err
+    assert peak < 64 * 2**20  # ten million token ids would be ~400 MB
+
+
 def test_cli_trace_errors_name_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from planner.cli import main
 
