@@ -205,3 +205,16 @@ def test_a_byte_order_mark_is_dropped(tmp_path: Path) -> None:
     path.write_bytes(b"\xef\xbb\xbfa: 1\n")
     assert read_text(path, "x", "MAX_YAML_BYTES") == "a: 1\n"
     assert load_yaml(path, "x") == {"a": 1}
+
+
+def test_an_alias_bomb_through_the_cli_is_one_short_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    lines += ["arrival: *a8", "input_tokens: *a8", "output_tokens: 1", "num_requests: 1"]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["simulate", "--workload", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and len(err) < 400 and "MAX_YAML_NODES" in err, err[:400]
