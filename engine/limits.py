@@ -2,8 +2,10 @@
 
 The values sit far above any real workload, model or profile, and far below what would exhaust a
 laptop's memory or hang a shared dashboard. docs/security.md lists each one with its reason and
-how to raise it: from Python, assign the module attribute (`engine.limits.MAX_REQUESTS = ...`)
-before loading; the checks read it at call time. A refusal is `engine.errors.over_limit`.
+how to raise it: edit it here, or from Python assign the module attribute before loading
+(`engine.limits.MAX_WORKLOAD_TOKENS = ...`): the checks read it when they run, except the Workload
+schema's field bounds (MAX_REQUESTS, MAX_REQUEST_TOKENS), fixed at import. A refusal is
+`engine.errors.over_limit`.
 """
 
 # ------------------------------------------------------------------ files
@@ -40,7 +42,8 @@ expanded nodes while composing refuses it before anything is built. A workload w
 
 MAX_REQUESTS = 1_000_000
 """Most requests in a workload (num_requests) or rows in a trace. A request costs a few hundred
-bytes of bookkeeping before its tokens; 1M requests take hours to simulate."""
+bytes of bookkeeping before its tokens, and the simulator runs ~500 chat requests a second
+(bench/sim_speed.py): a million is half an hour."""
 
 MAX_REQUEST_TOKENS = 10_000_000
 """Longest prompt or output of one request, tokens: 50x the longest context in the catalog, so it

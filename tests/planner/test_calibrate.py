@@ -76,7 +76,7 @@ def test_a_calibration_for_another_model_is_refused_unless_forced(calibrated: tu
 def test_corrupt_calibration_and_unknown_device_are_clear_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"format_version": 1, "model": ')
-    with pytest.raises(InputError, match="not a valid calibration file"):
+    with pytest.raises(InputError, match="bad.json.* is invalid: not valid JSON"):
         load_calibration(bad)
     with pytest.raises(InputError, match="^device='tpu' is invalid"):
         detect_device("tpu")
