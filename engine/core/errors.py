@@ -23,7 +23,10 @@ _repr.maxlevel = 3
 def excerpt(value: object) -> str:
     """repr(value), bounded: reprlib never builds the whole repr of a large value, and the
     result is cut to EXCERPT_CHARS characters."""
-    text = _repr.repr(value)
+    try:
+        text = _repr.repr(value)
+    except ValueError:  # an int longer than repr() allows (sys.get_int_max_str_digits)
+        text = f"<{type(value).__name__} too long to show>"
     return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
 
 

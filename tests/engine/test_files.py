@@ -13,7 +13,7 @@ import pytest
 
 from engine import limits
 from engine.config import ModelConfig
-from engine.errors import InputError
+from engine.errors import EXCERPT_CHARS, InputError
 from engine.files import load_json, load_yaml, read_text
 from planner.calibrate import load_calibration
 from planner.compare import load_side
@@ -218,3 +218,12 @@ def test_an_alias_bomb_through_the_cli_is_one_short_line(tmp_path: Path, capsys:
     assert main(["simulate", "--workload", str(path)]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and len(err) < 400 and "MAX_YAML_NODES" in err, err[:400]
+
+
+def test_an_error_shows_only_a_short_excerpt_of_any_value() -> None:
+    bomb: list = ["lol"] * 9
+    for _ in range(30):
+        bomb = [bomb] * 9  # 9^31 strings if its repr were built whole
+    for value in (bomb, "x" * 10**6, {"k": "v" * 10**6, "j": list(range(10**5))}, 10**5000, b"\x00" * 10**6):
+        message = str(InputError("field", value, "not allowed"))
+        assert len(message) <= len("field= is invalid: not allowed") + EXCERPT_CHARS, message
