@@ -189,7 +189,7 @@ class ModelConfig:
     def from_hf_config(cls, cfg: dict[str, Any], name: str = "") -> ModelConfig:
         """Build from the parsed contents of an HF config.json; every value read is checked first."""
         if not isinstance(cfg, dict):
-            raise InputError("config.json", type(cfg).__name__, "must be a JSON object")
+            raise InputError("model", type(cfg).__name__, "a config.json must be a JSON object")
         if "text_config" in cfg:  # multimodal wrappers (Gemma 3): the decoder lives in text_config
             text = cfg["text_config"]
             if not isinstance(text, dict):
@@ -253,7 +253,7 @@ class ModelConfig:
         if not path.exists():
             raise InputError("model", str(path), "no such file (expected a config.json or a folder holding one)")
         # A regular file of at most MAX_CONFIG_BYTES, checked before reading: a FIFO or a device never ends.
-        return cls.from_hf_config(load_json(path, "config.json", "MAX_CONFIG_BYTES"), name=name or path.parent.name)  # type: ignore[arg-type]
+        return cls.from_hf_config(load_json(path, "model", "MAX_CONFIG_BYTES"), name=name or path.parent.name)  # type: ignore[arg-type]
 
     def first_layers(self, num_layers: int) -> ModelConfig:
         """The same model cut after its first `num_layers` layers (embedding, final norm and LM

@@ -25,7 +25,9 @@ def from_validation_error(exc: ValidationError, where: str = "") -> InputError:
     A validator that raised an InputError itself keeps its field, value and wording.
     """
     err = exc.errors()[0]
-    path = [str(part) for part in err["loc"]]
+    # A part of the path can be a key the user wrote (an unknown field): any text, any length.
+    path = [part if isinstance(part, str) and part.isprintable() and len(part) <= 64 else
+            str(part) if isinstance(part, int) else excerpt(part) for part in err["loc"]]
     raised = err.get("ctx", {}).get("error")
     if isinstance(raised, InputError):
         field, value, allowed = ".".join([*path, raised.field]), raised.value, raised.allowed

@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.catalog import resolve_model
-from engine.errors import InputError
+from engine.errors import InputError, from_validation_error
 from engine.files import load_yaml
 from planner.hardware import get_hardware
 from planner.metrics import RunSummary
@@ -81,17 +81,13 @@ def load_side(path: str | Path, default_model: str, default_workload: str, overr
         try:
             workload = Workload.model_validate({**spec, **overrides})
         except ValidationError as exc:
-            first = exc.errors()[0]
-            raise InputError(f"{path.name}: workload.{'.'.join(map(str, first['loc']))}", first.get("input"),
-                             first["msg"]) from None
+            raise from_validation_error(exc, f"{path.name}: workload") from None
     else:
         workload = get_workload(str(spec), **overrides)
     try:
         dep = Deployment.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InputError(f"{path.name}: {'.'.join(map(str, first['loc'])) or 'deployment'}", first.get("input"),
-                         first["msg"]) from None
+        raise from_validation_error(exc, path.name) from None
     hw = get_hardware(dep.hardware)
     replay = Replay.of(workload, model.vocab_size, model.max_position_embeddings)
     summary = simulate(model, hw, dep, replay, slo=slo, router=router).summary

@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from engine import limits
-from engine.errors import InputError, over_limit, unknown_name_error
+from engine.errors import InputError, from_validation_error, over_limit, unknown_name_error
 from engine.files import iter_lines, load_json, load_yaml, parse_json
 
 
@@ -770,6 +770,4 @@ def get_workload(name_or_path: str, **overrides: object) -> Workload:
     try:
         return Workload.model_validate({**base, **overrides})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "workload"
-        raise InputError(f"{source}: {where}", first.get("input"), first["msg"]) from None
+        raise from_validation_error(exc, source) from None

@@ -36,7 +36,7 @@ class InputError(ValueError):
 
     def __init__(self, field: str, value: object, allowed: str) -> None:
         # One line whatever the parts hold (a YAML error's excerpt spans lines).
-        self.field, self.value, self.allowed = field, value, " ".join(str(allowed).split())
+        self.field, self.value, self.allowed = " ".join(str(field).split()), value, " ".join(str(allowed).split())
         super().__init__(self.message())
 
     def message(self, name: str | None = None) -> str:

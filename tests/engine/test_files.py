@@ -10,6 +10,7 @@ import threading
 import tracemalloc
 
 import pytest
+import yaml
 
 from engine import limits
 from engine.config import ModelConfig
@@ -108,7 +109,7 @@ def test_binary_content_is_not_utf8_text(tmp_path: Path, name: str) -> None:
 @pytest.mark.parametrize("name", READERS)
 def test_a_file_over_the_size_limit_is_refused_before_reading(tmp_path: Path, name: str,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    for limit in ("MAX_YAML_BYTES", "MAX_JSON_BYTES", "MAX_TRACE_BYTES"):
+    for limit in ("MAX_YAML_BYTES", "MAX_JSON_BYTES", "MAX_CONFIG_BYTES", "MAX_TRACE_BYTES"):
         monkeypatch.setattr(limits, limit, 64)
     path = tmp_path / f"big{READERS[name][1]}"
     path.write_text("# " + SECRET * 10 + "\n")
@@ -227,3 +228,15 @@ def test_an_error_shows_only_a_short_excerpt_of_any_value() -> None:
     for value in (bomb, "x" * 10**6, {"k": "v" * 10**6, "j": list(range(10**5))}, 10**5000, b"\x00" * 10**6):
         message = str(InputError("field", value, "not allowed"))
         assert len(message) <= len("field= is invalid: not allowed") + EXCERPT_CHARS, message
+
+
+def test_a_key_the_user_wrote_is_shown_on_one_short_line(tmp_path: Path) -> None:
+    for key in ("\n", "x" * 5000, "a\rb"):
+        path = tmp_path / "hw.yaml"
+        path.write_text(yaml.safe_dump({"name": "x", key: 1}))
+        with pytest.raises(InputError) as exc:
+            load_profile_file(path)
+        assert "\n" not in str(exc.value) and "\r" not in str(exc.value) and len(str(exc.value)) < 400
+    with pytest.raises(InputError) as exc:
+        raise InputError("a\nfile name:\n12: field", 1, "bad")
+    assert "\n" not in str(exc.value)
