@@ -86,9 +86,36 @@ class LognormalLength(_Bounded):
     kind: Literal["lognormal"] = "lognormal"
     median_tokens: float = Field(gt=0, le=limits.MAX_REQUEST_TOKENS, description="Median before clipping, tokens")
     sigma: float = Field(ge=0, le=5, description="Standard deviation of log(length); 0 is a fixed length")
+    bounds: Literal["clip", "redraw"] = Field(
+        "clip", description="What happens to a draw outside [min_tokens, max_tokens]: clipped to the bound, or drawn "
+        "again (a truncated distribution: how dataset samplers drop out-of-range requests)")
+
+    @model_validator(mode="after")
+    def _reachable(self) -> LognormalLength:
+        if self.bounds == "redraw" and _truncated_mass(self) < 1e-3:
+            raise ValueError(f"[{self.min_tokens}, {self.max_tokens}] holds under 0.1 % of this distribution: "
+                             "redrawing would rarely land in it")
+        return self
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return self._clip(self.median_tokens * np.exp(self.sigma * rng.standard_normal(n)))
+        if self.bounds == "clip":
+            return self._clip(self.median_tokens * np.exp(self.sigma * rng.standard_normal(n)))
+        out = np.empty(n, dtype=np.int64)
+        todo = np.arange(n)
+        while todo.size:  # the validator guarantees a usable acceptance rate
+            draws = np.rint(self.median_tokens * np.exp(self.sigma * rng.standard_normal(todo.size))).astype(np.int64)
+            ok = (draws >= self.min_tokens) & (draws <= self.max_tokens)
+            out[todo[ok]] = draws[ok]
+            todo = todo[~ok]
+        return out
+
+
+def _truncated_mass(d: LognormalLength) -> float:
+    """P(min_tokens - 0.5 <= draw <= max_tokens + 0.5) before rounding."""
+    if d.sigma == 0:
+        return float(d.min_tokens - 0.5 <= d.median_tokens <= d.max_tokens + 0.5)
+    z = [(math.log(max(v, 1e-9)) - math.log(d.median_tokens)) / d.sigma for v in (d.min_tokens - 0.5, d.max_tokens + 0.5)]
+    return 0.5 * (math.erf(z[1] / math.sqrt(2)) - math.erf(z[0] / math.sqrt(2)))
 
 
 class EmpiricalLength(_Spec):
@@ -131,10 +158,14 @@ LengthDist = Annotated[
 
 
 class PoissonArrivals(_Spec):
-    """Open loop, exponential inter-arrival times (independent users)."""
+    """Open loop, exponential inter-arrival times (independent users); optionally a client that
+    holds a request back while max_concurrency are in flight (`vllm bench serve --max-concurrency`)."""
 
     kind: Literal["poisson"] = "poisson"
     rate_per_s: float = Field(gt=0, le=1e6, description="Mean arrivals per second")
+    max_concurrency: int | None = Field(
+        None, ge=1, le=1_000_000, description="Most requests in flight; a request due while the client is full goes "
+        "when one finishes (None: no cap)")
 
     def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.cumsum(rng.exponential(1.0 / self.rate_per_s, size=n))
@@ -213,6 +244,22 @@ class TimeVaryingArrivals(_Spec):
         return sum(s.rate_per_s * s.duration_s for s in self.segments) / total_s
 
 
+class OfflineArrivals(_Spec):
+    """Every request at once (a benchmark client's request rate inf, an offline batch), optionally
+    held to max_concurrency in flight: then a closed loop without think time."""
+
+    kind: Literal["offline"] = "offline"
+    max_concurrency: int | None = Field(
+        None, ge=1, le=1_000_000, description="Most requests in flight; the rest go as earlier ones finish (None: no cap)")
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.zeros(n)
+
+    @property
+    def offered_rate_per_s(self) -> None:
+        return None
+
+
 class ClosedLoopArrivals(_Spec):
     """`concurrency` users, each sending its next request when its previous one finishes.
 
@@ -230,7 +277,7 @@ class ClosedLoopArrivals(_Spec):
 
 
 Arrival = Annotated[
-    PoissonArrivals | GammaArrivals | ConstantArrivals | TimeVaryingArrivals | ClosedLoopArrivals,
+    PoissonArrivals | GammaArrivals | ConstantArrivals | TimeVaryingArrivals | OfflineArrivals | ClosedLoopArrivals,
     Field(discriminator="kind"),
 ]
 
@@ -290,6 +337,9 @@ class Workload(_Spec):
     input_tokens: LengthDist = Field(description="Prompt length (per turn's new message in conversations), tokens")
     output_tokens: LengthDist = Field(description="Tokens to generate per request (exact: drivers set ignore_eos)")
     num_requests: int = Field(ge=1, le=limits.MAX_REQUESTS, description="Requests to draw, follow-up turns included")
+    max_total_tokens: int | None = Field(
+        None, ge=2, le=limits.MAX_REQUEST_TOKENS, description="A request whose prompt + output would exceed this is "
+        "drawn again (ShareGPT samplers drop such pairs; None: no cap)")
     shared_prefix: SharedPrefix | None = Field(None, description="Common prefixes shared by a share of requests")
     conversation: Conversation | None = Field(None, description="Multi-turn conversations; None is single-turn")
     first_token_id: int = Field(
@@ -394,6 +444,8 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
 
     inputs = workload.input_tokens.draw(rngs["input"], n)
     outputs = workload.output_tokens.draw(rngs["output"], n)
+    if workload.max_total_tokens is not None:
+        _redraw_over(workload, inputs, outputs, rngs["input"], rngs["output"])
     _check_sizes(workload, turns, prefix_ids, inputs, outputs, max_model_len)
     prefixes: list[tuple[int, ...]] = []
     if sp is not None:
@@ -422,6 +474,23 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
             parent = rid
             k += 1
     return requests
+
+
+def _redraw_over(workload: Workload, inputs: np.ndarray, outputs: np.ndarray, rng_in: np.random.Generator,
+                 rng_out: np.random.Generator, max_rounds: int = 10_000) -> None:
+    """Draw both lengths of every pair over max_total_tokens again, in place: the pairs kept then
+    follow the distribution conditioned on the cap, as a sampler that drops such pairs yields."""
+    cap = workload.max_total_tokens
+    assert cap is not None
+    over = np.flatnonzero(inputs + outputs > cap)
+    for _ in range(max_rounds):
+        if not over.size:
+            return
+        inputs[over] = workload.input_tokens.draw(rng_in, over.size)
+        outputs[over] = workload.output_tokens.draw(rng_out, over.size)
+        over = over[inputs[over] + outputs[over] > cap]
+    raise InputError("max_total_tokens", cap, "is too small for these input_tokens and output_tokens: almost every "
+                     "pair exceeds it")
 
 
 def _check_sizes(workload: Workload, turns: np.ndarray, prefix_ids: list[int | None], inputs: np.ndarray,
@@ -697,10 +766,73 @@ def _parse_row(path: Path, line: int, row: Mapping[str, object]) -> _TraceRow:
 
 # --------------------------------------------------------------------------- presets
 
+# ShareGPT as benchmark clients sample it: prompt = a conversation's first turn, output = the length
+# of its reply. The clients' filters (vLLM benchmarks/datasets.py, SGLang before 2025: drop pairs
+# with a side under 4 tokens, a prompt over 1024 or a pair over 2048; SGLang since 2025: a side
+# under 2). The spread is that of the first-round pairs of the vLLM paper's artifact
+# (github.com/sosp-ae-39/sosp-ae-astra @ 3180d2f8, datasets/sharegpt_opt_text_completion_length.pkl,
+# 84,226 pairs) under vLLM's filters: log-normal with sigma 1.35 (prompts) and 1.01 (replies).
+# The artifact is an older ShareGPT dump, so only its spread is used; the medians are solved so
+# that the means are those a run printed (vllm bench serve, seed 0, 1,000 prompts, Qwen3
+# tokenizer: 217.4 and 201.6 tokens, GPUStack's performance lab; other tokenizers print 214-230).
+SHAREGPT_SIGMA_INPUT, SHAREGPT_SIGMA_OUTPUT = 1.35, 1.01
+SHAREGPT_MEAN_INPUT, SHAREGPT_MEAN_OUTPUT = 217.4, 201.6
+SHAREGPT_RULES: dict[str, tuple[int, int | None, int | None]] = {  # (shortest side, longest prompt, longest pair)
+    "vllm": (4, 1024, 2048),
+    "sglang": (2, None, None),
+}
+_SHAREGPT_LONGEST = 32_768  # an uncapped client still meets the model's context; ShareGPT holds nothing longer
+
+
+def sharegpt_lengths(mean_input_tokens: float | None = None, mean_output_tokens: float | None = None,
+                     client: str = "vllm") -> tuple[LognormalLength, LognormalLength, int | None]:
+    """(prompt lengths, output lengths, pair cap) of ShareGPT sampled by `client`'s rules, with the
+    given means (default: the published vLLM-client means above)."""
+    if client not in SHAREGPT_RULES:
+        raise unknown_name_error("client", client, SHAREGPT_RULES)
+    shortest, longest_prompt, longest_pair = SHAREGPT_RULES[client]
+    targets = (mean_input_tokens or SHAREGPT_MEAN_INPUT, mean_output_tokens or SHAREGPT_MEAN_OUTPUT)
+    medians = _sharegpt_medians(targets, shortest, longest_prompt or _SHAREGPT_LONGEST, longest_pair)
+    prompt_cap = longest_prompt or _SHAREGPT_LONGEST
+    output_cap = (longest_pair - shortest) if longest_pair else _SHAREGPT_LONGEST
+    return (LognormalLength(median_tokens=medians[0], sigma=SHAREGPT_SIGMA_INPUT, min_tokens=shortest,
+                            max_tokens=prompt_cap, bounds="redraw"),
+            LognormalLength(median_tokens=medians[1], sigma=SHAREGPT_SIGMA_OUTPUT, min_tokens=shortest,
+                            max_tokens=output_cap, bounds="redraw"),
+            longest_pair)
+
+
+def _sharegpt_medians(targets: tuple[float, float], shortest: int, longest_prompt: int,
+                      longest_pair: int | None) -> tuple[float, float]:
+    """Medians whose truncated, pair-capped means are `targets`: fixed-point iteration over one
+    seeded sample (the truncation shifts each mean by less than the median moves it)."""
+    z = np.random.default_rng(20230923).standard_normal((2, 200_000))
+    medians = list(targets)
+    for _ in range(60):
+        x = np.rint(medians[0] * np.exp(SHAREGPT_SIGMA_INPUT * z[0]))
+        y = np.rint(medians[1] * np.exp(SHAREGPT_SIGMA_OUTPUT * z[1]))
+        keep = (x >= shortest) & (y >= shortest) & (x <= longest_prompt) & (y <= _SHAREGPT_LONGEST)
+        if longest_pair is not None:
+            keep &= x + y <= longest_pair
+        means = (x[keep].mean(), y[keep].mean())
+        if all(abs(m / t - 1) < 1e-4 for m, t in zip(means, targets)):
+            break
+        medians = [m * t / mean for m, t, mean in zip(medians, targets, means)]
+    return medians[0], medians[1]
+
+
 # Shapes are approximate, read off public dataset statistics; they are starting points,
 # not measurements of anyone's traffic. Rates are per replica-sized deployments and meant
 # to be overridden (get_workload(name, arrival=...)).
+_SHAREGPT_IN, _SHAREGPT_OUT, _SHAREGPT_PAIR = sharegpt_lengths()
 PRESETS: dict[str, Workload] = {
+    # ShareGPT as `vllm bench serve` samples it (see sharegpt_lengths), all at once: the most
+    # published serving benchmark.
+    "sharegpt": Workload(
+        name="sharegpt", description="ShareGPT as vLLM's benchmark client samples it; every request at once",
+        arrival=OfflineArrivals(), input_tokens=_SHAREGPT_IN, output_tokens=_SHAREGPT_OUT,
+        max_total_tokens=_SHAREGPT_PAIR, num_requests=1000,
+    ),
     # ShareGPT (vLLM's benchmark subset) and LMSYS-Chat-1M: prompts with a median of a few
     # hundred tokens and a long tail, replies with a median near 200 (approximate).
     "chat": Workload(

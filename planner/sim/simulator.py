@@ -96,7 +96,9 @@ def simulate(
         request = Request(wr.request_id, list(sub.prompt_token_ids),
                           SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=env.now)
         if recorder is not None:
-            recorder.submitted(wr.request_id, 0.0 if gate else sub.due_s, gate, wr.think_time_s if gate else 0.0,
+            # A gated request goes think_time_s after its gate finishes, and not before it was due.
+            due = (wr.arrival_s or 0.0) if gate else sub.due_s
+            recorder.submitted(wr.request_id, due, gate, wr.think_time_s if gate else 0.0,
                                request.num_prompt_tokens, wr.output_tokens)
         api.forward(request, lambda r: replicas[route.choose(r, replicas)].submit(r))
 
