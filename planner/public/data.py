@@ -92,6 +92,10 @@ class Lengths(_Data):
     mean_input_tokens: float | None = Field(None, gt=0, description="Published totals / prompts, when given")
     mean_output_tokens: float | None = Field(None, gt=0, description="Published totals / prompts, when given")
     tokenizer: str | None = Field(None, description="Whose tokenizer counted ShareGPT's lengths, e.g. 'llama-3', 'qwen3'")
+    sharegpt_rules: Literal["vllm", "sglang"] | None = Field(
+        None, description="sharegpt: which pairs the client dropped: 'vllm' (a side under 4 tokens, a prompt over 1024, a "
+        "pair over 2048: vLLM's client, and SGLang's before its January 2025 change) or 'sglang' (a side under 2 tokens "
+        "only); None: the rules of the client tool as it is now")
 
     @model_validator(mode="after")
     def _nominal_for_synthetic(self) -> Lengths:

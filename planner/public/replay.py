@@ -131,7 +131,7 @@ def prepare(run: PublicRun) -> ReplayRun | str:
 def _workload(run: PublicRun) -> Workload:
     client, lengths = run.client, run.lengths
     if lengths.dataset == "sharegpt":
-        rules = "sglang" if client.tool == "sglang-bench-serving" else "vllm"
+        rules = lengths.sharegpt_rules or ("sglang" if client.tool == "sglang-bench-serving" else "vllm")
         inputs, outputs, max_total = sharegpt_lengths(lengths.mean_input_tokens, lengths.mean_output_tokens, rules)
     else:
         assert lengths.input_tokens is not None and lengths.output_tokens is not None  # the schema requires them
