@@ -9,7 +9,8 @@ Ctrl-C into one line on stderr and exit status 2 (130 for Ctrl-C).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 import json
 import os
 from pathlib import Path
@@ -36,7 +37,10 @@ from planner.specs import SLO, Deployment, EngineKnobs, HardwareProfile, MemoryQ
 from planner.workload import PRESETS, Workload, get_workload
 
 if TYPE_CHECKING:
+    from rich.progress import TaskID
+
     from planner.endpoint_bench import BenchReport
+    from planner.public.fit import Progress
     from planner.search import CandidatePlan, PlanResult
 
 DEPLOYMENT = settings(Deployment)
@@ -336,6 +340,13 @@ def render_summary(s: RunSummary, deployment: str) -> None:
         lines.append(f"cost: US${c.usd_per_hour:,.2f}/h, ${c.usd_per_million_output_tokens or 0:,.3f} per 1M output tokens, "
                      f"${c.usd_per_million_input_tokens or 0:,.3f} per 1M input tokens, ${c.usd_per_request or 0:,.5f} per request")
     lines.append(f"assumed: {c.basis}")
+    if (band := s.prediction_interval) is not None:
+        r = band.ranges
+        shown = [("TTFT P50", "ttft_ms.p50", "ms"), ("TTFT P99", "ttft_ms.p99", "ms"), ("TPOT P50", "tpot_ms.p50", "ms"),
+                 ("TPOT P99", "tpot_ms.p99", "ms"), ("output", "throughput.output_tokens_per_s", "tok/s")]
+        lines.append(f"if measured ({band.coverage:.0%} band from held-out published runs): " + ", ".join(
+            f"{label} {r[key][0]:,.1f}-{r[key][1]:,.1f} {unit}" for label, key, unit in shown if key in r))
+        lines.append(f"band basis: {band.basis}")
     for line in lines:
         console.print(line)
 
@@ -470,8 +481,66 @@ def render_sweep(result: BenchReport) -> None:
 # --------------------------------------------------------------------------- calibrate
 
 
+# Flags of a CPU calibration or validation that mean nothing with --public, and back.
+_CPU_ONLY = ("model", "device", "dtype", "threads", "random_weights", "quick", "workloads", "force")
+_PUBLIC_ONLY = ("rounds", "workers")
+
+
+def _check_mode(args: argparse.Namespace) -> None:
+    """--public and the CPU flags do not mix: a flag the chosen mode ignores is refused, not dropped."""
+    ignored = _CPU_ONLY if args.public else _PUBLIC_ONLY
+    for name in ignored:
+        if name in args.mode_defaults and getattr(args, name) != args.mode_defaults[name]:
+            mode = "--public" if args.public else "a CPU calibration (without --public)"
+            raise UsageError(f"{args.flags.get(name, name)} does not apply to {mode}")
+
+
+@contextmanager
+def stages() -> Iterator[Progress]:
+    """A progress display of successive stages for planner/public: one bar each, on stderr."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bars
+
+    with Bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+              console=Console(stderr=True)) as bars:
+        current: list[TaskID] = []
+
+        def stage(what: str, total: int | None) -> Callable[[], None]:
+            if current:  # the previous stage is over, even one whose length was unknown
+                done = bars.tasks[-1].completed
+                bars.update(current[-1], total=max(done, 1), completed=max(done, 1))
+            current.append(bars.add_task(what, total=total))
+            return lambda: bars.advance(current[-1])
+
+        yield stage
+
+
+def cmd_calibrate_public(args: argparse.Namespace) -> None:
+    from planner.public.calibration import calibrate_public, write_fit
+    from planner.public.report import TARGETS_PCT, group_errors
+
+    with stages() as progress:
+        result = calibrate_public(command="serveplan calibrate " + " ".join(sys.argv[2:]), rounds=args.rounds,
+                                  workers=args.workers or default_threads(), progress=progress)
+    path = write_fit(result, *([Path(args.out)] if args.out else []))
+    t = Table(title=f"public fit: {len(result.figures)} figures, {len(result.folds)} sources, "
+                    f"{len(result.skipped)} runs set aside")
+    for col in ("metric family", "figures", "held-out median |error| %", "in-sample median |error| %", "target %"):
+        t.add_column(col, justify="left" if col == "metric family" else "right")
+    for g in group_errors(result.figures, lambda r: r.family):
+        t.add_row(g.group, str(g.figures), f"{g.held_out_median_abs_pct:.1f}", f"{g.in_sample_median_abs_pct:.1f}",
+                  f"{TARGETS_PCT.get(g.group, float('nan')):g}")
+    console.print(t)
+    console.print(f"wrote {path}; `serveplan validate --public` reports it in full")
+
+
 def cmd_calibrate(args: argparse.Namespace) -> None:
     from planner.calibrate import calibrate
+
+    _check_mode(args)
+    if args.public:
+        cmd_calibrate_public(args)
+        return
 
     cal, path = calibrate(args.model, device=args.device, dtype=args.dtype, quick=args.quick, out=args.out,
                           random_weights=args.random_weights, threads=args.threads or default_threads())
@@ -509,6 +578,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         args.model, workload, args.rate_per_s, slo, hardware=_csv(args.hardware),
         max_gpus_per_replica=args.max_gpus_per_replica, budget_usd_per_hour=args.budget_usd_per_hour,
         weight_dtypes=_csv(args.weight_dtypes), kv_dtypes=_csv(args.kv_dtypes), engine=args.engine, headroom=args.headroom,
+        confidence=args.confidence,
         requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
         cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
     )
@@ -584,9 +654,46 @@ def cmd_compare(args: argparse.Namespace) -> None:
     console.print(t)
 
 
+def cmd_validate_public(args: argparse.Namespace) -> None:
+    from planner.costmodel.fitted import PUBLIC_FIT_FILE
+    from planner.public.report import markdown, plot, validate_public
+
+    path = args.calibration or PUBLIC_FIT_FILE
+    with stages() as progress:
+        report, fit = validate_public(path, workers=args.workers or default_threads(), progress=progress)
+    if args.report:
+        out = Path(args.report)
+        image = plot(report, out.with_suffix(".png"))
+        out.write_text(markdown(report, fit, "serveplan validate " + " ".join(sys.argv[2:]), image.name))
+    if args.json:
+        print_json(report)
+    else:
+        t = Table(title=f"simulator vs {report.figures} published figures ({report.runs} runs, {report.sources} "
+                        f"sources); held out = fitted without the figure's source")
+        for col in ("metric family", "figures", "held-out median |error| %", "signed %", "in-sample %", "target %", ""):
+            t.add_column(col, justify="left" if col == "metric family" else "right")
+        for g in report.by_metric_family:
+            t.add_row(g.group, str(g.figures), f"{g.held_out_median_abs_pct:.1f}", f"{g.held_out_median_signed_pct:+.1f}",
+                      f"{g.in_sample_median_abs_pct:.1f}", f"{report.targets_pct.get(g.group, float('nan')):g}",
+                      "met" if report.met.get(g.group) else "MISSED")
+        console.print(t)
+        for name, b in report.bands.items():
+            low, high = b.interval()
+            console.print(f"band {name}: measured / predicted P10..P90 x{low:.2f}..x{high:.2f}, "
+                          f"held-out coverage {b.held_out_coverage:.0%} (nominal 80%)")
+    if not all(report.met.values()):
+        raise SystemExit(1)
+
+
 def cmd_validate(args: argparse.Namespace) -> None:
     from planner.validate import markdown, validate
 
+    _check_mode(args)
+    if args.public:
+        cmd_validate_public(args)
+        return
+    if args.calibration is None:
+        raise UsageError("--calibration is required without --public (a file written by `serveplan calibrate`)")
     report = validate(args.model, args.calibration, random_weights=args.random_weights, quick=args.quick,
                       only=args.workloads, force=args.force)
     if args.report:
@@ -623,6 +730,20 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def _at_least_one(text: str) -> int:
+    value = int(text) if text.strip().lstrip("+").isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is invalid: a whole number >= 1 is allowed")
+    return value
+
+
+def _add_public_flags(p: argparse.ArgumentParser, what: str) -> None:
+    """--public and its flags; called last, it records the command's defaults for _check_mode."""
+    p.add_argument("--public", action="store_true", help=what)
+    p.add_argument("--workers", type=_at_least_one, help="--public: simulation processes (default: CPU count)")
+    p.set_defaults(mode_defaults={a.dest: a.default for a in p._actions if a.dest in _CPU_ONLY + _PUBLIC_ONLY})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -708,18 +829,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
     add_flags(p, [engine_flags[n] for n in ("random_weights", "device", "dtype", "threads")])
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats")
-    p.add_argument("--out", help="calibration file (default: hwprofiles/calibrations/<device>__<model>__<dtype>.json)")
+    p.add_argument("--out", help="calibration file (default: hwprofiles/calibrations/<device>__<model>__<dtype>.json; "
+                                 "with --public, hwprofiles/calibrations/public-gpu.json)")
+    p.add_argument("--rounds", type=_at_least_one, default=3, help="--public: trace-and-fit rounds (default: 3)")
+    _add_public_flags(p, "instead, fit the GPU-family and engine figures to published measurements (slow: minutes to "
+                         "hours; see docs/validation-public.md)")
     command(p, cmd_calibrate)
 
     p = sub.add_parser("validate", help="run the same workloads through the engine and the calibrated simulator")
     p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
     add_flags(p, [engine_flags["random_weights"]])
-    p.add_argument("--calibration", required=True, help="a file written by `serveplan calibrate` (its thread count is used)")
+    p.add_argument("--calibration", help="a file written by `serveplan calibrate` (its thread count is used); with "
+                                         "--public, a public fit (default: hwprofiles/calibrations/public-gpu.json)")
     p.add_argument("--workloads", nargs="+", help="validate only these scenarios (default: all)")
     p.add_argument("--quick", action="store_true", help="fewer requests per workload")
     p.add_argument("--force", action="store_true", help="apply a calibration made for another model or device")
-    p.add_argument("--report", help="also write the comparison as markdown to this file")
+    p.add_argument("--report", help="also write the comparison as markdown to this file (with --public, a plot beside it)")
     p.add_argument("--json", action="store_true")
+    _add_public_flags(p, "instead, predict every published GPU figure with the public fit, each source held out")
     command(p, cmd_validate)
 
     p = sub.add_parser("schema", help="export the JSON Schema of the specs")

@@ -275,6 +275,9 @@ class PlanSettings(Spec):
         None, gt=0, le=1e9, description="Most US$/h to spend on all replicas (default: no budget)")
     headroom: Annotated[float, Knob("--headroom", "Headroom", "share")] = Field(
         0.1, ge=0, le=100, description="Replicas are sized for rate x (1 + headroom)")
+    confidence: Annotated[float | None, Knob("--confidence", "Confidence", "probability")] = Field(
+        None, ge=0.5, le=0.95, description="Size against the pessimistic bound that measurements stay within this "
+        "often (from the public fit's held-out errors) instead of the prediction itself (default: the prediction)")
 
 
 # --------------------------------------------------------------------------- SLO

@@ -23,6 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.metrics import MetricFamily
 from planner.specs import Dtype
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -50,7 +51,6 @@ Metric = Literal[
     "itl_mean", "itl_median", "itl_p99",
     "e2e_mean", "e2e_median", "e2e_p99",
 ]
-MetricFamily = Literal["throughput", "ttft", "tpot_itl", "e2e"]
 
 
 def metric_family(metric: Metric) -> MetricFamily:
