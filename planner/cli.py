@@ -29,6 +29,7 @@ from engine.errors import InputError, from_validation_error
 from engine.knobs import add_flags, command, read_flags, settings, values
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
+from planner.memory.startup import MemoryValidation, validate_startup_logs
 from planner.metrics import RunSummary
 from planner.playback import Replay
 from planner.sim import ROUTERS, simulate
@@ -87,24 +88,24 @@ def cmd_memory(args: argparse.Namespace) -> None:
 
 def render_memory(plan: MemoryPlan) -> None:
     title = (
-        f"{plan.model} on {plan.hardware}  tp={plan.tensor_parallel} pp={plan.pipeline_parallel} "
+        f"{plan.model} on {plan.hardware} with {plan.engine}  tp={plan.tensor_parallel} pp={plan.pipeline_parallel} "
         f"ep={plan.expert_parallel}  weights {plan.weight_dtype}, KV {plan.kv_dtype}, context {plan.context_tokens:,} tokens"
     )
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("per GPU (worst pipeline stage)")
     t.add_column("GiB", justify="right")
-    rows = [
-        ("device memory", plan.device_memory_gib),
-        ("usable (x gpu_memory_utilization)", plan.usable_memory_gib),
-        ("weights: transformer layers", plan.weights.transformer_layers_gib),
-        ("weights: embedding", plan.weights.embedding_gib),
-        ("weights: LM head", plan.weights.lm_head_gib),
-        ("activation reserve", plan.activation_reserve_gib),
-        ("runtime overhead", plan.runtime_overhead_gib),
-        ("KV cache", plan.kv_cache_gib),
-    ]
-    for label, gib in rows:
-        t.add_row(label, f"{gib:,.2f}")
+    t.add_column("rule")
+    t.add_column("source", style="dim", overflow="fold")
+    outside = False
+    for line in plan.lines:
+        if line.key == "kv":
+            t.add_section()
+        elif not line.in_budget and not outside and line.key not in ("device.reported", "budget"):
+            t.add_section()
+            t.add_row("[italic]outside the budget: must fit in what the engine leaves[/italic]", "", "", "")
+            outside = True
+        label = f"[bold]{line.label}[/bold]" if line.key == "kv" else line.label
+        t.add_row(label, f"{line.gib:,.2f}", line.rule, line.source)
     console.print(t)
     kv = Table(show_header=False)
     kv.add_column("KV cache")
@@ -123,6 +124,29 @@ def render_memory(plan: MemoryPlan) -> None:
     console.print("Assumptions:", style="dim")
     for note in plan.assumptions:
         console.print(f"  - {note}", style="dim")
+
+
+def render_memory_validation(report: MemoryValidation, as_json: bool) -> None:
+    if as_json:
+        print_json(report)
+        return
+    t = Table(title=f"Memory model vs {len(report.logs)} published engine start-up logs (GiB per GPU; "
+                    "signed error of the prediction)")
+    for col in ("log", "profile", "KV pred", "KV log", "KV err", "weights pred", "weights log", "weights err"):
+        t.add_column(col, justify="left" if col in ("log", "profile") else "right", overflow="fold")
+
+    def num(value: float | None, pct: bool = False) -> str:
+        return "-" if value is None else (f"{value:+.1f} %" if pct else f"{value:,.2f}")
+
+    for c in report.logs:
+        name = c.id if c.counted else f"[dim]{c.id} (low confidence, not counted)[/dim]"
+        t.add_row(name, c.engine_profile, num(c.kv_predicted_gib), num(c.kv_reported_gib), num(c.kv_error_pct, True),
+                  num(c.weights_predicted_gib), num(c.weights_reported_gib), num(c.weights_error_pct, True))
+    console.print(t)
+    sources = ", ".join(f"{k} ({v})" for k, v in report.sources.items())
+    console.print(f"KV cache: median |error| {report.kv_median_abs_error_pct:.1f} % over {report.kv_logs} logs; "
+                  f"weights: {report.weights_median_abs_error_pct:.2f} % over {report.weights_logs} logs; engines that "
+                  f"refused to start and plans that do not fit: {report.refused_logs_agreeing}. Sources: {sources}.")
 
 
 # --------------------------------------------------------------------------- catalogs
@@ -585,6 +609,11 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> None:
+    if args.memory:
+        render_memory_validation(validate_startup_logs(), args.json)
+        return
+    if args.calibration is None:
+        raise InputError("calibration", "(none)", "required: a file written by `serveplan calibrate` (or give --memory)")
     from planner.validate import markdown, validate
 
     report = validate(args.model, args.calibration, random_weights=args.random_weights, quick=args.quick,
@@ -714,7 +743,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="run the same workloads through the engine and the calibrated simulator")
     p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
     add_flags(p, [engine_flags["random_weights"]])
-    p.add_argument("--calibration", required=True, help="a file written by `serveplan calibrate` (its thread count is used)")
+    p.add_argument("--calibration", help="a file written by `serveplan calibrate` (its thread count is used)")
+    p.add_argument("--memory", action="store_true",
+                   help="instead: the memory model against published engine start-up logs (KV cache and weights GiB)")
     p.add_argument("--workloads", nargs="+", help="validate only these scenarios (default: all)")
     p.add_argument("--quick", action="store_true", help="fewer requests per workload")
     p.add_argument("--force", action="store_true", help="apply a calibration made for another model or device")
