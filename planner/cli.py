@@ -143,7 +143,8 @@ def render_memory_validation(report: MemoryValidation, as_json: bool) -> None:
         t.add_row(name, c.engine_profile, num(c.kv_predicted_gib), num(c.kv_reported_gib), num(c.kv_error_pct, True),
                   num(c.weights_predicted_gib), num(c.weights_reported_gib), num(c.weights_error_pct, True))
     console.print(t)
-    sources = ", ".join(f"{k} ({v})" for k, v in report.sources.items())
+    sources = ", ".join(f"{k} ({v} logs, KV {report.kv_median_abs_error_pct_by_source.get(k, 0):.1f} %)"
+                        for k, v in report.sources.items())
     console.print(f"KV cache: median |error| {report.kv_median_abs_error_pct:.1f} % over {report.kv_logs} logs; "
                   f"weights: {report.weights_median_abs_error_pct:.2f} % over {report.weights_logs} logs; engines that "
                   f"refused to start and plans that do not fit: {report.refused_logs_agreeing}. Sources: {sources}.")

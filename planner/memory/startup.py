@@ -4,11 +4,13 @@ flags) beside what the engine printed, and the median absolute error over the lo
 
 The logs are data to check the rules against, never to fit them: no figure of planner.memory is
 derived from a log's KV-cache size. Logs of low confidence (launch flags unknown) are shown and left
-out of the medians.
+out of the medians. `python -m planner.memory.startup` rewrites the table of docs/memory.md.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+import re
 import statistics
 
 from pydantic import Field
@@ -21,6 +23,7 @@ from planner.public.data import StartupLog, startup_logs
 from planner.specs import Deployment, EngineKnobs
 
 COMMAND = "serveplan validate --memory"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "memory.md"
 # Launch flags that set an EngineKnobs field, by the engine's own name.
 KNOB_ARGS = {"gpu_memory_utilization": "gpu_memory_utilization", "mem_fraction_static": "gpu_memory_utilization",
              "free_gpu_memory_fraction": "gpu_memory_utilization", "max_num_seqs": "max_num_seqs",
@@ -58,6 +61,7 @@ class MemoryValidation(Report):
     weights_logs: int
     weights_median_abs_error_pct: float
     sources: dict[str, int] = Field(description="Logs counted, per publication")
+    kv_median_abs_error_pct_by_source: dict[str, float] = Field(description="The KV median of each publication's logs")
     refused_logs_agreeing: str = Field(description="Logs where the engine refused to start and the plan does not fit")
 
 
@@ -68,11 +72,15 @@ def validate_startup_logs() -> MemoryValidation:
     weights = [abs(c.weights_error_pct) for c in counted if c.weights_error_pct is not None]
     refused = [c for c in counted if c.engine_started is False]
     sources: dict[str, int] = {}
+    by_source: dict[str, list[float]] = {}
     for c in counted:
         sources[c.source_key] = sources.get(c.source_key, 0) + 1
+        if c.kv_error_pct is not None:
+            by_source.setdefault(c.source_key, []).append(abs(c.kv_error_pct))
     return MemoryValidation(
         command=COMMAND, logs=checks, kv_logs=len(kv), kv_median_abs_error_pct=statistics.median(kv),
         weights_logs=len(weights), weights_median_abs_error_pct=statistics.median(weights), sources=sources,
+        kv_median_abs_error_pct_by_source={k: statistics.median(v) for k, v in by_source.items()},
         refused_logs_agreeing=f"{sum(not c.fits_predicted for c in refused)} of {len(refused)}",
     )
 
@@ -116,3 +124,34 @@ def _non_torch(plan: MemoryPlan) -> float:
 
 def _error(predicted: float, reported: float | None) -> float | None:
     return None if reported is None else (predicted - reported) / abs(reported) * 100
+
+
+def markdown(report: MemoryValidation) -> str:
+    """The validation table of docs/memory.md (between its <!-- validation --> markers)."""
+
+    def num(value: float | None, pct: bool = False) -> str:
+        return "-" if value is None else (f"{value:+.1f} %" if pct else f"{value:.2f}")
+
+    rows = ["| log | profile | KV predicted | KV logged | KV error | weights predicted | weights logged | weights error |",
+            "|---|---|---|---|---|---|---|---|"]
+    for c in report.logs:
+        name = f"[{c.id}]({c.source_url})" + ("" if c.counted else " (low confidence, not counted)")
+        rows.append(f"| {name} | {c.engine_profile} | {num(c.kv_predicted_gib)} | {num(c.kv_reported_gib)} | "
+                    f"{num(c.kv_error_pct, True)} | {num(c.weights_predicted_gib)} | {num(c.weights_reported_gib)} | "
+                    f"{num(c.weights_error_pct, True)} |")
+    sources = ", ".join(f"{k} ({v} logs, KV median {report.kv_median_abs_error_pct_by_source.get(k, 0):.1f} %)"
+                        for k, v in report.sources.items())
+    rows += ["", f"KV cache: median |error| **{report.kv_median_abs_error_pct:.1f} %** over {report.kv_logs} logs; "
+                 f"weights: median |error| **{report.weights_median_abs_error_pct:.2f} %** over {report.weights_logs} "
+                 f"logs; engines that refused to start whose plan does not fit: {report.refused_logs_agreeing}. "
+                 f"Per source: {sources}."]
+    return "\n".join(rows)
+
+
+def regenerate(text: str) -> str:
+    block = f"<!-- validation -->\n{markdown(validate_startup_logs())}\n<!-- /validation -->"
+    return re.sub(r"<!-- validation -->\n.*?<!-- /validation -->", lambda _: block, text, flags=re.S)
+
+
+if __name__ == "__main__":
+    DOC.write_text(regenerate(DOC.read_text()))

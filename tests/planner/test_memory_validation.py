@@ -57,3 +57,10 @@ def test_cli_prints_the_table_and_the_json_is_the_report(capsys, report) -> None
     data = json.loads(capsys.readouterr().out)
     assert data["kv_median_abs_error_pct"] == pytest.approx(report.kv_median_abs_error_pct)
     assert len(data["logs"]) == len(report.logs)
+
+
+def test_the_docs_table_is_generated_from_the_report() -> None:
+    from planner.memory.startup import DOC, regenerate
+
+    text = DOC.read_text()
+    assert regenerate(text) == text, "run: python -m planner.memory.startup"
