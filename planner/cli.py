@@ -29,7 +29,7 @@ from engine.errors import InputError, from_validation_error
 from engine.knobs import add_flags, command, read_flags, settings, values
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
-from planner.memory.startup import MemoryValidation, validate_startup_logs
+from planner.validate_memory import MemoryValidation, validate_startup_logs
 from planner.metrics import RunSummary
 from planner.playback import Replay
 from planner.sim import ROUTERS, simulate

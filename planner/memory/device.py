@@ -57,10 +57,13 @@ def runtime(hw: HardwareProfile, gpus: int) -> list[Part]:
                  CONTEXT_SOURCE), *_non_torch(hw, gpus)]
 
 
-def cublas_workspace(hw: HardwareProfile) -> Part:
+def cublas_workspace(hw: HardwareProfile) -> list[Part]:
+    """PyTorch's cuBLAS workspace, allocated on the first GEMM (NVIDIA GPUs; other devices' BLAS not modelled)."""
+    if hw.vendor != "NVIDIA":
+        return []
     mib = CUBLAS_WORKSPACE_MIB.get(hw.family, CUBLAS_WORKSPACE_OLDER_MIB)
-    return Part("activation.cublas", "cuBLAS workspace (first GEMM)", mib * MIB, f"{mib} MiB on {hw.family}",
-                CUBLAS_SOURCE)
+    return [Part("activation.cublas", "cuBLAS workspace (first GEMM)", mib * MIB, f"{mib} MiB on {hw.family}",
+                 CUBLAS_SOURCE)]
 
 
 def _non_torch(hw: HardwareProfile, gpus: int) -> list[Part]:

@@ -112,7 +112,7 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
         last = index == len(stages) - 1
         stage_acts = activations.profiling_pass(model, dep, engine, sampler if last else None, samples=last)
         if engine.memory.activation_profile == "budget":
-            stage_acts.append(device.cublas_workspace(hw))
+            stage_acts.extend(device.cublas_workspace(hw))
         budget = engine_budget(engine, hw, dep, total, list(weights.parts), stage_acts, runtime, graphs)
         block_bytes = kv_per_token_per_layer * weights.num_layers * knobs.block_size_tokens  # type: ignore[operator]
         blocks = max(0, math.floor(budget.kv_bytes / block_bytes))

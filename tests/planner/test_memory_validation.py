@@ -6,7 +6,7 @@ import json
 import pytest
 
 from planner.cli import main
-from planner.memory.startup import validate_startup_logs
+from planner.validate_memory import validate_startup_logs
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,7 @@ def test_cli_prints_the_table_and_the_json_is_the_report(capsys, report) -> None
 
 
 def test_the_docs_table_is_generated_from_the_report() -> None:
-    from planner.memory.startup import DOC, regenerate
+    from planner.validate_memory import DOC, regenerate
 
     text = DOC.read_text()
-    assert regenerate(text) == text, "run: python -m planner.memory.startup"
+    assert regenerate(text) == text, "run: python -m planner.validate_memory"

@@ -4,7 +4,7 @@ flags) beside what the engine printed, and the median absolute error over the lo
 
 The logs are data to check the rules against, never to fit them: no figure of planner.memory is
 derived from a log's KV-cache size. Logs of low confidence (launch flags unknown) are shown and left
-out of the medians. `python -m planner.memory.startup` rewrites the table of docs/memory.md.
+out of the medians. `python -m planner.validate_memory` rewrites the table of docs/memory.md.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from planner.public.data import StartupLog, startup_logs
 from planner.specs import Deployment, EngineKnobs
 
 COMMAND = "serveplan validate --memory"
-DOC = Path(__file__).resolve().parents[2] / "docs" / "memory.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "memory.md"
 # Launch flags that set an EngineKnobs field, by the engine's own name.
 KNOB_ARGS = {"gpu_memory_utilization": "gpu_memory_utilization", "mem_fraction_static": "gpu_memory_utilization",
              "free_gpu_memory_fraction": "gpu_memory_utilization", "max_num_seqs": "max_num_seqs",
