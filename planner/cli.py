@@ -159,13 +159,15 @@ def cmd_hw_list(args: argparse.Namespace) -> None:
         print_json([p.model_dump(mode="json") for p in profiles.values()])
         return
     t = Table(title=f"{len(profiles)} hardware profiles (dense peaks; * = derived or estimated, see `hw show`)")
-    for col in ("name", "device", "memory GiB", "bandwidth GB/s", "bf16 TFLOPS", "fp8 TFLOPS", "scale-up GB/s", "US$/hour"):
+    for col in ("name", "device", "memory GiB", "reported GiB", "bandwidth GB/s", "bf16 TFLOPS", "fp8 TFLOPS",
+                "scale-up GB/s", "US$/hour"):
         t.add_column(col, justify="left" if col in ("name", "device") else "right", no_wrap=True)
     for p in profiles.values():
         t.add_row(
             p.name,
             p.display_name,
             _fmt(p, "memory_gib", p.memory_gib),
+            _fmt(p, "memory_reported_gib", p.memory_reported_gib),
             _fmt(p, "memory_bandwidth_gb_s", p.memory_bandwidth_gb_s),
             _fmt(p, "peak_tflops.bf16", p.peak_tflops.bf16),
             _fmt(p, "peak_tflops.fp8", p.peak_tflops.fp8),
