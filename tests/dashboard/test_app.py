@@ -140,7 +140,11 @@ def test_memory_breakdown_and_concurrency_curve():
     assert not at.exception and not errors(at)
     parts = at.dataframe[0].value
     assert parts.GiB.sum() == pytest.approx(get_hardware("h100-sxm").memory_gib, rel=1e-6)
-    curve = at.dataframe[1].value
+    lines = at.dataframe[1].value  # the same lines, rules and sources as `serveplan memory`
+    kv = lines[lines.line == "KV cache"]
+    assert len(kv) == 1 and kv.GiB.iloc[0] == pytest.approx(parts[parts.part == "KV cache"].GiB.iloc[0], abs=1e-3)
+    assert lines.rule.str.len().min() > 0 and lines.source.str.len().min() > 0
+    curve = at.dataframe[2].value
     assert curve["max concurrent sequences"].is_monotonic_decreasing
 
 
