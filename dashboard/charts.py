@@ -125,3 +125,16 @@ def grouped_bars(data: pd.DataFrame, x: str, y: str, color: str, title: str) -> 
         x=alt.X(f"{x}:N", title=None), xOffset=f"{color}:N", y=alt.Y(f"{y}:Q", title=title),
         color=alt.Color(f"{color}:N"), tooltip=[x, color, alt.Tooltip(f"{y}:Q", format=",.2f")],
     ).properties(height=260)
+
+
+def predicted_vs_measured(figures: pd.DataFrame) -> alt.Chart:
+    """Held-out predicted against measured, log-log, faceted by metric family, with the y = x line."""
+    base = alt.Chart(figures).encode(
+        x=alt.X("measured:Q", scale=alt.Scale(type="log"), title="measured"),
+        y=alt.Y("held-out prediction:Q", scale=alt.Scale(type="log"), title="predicted, source held out"),
+    )
+    points = base.mark_circle(size=18, opacity=0.5).encode(
+        color=alt.Color("engine:N", legend=alt.Legend(orient="bottom", columns=4)),
+        tooltip=["run", "metric", "measured", "held-out prediction", "error (%)"])
+    line = base.mark_line(color="black", strokeWidth=0.8).encode(x="measured:Q", y="measured:Q")
+    return (line + points).properties(width=260, height=240).facet(facet=alt.Facet("family:N", title=None), columns=4)
