@@ -56,6 +56,8 @@ class MetricDelta(_Out):
     b: float | None
     delta: float | None = Field(description="b - a")
     delta_pct: float | None = Field(description="(b - a) / a x 100; None when a is 0 or missing")
+    a_range: tuple[float, float] | None = Field(None, description="A's prediction interval (simulated GPU runs)")
+    b_range: tuple[float, float] | None = Field(None, description="B's prediction interval (simulated GPU runs)")
 
 
 class Comparison(_Out):
@@ -100,7 +102,8 @@ def compare(a: Side, b: Side) -> Comparison:
         va, vb = _get(a.summary, keys), _get(b.summary, keys)
         delta = None if va is None or vb is None else vb - va
         pct = None if delta is None or not va else 100.0 * delta / va
-        rows.append(MetricDelta(metric=label, a=va, b=vb, delta=delta, delta_pct=pct))
+        rows.append(MetricDelta(metric=label, a=va, b=vb, delta=delta, delta_pct=pct,
+                                a_range=_range(a.summary, keys), b_range=_range(b.summary, keys)))
     return Comparison(a=a, b=b, metrics=rows)
 
 
@@ -109,3 +112,8 @@ def _get(summary: RunSummary, keys: tuple[str, ...]) -> float | None:
     for key in keys:
         value = getattr(value, key)
     return None if value is None else float(value)  # type: ignore[arg-type]
+
+
+def _range(summary: RunSummary, keys: tuple[str, ...]) -> tuple[float, float] | None:
+    band = summary.prediction_interval
+    return None if band is None else band.ranges.get(".".join(keys))
