@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-import json
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from engine.core.scheduler import Batching, Policy, SchedulerConfig
 from engine.dtypes import KV_DTYPE_BYTES, KV_SCALED_DTYPES, EngineDtype, QuantKVDtype, QuantWeightDtype
 from engine.errors import InputError, from_validation_error
+from engine.files import load_json
 from engine.knobs import Knob
 
 SUPPORTED_MODEL_TYPES = (
@@ -48,7 +48,6 @@ MAX_WIDTH = 1 << 20
 MAX_VOCAB = 1 << 22
 MAX_CONTEXT = 1 << 24
 MAX_EXPERTS = 1 << 16
-MAX_CONFIG_BYTES = 1 << 20
 MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
 
 
@@ -190,7 +189,7 @@ class ModelConfig:
     def from_hf_config(cls, cfg: dict[str, Any], name: str = "") -> ModelConfig:
         """Build from the parsed contents of an HF config.json; every value read is checked first."""
         if not isinstance(cfg, dict):
-            raise InputError("config.json", type(cfg).__name__, "must be a JSON object")
+            raise InputError("model", type(cfg).__name__, "a config.json must be a JSON object")
         if "text_config" in cfg:  # multimodal wrappers (Gemma 3): the decoder lives in text_config
             text = cfg["text_config"]
             if not isinstance(text, dict):
@@ -253,19 +252,8 @@ class ModelConfig:
             path = path / "config.json"
         if not path.exists():
             raise InputError("model", str(path), "no such file (expected a config.json or a folder holding one)")
-        # Checked before reading: a device or a FIFO never ends, and a config is a few kilobytes.
-        if not path.is_file():
-            raise InputError("model", str(path), "not a regular file (expected a config.json)")
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise InputError("model", str(path), f"larger than {MAX_CONFIG_BYTES:,} bytes: not a config.json")
-        try:
-            cfg = json.loads(path.read_bytes().decode())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise InputError("config.json", str(path), f"is not valid JSON ({type(exc).__name__} at byte "
-                             f"{getattr(exc, 'pos', getattr(exc, 'start', '?'))})") from None
-        except RecursionError:
-            raise InputError("config.json", str(path), "is nested too deeply to be a model config") from None
-        return cls.from_hf_config(cfg, name=name or path.parent.name)
+        # A regular file of at most MAX_CONFIG_BYTES, checked before reading: a FIFO or a device never ends.
+        return cls.from_hf_config(load_json(path, "model", "MAX_CONFIG_BYTES"), name=name or path.parent.name)  # type: ignore[arg-type]
 
     def first_layers(self, num_layers: int) -> ModelConfig:
         """The same model cut after its first `num_layers` layers (embedding, final norm and LM

@@ -12,9 +12,10 @@ import difflib
 
 from pydantic import ValidationError
 
+from engine import limits
 from engine.core.errors import EXCERPT_CHARS, InputError, excerpt
 
-__all__ = ["EXCERPT_CHARS", "InputError", "excerpt", "from_validation_error", "unknown_name_error"]
+__all__ = ["EXCERPT_CHARS", "InputError", "excerpt", "from_validation_error", "over_limit", "unknown_name_error"]
 
 
 def from_validation_error(exc: ValidationError, where: str = "") -> InputError:
@@ -24,7 +25,9 @@ def from_validation_error(exc: ValidationError, where: str = "") -> InputError:
     A validator that raised an InputError itself keeps its field, value and wording.
     """
     err = exc.errors()[0]
-    path = [str(part) for part in err["loc"]]
+    # A part of the path can be a key the user wrote (an unknown field): any text, any length.
+    path = [part if isinstance(part, str) and part.isprintable() and len(part) <= 64 else
+            str(part) if isinstance(part, int) else excerpt(part) for part in err["loc"]]
     raised = err.get("ctx", {}).get("error")
     if isinstance(raised, InputError):
         field, value, allowed = ".".join([*path, raised.field]), raised.value, raised.allowed
@@ -36,6 +39,11 @@ def from_validation_error(exc: ValidationError, where: str = "") -> InputError:
         field, value, allowed = ".".join(path), err.get("input"), err["msg"].removeprefix("Value error, ")
     field = field or exc.title
     return InputError(f"{where}: {field}" if where else field, value, allowed)
+
+
+def over_limit(field: str, value: object, limit: str, what: str) -> InputError:
+    """`field`'s `value` makes `what` exceed engine.limits.`limit` (read now, so a raised limit counts)."""
+    return InputError(field, value, f"{what} exceeds the limit {limit}={getattr(limits, limit):,}; see docs/security.md")
 
 
 def unknown_name_error(field: str, value: str, known: Iterable[str]) -> InputError:

@@ -38,6 +38,7 @@ from engine.config import ModelConfig
 from engine.dtypes import SHORT_NAME
 from engine.core import Request, SamplingParams, SchedulerOutput
 from engine.errors import InputError, from_validation_error
+from engine.files import load_json
 from hwprofiles import PROFILE_DIR
 from planner.costmodel import CostModel, CostParams
 from planner.hardware import hardware_catalog
@@ -120,9 +121,7 @@ def load_calibration(path: str | Path, model: ModelConfig | None = None, hardwar
     """Read a calibration; refuse one made for another model or device unless `force` (then warn)."""
     path = Path(path)
     try:
-        cal = Calibration.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
-        raise InputError("calibration", str(path), "no such file") from None
+        cal = Calibration.model_validate(load_json(path, "calibration"))
     except ValidationError as exc:
         problem = from_validation_error(exc)
         raise InputError("calibration", str(path), f"not a valid calibration file ({problem.field}: {problem.allowed})") from None

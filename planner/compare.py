@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-import yaml
 
 from engine.catalog import resolve_model
-from engine.errors import InputError
+from engine.errors import InputError, from_validation_error
+from engine.files import load_yaml
 from planner.hardware import get_hardware
 from planner.metrics import RunSummary
 from planner.playback import Replay
@@ -17,22 +17,22 @@ from planner.specs import SLO, Deployment
 from planner.workload import Workload, get_workload
 
 # (label, path into RunSummary): the figures a what-if question is usually about.
-METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("TTFT P50, ms", ("ttft_ms", "p50")),
-    ("TTFT P99, ms", ("ttft_ms", "p99")),
-    ("TPOT P50, ms", ("tpot_ms", "p50")),
-    ("TPOT P99, ms", ("tpot_ms", "p99")),
-    ("ITL P99, ms", ("itl_ms", "p99")),
-    ("E2E P99, ms", ("e2e_ms", "p99")),
-    ("requests/s", ("throughput", "requests_per_s")),
-    ("output tokens/s", ("throughput", "output_tokens_per_s")),
-    ("goodput share", ("goodput", "share")),
-    ("prefix-cache hit rate", ("prefix_cache_hit_rate",)),
-    ("preemptions", ("preemptions",)),
-    ("KV blocks", ("kv_cache_blocks_total",)),
-    ("busy share", ("utilisation", "busy_share")),
-    ("US$/h", ("cost", "usd_per_hour")),
-    ("US$ per 1M output tokens", ("cost", "usd_per_million_output_tokens")),
+METRICS: tuple[tuple[str, str], ...] = (
+    ("TTFT P50, ms", "ttft_ms.p50"),
+    ("TTFT P99, ms", "ttft_ms.p99"),
+    ("TPOT P50, ms", "tpot_ms.p50"),
+    ("TPOT P99, ms", "tpot_ms.p99"),
+    ("ITL P99, ms", "itl_ms.p99"),
+    ("E2E P99, ms", "e2e_ms.p99"),
+    ("requests/s", "throughput.requests_per_s"),
+    ("output tokens/s", "throughput.output_tokens_per_s"),
+    ("goodput share", "goodput.share"),
+    ("prefix-cache hit rate", "prefix_cache_hit_rate"),
+    ("preemptions", "preemptions"),
+    ("KV blocks", "kv_cache_blocks_total"),
+    ("busy share", "utilisation.busy_share"),
+    ("US$/h", "cost.usd_per_hour"),
+    ("US$ per 1M output tokens", "cost.usd_per_million_output_tokens"),
 )
 
 
@@ -56,6 +56,8 @@ class MetricDelta(_Out):
     b: float | None
     delta: float | None = Field(description="b - a")
     delta_pct: float | None = Field(description="(b - a) / a x 100; None when a is 0 or missing")
+    a_range: tuple[float, float] | None = Field(None, description="A's prediction interval (simulated GPU runs)")
+    b_range: tuple[float, float] | None = Field(None, description="B's prediction interval (simulated GPU runs)")
 
 
 class Comparison(_Out):
@@ -72,12 +74,7 @@ def load_side(path: str | Path, default_model: str, default_workload: str, overr
     config path) and `workload:` (a preset name, a workload file or an inline workload mapping).
     `overrides` (arrival, num_requests, seed) apply to the workload either way."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as exc:
-        raise InputError("deployment file", str(path), f"cannot read ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise InputError("deployment file", str(path), f"malformed YAML ({exc})".replace("\n", " ")) from None
+    data = load_yaml(path, "deployment file")
     if not isinstance(data, dict):
         raise InputError("deployment file", str(path), "must be a mapping of Deployment fields")
     model = resolve_model(str(data.pop("model", default_model)))
@@ -86,34 +83,30 @@ def load_side(path: str | Path, default_model: str, default_workload: str, overr
         try:
             workload = Workload.model_validate({**spec, **overrides})
         except ValidationError as exc:
-            first = exc.errors()[0]
-            raise InputError(f"{path.name}: workload.{'.'.join(map(str, first['loc']))}", first.get("input"),
-                             first["msg"]) from None
+            raise from_validation_error(exc, f"{path.name}: workload") from None
     else:
         workload = get_workload(str(spec), **overrides)
     try:
         dep = Deployment.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        raise InputError(f"{path.name}: {'.'.join(map(str, first['loc'])) or 'deployment'}", first.get("input"),
-                         first["msg"]) from None
+        raise from_validation_error(exc, path.name) from None
     hw = get_hardware(dep.hardware)
-    summary = simulate(model, hw, dep, Replay.of(workload, vocab_size=model.vocab_size), slo=slo, router=router).summary
+    replay = Replay.of(workload, model.vocab_size, model.max_position_embeddings)
+    summary = simulate(model, hw, dep, replay, slo=slo, router=router).summary
     return Side(path=str(path), model=model.name, workload=workload.name, deployment=dep, summary=summary)
 
 
 def compare(a: Side, b: Side) -> Comparison:
     rows = []
-    for label, keys in METRICS:
-        va, vb = _get(a.summary, keys), _get(b.summary, keys)
+    for label, path in METRICS:
+        va, vb = a.summary.figure(path), b.summary.figure(path)
         delta = None if va is None or vb is None else vb - va
         pct = None if delta is None or not va else 100.0 * delta / va
-        rows.append(MetricDelta(metric=label, a=va, b=vb, delta=delta, delta_pct=pct))
+        rows.append(MetricDelta(metric=label, a=va, b=vb, delta=delta, delta_pct=pct,
+                                a_range=_range(a.summary, path), b_range=_range(b.summary, path)))
     return Comparison(a=a, b=b, metrics=rows)
 
 
-def _get(summary: RunSummary, keys: tuple[str, ...]) -> float | None:
-    value: object = summary
-    for key in keys:
-        value = getattr(value, key)
-    return None if value is None else float(value)  # type: ignore[arg-type]
+def _range(summary: RunSummary, path: str) -> tuple[float, float] | None:
+    band = summary.prediction_interval
+    return None if band is None else band.ranges.get(path)

@@ -6,9 +6,9 @@ from functools import cache
 from pathlib import Path
 
 from pydantic import ValidationError
-import yaml
 
 from engine.errors import InputError, from_validation_error, unknown_name_error
+from engine.files import load_yaml
 from hwprofiles import PROFILE_DIR
 from planner.specs import HardwareProfile
 
@@ -16,12 +16,7 @@ from planner.specs import HardwareProfile
 def load_profile_file(path: str | Path) -> HardwareProfile:
     """Read and validate one profile; any defect is an InputError naming the file and field."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise InputError("hardware", str(path), "no such profile file") from None
-    except yaml.YAMLError as exc:
-        raise InputError("hardware", str(path), f"malformed YAML ({exc})".replace("\n", " ")) from None
+    data = load_yaml(path, "hardware")
     if not isinstance(data, dict):
         raise InputError("hardware", str(path), "a profile must be a YAML mapping of fields")
     try:

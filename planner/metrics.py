@@ -24,6 +24,9 @@ from engine.core.metrics import RequestMetrics, StepSample
 from planner.specs import SLO
 
 TIMESERIES_POINTS = 120
+# Published figures and prediction bands are grouped so: rates, time to first token, time between
+# tokens (TPOT and ITL), whole-request latency.
+MetricFamily = Literal["throughput", "ttft", "tpot_itl", "e2e"]
 
 
 @dataclass
@@ -121,6 +124,15 @@ class TimeSeries(_Out):
     batch_tokens: list[float] = Field(description="Tokens per step, summed over replicas")
 
 
+class PredictionInterval(_Out):
+    """Where a measurement of each figure would likely fall: the prediction times the P10 and P90 of
+    measured / predicted over published figures whose source the fit never saw."""
+
+    coverage: float = Field(description="Nominal share of measurements inside (held-out coverage in basis)")
+    ranges: dict[str, tuple[float, float]] = Field(description="'ttft_ms.p99' -> (low, high), in the figure's unit")
+    basis: str = Field(description="The fit and the held-out figures the band comes from, and its caveats")
+
+
 class RunSummary(_Out):
     """The stable result schema of `serveplan simulate --json`, `serveplan engine bench --json` and
     `serveplan bench --url` (source 'endpoint': measured by a client from the stream)."""
@@ -149,6 +161,16 @@ class RunSummary(_Out):
     cost: Cost
     timeseries: TimeSeries
     assumptions: dict[str, object] = Field(description="Every figure the run's timing model used")
+    prediction_interval: PredictionInterval | None = Field(
+        None, description="Simulated GPU runs with a public fit: the likely range of each figure if measured")
+
+    def figure(self, path: str) -> float | None:
+        """The figure at a dotted path, e.g. 'ttft_ms.p99', 'throughput.output_tokens_per_s',
+        'preemptions': the one way reports, comparisons and validations read a summary."""
+        value: object = self
+        for part in path.split("."):
+            value = getattr(value, part)
+        return None if value is None else float(value)  # type: ignore[arg-type]
 
 
 def latency_stats_ms(values_s: Sequence[float] | np.ndarray) -> LatencyStats:

@@ -3,7 +3,9 @@
 The simulator (SimPy time) and `serveplan engine bench` (wall clock) both replay a workload
 through a `Playback`, so they submit the same requests with the same prompts at the same
 moments relative to what the server does:
-- open loop: each conversation's first turn arrives at its drawn time;
+- open loop: each conversation's first turn arrives at its drawn time; a client capped at
+  `max_concurrency` in flight holds a due request until an earlier conversation ends
+  (`vllm bench serve --max-concurrency`; with every request due at once, a closed loop);
 - closed loop: `concurrency` users; each starts its next conversation `think_time_s` after its
   previous one ended;
 - a follow-up turn goes in `think_time_s` after its parent finishes, its prompt being the
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.errors import InputError
-from planner.workload import ClosedLoopArrivals, Workload, WorkloadRequest, build_prompt, draw, follow_ups, load_trace
+from planner.workload import (ClosedLoopArrivals, Workload, WorkloadRequest, build_prompt, context_error, draw, follow_ups,
+                              load_trace)
 
 
 @dataclass(frozen=True)
@@ -30,21 +33,26 @@ class Replay:
     requests: list[WorkloadRequest]
     concurrency: int | None  # closed-loop users; None: open loop (every first turn has an arrival time)
     description: str
+    max_concurrency: int | None = None  # open loop: most conversations in flight (None: no cap)
 
     @classmethod
-    def of(cls, workload: Workload, vocab_size: int | None = None) -> Replay:
+    def of(cls, workload: Workload, vocab_size: int | None = None, max_model_len: int | None = None) -> Replay:
+        """`max_model_len`: refuse a request beyond it before drawing any token id."""
         arrival = workload.arrival
         return cls(
             name=workload.name,
-            requests=draw(workload, vocab_size),
+            requests=draw(workload, vocab_size, max_model_len),
             concurrency=arrival.concurrency if isinstance(arrival, ClosedLoopArrivals) else None,
             description=f"workload {workload.name!r} ({arrival.kind}, seed {workload.seed})",
+            max_concurrency=getattr(arrival, "max_concurrency", None),
         )
 
     @classmethod
-    def from_trace(cls, path: str | Path, vocab_size: int | None = None, seed: int = 0) -> Replay:
+    def from_trace(cls, path: str | Path, vocab_size: int | None = None, seed: int = 0,
+                   max_model_len: int | None = None) -> Replay:
         kwargs = {} if vocab_size is None else {"vocab_size_tokens": min(vocab_size, 30_000)}
-        return cls(name=Path(path).stem, requests=load_trace(path, seed=seed, **kwargs), concurrency=None,
+        return cls(name=Path(path).stem, requests=load_trace(path, seed=seed, max_model_len=max_model_len, **kwargs),
+                   concurrency=None,
                    description=f"trace {path} (recorded arrival times, synthetic token ids, seed {seed})")
 
 
@@ -69,12 +77,13 @@ class Playback:
         self.num_requests = len(requests)
         self._children = follow_ups(requests)
         self._prompts: dict[str, tuple[int, ...]] = {}  # of submitted requests whose follow-up is pending
-        self._concurrency = concurrency
+        # Conversations in flight at once: closed-loop users, or an open-loop client's cap.
+        self._concurrency = concurrency if concurrency is not None else replay.max_concurrency
         self._queue = deque(sorted(roots, key=lambda r: r.arrival_s) if open_loop else roots)
 
     def start(self) -> list[Submission]:
-        """The submissions known before anything runs: every open-loop arrival, or the first
-        turn of each closed-loop user at t=0."""
+        """The submissions known before anything runs: every open-loop arrival (the first
+        max_concurrency of them under a cap), or the first turn of each closed-loop user at t=0."""
         n = len(self._queue) if self._concurrency is None else min(self._concurrency, len(self._queue))
         first = [self._queue.popleft() for _ in range(n)]
         return [self._submission(r.arrival_s or 0.0, r, r.prompt_token_ids) for r in first]
@@ -88,7 +97,9 @@ class Playback:
             return [self._submission(now_s + child.think_time_s, child, prompt)]
         if self._concurrency is not None and self._queue:
             nxt = self._queue.popleft()
-            return [self._submission(now_s + nxt.think_time_s, nxt, nxt.prompt_token_ids)]
+            # A closed-loop user thinks first; a capped open-loop request goes when it is due and a slot is free.
+            due = now_s + nxt.think_time_s if nxt.arrival_s is None else max(nxt.arrival_s, now_s)
+            return [self._submission(due, nxt, nxt.prompt_token_ids)]
         return []
 
     def _submission(self, due_s: float, request: WorkloadRequest, prompt: tuple[int, ...]) -> Submission:
@@ -115,8 +126,7 @@ def check_lengths(replay: Replay, max_model_len: int, num_blocks: int, block_siz
     for request_id, (prompt, total) in request_lengths(replay).items():
         output = total - prompt
         if total > max_model_len:
-            raise InputError(f"request {request_id}", f"{prompt} prompt + {output} output tokens",
-                             f"must fit max_model_len={max_model_len}")
+            raise context_error(request_id, prompt, output, max_model_len)
         blocks = -(-(total - 1) // block_size)
         if blocks > num_blocks:
             raise InputError(f"request {request_id}", f"{prompt} prompt + {output} output tokens",

@@ -13,19 +13,18 @@ token ids, so the engine's own block hashing decides the prefix-cache hit rate.
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-import json
 import math
 from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
-import yaml
 
-from engine.errors import InputError, unknown_name_error
-
-MAX_TOKENS = 10_000_000  # far above any context length; only guards against typos
+from engine import limits
+from engine.errors import InputError, from_validation_error, over_limit, unknown_name_error
+from engine.files import iter_lines, load_json, load_yaml, parse_json
 
 
 class _Spec(BaseModel):
@@ -38,8 +37,8 @@ class _Spec(BaseModel):
 class _Bounded(_Spec):
     """A distribution whose draws are rounded and clipped to [min_tokens, max_tokens]."""
 
-    min_tokens: int = Field(1, ge=1, le=MAX_TOKENS, description="Smallest length drawn; lower draws are clipped up")
-    max_tokens: int = Field(..., ge=1, le=MAX_TOKENS, description="Largest length drawn; higher draws are clipped down")
+    min_tokens: int = Field(1, ge=1, le=limits.MAX_REQUEST_TOKENS, description="Smallest length drawn; lower draws are clipped up")
+    max_tokens: int = Field(..., ge=1, le=limits.MAX_REQUEST_TOKENS, description="Largest length drawn; higher draws are clipped down")
 
     @model_validator(mode="after")
     def _ordered(self) -> _Bounded:
@@ -55,7 +54,7 @@ class FixedLength(_Spec):
     """Every request has the same length."""
 
     kind: Literal["fixed"] = "fixed"
-    tokens: int = Field(ge=1, le=MAX_TOKENS, description="Length of every request, tokens")
+    tokens: int = Field(ge=1, le=limits.MAX_REQUEST_TOKENS, description="Length of every request, tokens")
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.full(n, self.tokens, dtype=np.int64)
@@ -74,8 +73,8 @@ class NormalLength(_Bounded):
     """Normal lengths, rounded and clipped (so the sample mean drifts if the clip bites)."""
 
     kind: Literal["normal"] = "normal"
-    mean_tokens: float = Field(gt=0, le=MAX_TOKENS, description="Mean before clipping, tokens")
-    std_tokens: float = Field(ge=0, le=MAX_TOKENS, description="Standard deviation before clipping, tokens")
+    mean_tokens: float = Field(gt=0, le=limits.MAX_REQUEST_TOKENS, description="Mean before clipping, tokens")
+    std_tokens: float = Field(ge=0, le=limits.MAX_REQUEST_TOKENS, description="Standard deviation before clipping, tokens")
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return self._clip(rng.normal(self.mean_tokens, self.std_tokens, size=n))
@@ -85,21 +84,48 @@ class LognormalLength(_Bounded):
     """Log-normal lengths: the usual shape of chat prompts and outputs (long right tail)."""
 
     kind: Literal["lognormal"] = "lognormal"
-    median_tokens: float = Field(gt=0, le=MAX_TOKENS, description="Median before clipping, tokens")
+    median_tokens: float = Field(gt=0, le=limits.MAX_REQUEST_TOKENS, description="Median before clipping, tokens")
     sigma: float = Field(ge=0, le=5, description="Standard deviation of log(length); 0 is a fixed length")
+    bounds: Literal["clip", "redraw"] = Field(
+        "clip", description="What happens to a draw outside [min_tokens, max_tokens]: clipped to the bound, or drawn "
+        "again (a truncated distribution: how dataset samplers drop out-of-range requests)")
+
+    @model_validator(mode="after")
+    def _reachable(self) -> LognormalLength:
+        if self.bounds == "redraw" and _truncated_mass(self) < 1e-3:
+            raise ValueError(f"[{self.min_tokens}, {self.max_tokens}] holds under 0.1 % of this distribution: "
+                             "redrawing would rarely land in it")
+        return self
 
     def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return self._clip(self.median_tokens * np.exp(self.sigma * rng.standard_normal(n)))
+        if self.bounds == "clip":
+            return self._clip(self.median_tokens * np.exp(self.sigma * rng.standard_normal(n)))
+        out = np.empty(n, dtype=np.int64)
+        todo = np.arange(n)
+        while todo.size:  # the validator guarantees a usable acceptance rate
+            draws = np.rint(self.median_tokens * np.exp(self.sigma * rng.standard_normal(todo.size))).astype(np.int64)
+            ok = (draws >= self.min_tokens) & (draws <= self.max_tokens)
+            out[todo[ok]] = draws[ok]
+            todo = todo[~ok]
+        return out
+
+
+def _truncated_mass(d: LognormalLength) -> float:
+    """P(min_tokens - 0.5 <= draw <= max_tokens + 0.5) before rounding."""
+    if d.sigma == 0:
+        return float(d.min_tokens - 0.5 <= d.median_tokens <= d.max_tokens + 0.5)
+    z = [(math.log(max(v, 1e-9)) - math.log(d.median_tokens)) / d.sigma for v in (d.min_tokens - 0.5, d.max_tokens + 0.5)]
+    return 0.5 * (math.erf(z[1] / math.sqrt(2)) - math.erf(z[0] / math.sqrt(2)))
 
 
 class EmpiricalLength(_Spec):
     """A histogram: each length in `tokens` is drawn with probability proportional to its weight."""
 
     kind: Literal["empirical"] = "empirical"
-    tokens: list[Annotated[int, Field(ge=1, le=MAX_TOKENS)]] = Field(
+    tokens: list[Annotated[int, Field(ge=1, le=limits.MAX_REQUEST_TOKENS)]] = Field(
         min_length=1, description="Lengths (histogram bins), tokens"
     )
-    weights: list[Annotated[float, Field(ge=0)]] = Field(min_length=1, description="Relative frequency of each length")
+    weights: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] = Field(min_length=1, description="Relative frequency of each length")
 
     @model_validator(mode="after")
     def _matching(self) -> EmpiricalLength:
@@ -132,10 +158,14 @@ LengthDist = Annotated[
 
 
 class PoissonArrivals(_Spec):
-    """Open loop, exponential inter-arrival times (independent users)."""
+    """Open loop, exponential inter-arrival times (independent users); optionally a client that
+    holds a request back while max_concurrency are in flight (`vllm bench serve --max-concurrency`)."""
 
     kind: Literal["poisson"] = "poisson"
     rate_per_s: float = Field(gt=0, le=1e6, description="Mean arrivals per second")
+    max_concurrency: int | None = Field(
+        None, ge=1, le=1_000_000, description="Most requests in flight; a request due while the client is full goes "
+        "when one finishes (None: no cap)")
 
     def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.cumsum(rng.exponential(1.0 / self.rate_per_s, size=n))
@@ -195,20 +225,39 @@ class TimeVaryingArrivals(_Spec):
         return self
 
     def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        # Given its count, a Poisson process's points in an interval are i.i.d. uniform there.
-        chunks, count, start = [], 0, 0.0
-        while count < n:
-            for seg in self.segments:
-                k = int(rng.poisson(seg.rate_per_s * seg.duration_s))
-                chunks.append(start + np.sort(rng.uniform(0.0, seg.duration_s, size=k)))
-                count += k
-                start += seg.duration_s
-        return np.concatenate(chunks)[:n]
+        # Inversion: the points of a unit-rate Poisson process, mapped through the inverse of the
+        # integrated rate, are this process's points. One draw per request and no loop over
+        # periods, however little traffic a period carries.
+        durations = np.array([s.duration_s for s in self.segments])
+        rates = np.array([s.rate_per_s for s in self.segments])
+        end_s = np.cumsum(durations)
+        end_mass = np.cumsum(rates * durations)  # expected arrivals by the end of each segment
+        periods, mass = np.divmod(np.cumsum(rng.exponential(1.0, size=n)), end_mass[-1])
+        # The first segment whose cumulative mass passes `mass` has a positive rate.
+        seg = np.minimum(np.searchsorted(end_mass, mass, side="right"), len(rates) - 1)
+        into_s = (mass - (end_mass[seg] - rates[seg] * durations[seg])) / rates[seg]
+        return periods * end_s[-1] + (end_s[seg] - durations[seg]) + into_s
 
     @property
     def offered_rate_per_s(self) -> float:
         total_s = sum(s.duration_s for s in self.segments)
         return sum(s.rate_per_s * s.duration_s for s in self.segments) / total_s
+
+
+class OfflineArrivals(_Spec):
+    """Every request at once (a benchmark client's request rate inf, an offline batch), optionally
+    held to max_concurrency in flight: then a closed loop without think time."""
+
+    kind: Literal["offline"] = "offline"
+    max_concurrency: int | None = Field(
+        None, ge=1, le=1_000_000, description="Most requests in flight; the rest go as earlier ones finish (None: no cap)")
+
+    def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.zeros(n)
+
+    @property
+    def offered_rate_per_s(self) -> None:
+        return None
 
 
 class ClosedLoopArrivals(_Spec):
@@ -228,7 +277,7 @@ class ClosedLoopArrivals(_Spec):
 
 
 Arrival = Annotated[
-    PoissonArrivals | GammaArrivals | ConstantArrivals | TimeVaryingArrivals | ClosedLoopArrivals,
+    PoissonArrivals | GammaArrivals | ConstantArrivals | TimeVaryingArrivals | OfflineArrivals | ClosedLoopArrivals,
     Field(discriminator="kind"),
 ]
 
@@ -243,7 +292,7 @@ class SharedPrefix(_Spec):
     """
 
     num_prefixes: int = Field(ge=1, le=100_000, description="Distinct prefixes")
-    prefix_tokens: int = Field(ge=1, le=MAX_TOKENS, description="Length of each prefix, tokens")
+    prefix_tokens: int = Field(ge=1, le=limits.MAX_REQUEST_TOKENS, description="Length of each prefix, tokens")
     share: float = Field(ge=0, le=1, description="Fraction of requests (conversations) that start with a prefix")
     popularity: Literal["uniform", "zipf"] = Field(
         "uniform", description="How a prefixed request picks its prefix: equally, or Zipf (prefix i ~ 1/(i+1)^s)"
@@ -282,12 +331,15 @@ class Conversation(_Spec):
 class Workload(_Spec):
     """Everything needed to draw the same request list again: the spec plus its seed."""
 
-    name: str = Field("custom", min_length=1, description="Short id used in reports and request ids")
-    description: str = Field("", description="One line for humans")
+    name: str = Field("custom", min_length=1, max_length=64, description="Short id used in reports and request ids")
+    description: str = Field("", max_length=1000, description="One line for humans")
     arrival: Arrival = Field(description="When requests (or conversations) arrive")
     input_tokens: LengthDist = Field(description="Prompt length (per turn's new message in conversations), tokens")
     output_tokens: LengthDist = Field(description="Tokens to generate per request (exact: drivers set ignore_eos)")
-    num_requests: int = Field(ge=1, le=10_000_000, description="Requests to draw, follow-up turns included")
+    num_requests: int = Field(ge=1, le=limits.MAX_REQUESTS, description="Requests to draw, follow-up turns included")
+    max_total_tokens: int | None = Field(
+        None, ge=2, le=limits.MAX_REQUEST_TOKENS, description="A request whose prompt + output would exceed this is "
+        "drawn again (ShareGPT samplers drop such pairs; None: no cap)")
     shared_prefix: SharedPrefix | None = Field(None, description="Common prefixes shared by a share of requests")
     conversation: Conversation | None = Field(None, description="Multi-turn conversations; None is single-turn")
     first_token_id: int = Field(
@@ -346,11 +398,13 @@ def follow_ups(requests: list[WorkloadRequest]) -> dict[str, WorkloadRequest]:
 _STREAMS = ("arrivals", "input", "output", "prefix_choice", "prefix_tokens", "turns", "tokens")
 
 
-def draw(workload: Workload, vocab_size: int | None = None) -> list[WorkloadRequest]:
+def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int | None = None) -> list[WorkloadRequest]:
     """Draw the requests of `workload`; the same workload always gives the same list.
 
     `vocab_size` is the model's vocabulary: token ids stay below it too. Ids do not depend
     on it while it is at least `vocab_size_tokens`, so every large model sees the same prompts.
+    Arrival times, lengths and the token total are checked against the limits (and each
+    request against `max_model_len`, when given) before any token id is drawn.
     """
     hi = workload.vocab_size_tokens if vocab_size is None else min(vocab_size, workload.vocab_size_tokens)
     if hi <= workload.first_token_id:
@@ -360,6 +414,8 @@ def draw(workload: Workload, vocab_size: int | None = None) -> list[WorkloadRequ
     children = np.random.SeedSequence(workload.seed).spawn(len(_STREAMS))
     rngs = {stream: np.random.default_rng(child) for stream, child in zip(_STREAMS, children)}
     lo, n = workload.first_token_id, workload.num_requests
+    if n > limits.MAX_REQUESTS:  # the field's own bound, for a Workload built without validation
+        raise over_limit("num_requests", n, "MAX_REQUESTS", "the request count")
 
     conv = workload.conversation
     if conv is None:
@@ -374,13 +430,13 @@ def draw(workload: Workload, vocab_size: int | None = None) -> list[WorkloadRequ
     arrival = workload.arrival
     times = None if isinstance(arrival, ClosedLoopArrivals) else arrival.times(rngs["arrivals"], num_roots)
     root_think_s = arrival.think_time_s if isinstance(arrival, ClosedLoopArrivals) else 0.0
+    if times is not None and not times[-1] <= limits.MAX_ARRIVAL_S:
+        raise over_limit("arrival", f"{arrival.offered_rate_per_s:g} requests/s", "MAX_ARRIVAL_S",
+                         f"the last of {num_roots:,} arrivals, at {times[-1]:.3g} s,")
 
     sp = workload.shared_prefix
     prefix_ids: list[int | None] = [None] * num_roots
-    prefixes: list[tuple[int, ...]] = []
     if sp is not None:
-        prng = rngs["prefix_tokens"]
-        prefixes = [tuple(prng.integers(lo, hi, size=sp.prefix_tokens).tolist()) for _ in range(sp.num_prefixes)]
         crng = rngs["prefix_choice"]
         chosen = crng.choice(sp.num_prefixes, size=num_roots, p=sp.weights())
         uses = crng.random(num_roots) < sp.share
@@ -388,6 +444,13 @@ def draw(workload: Workload, vocab_size: int | None = None) -> list[WorkloadRequ
 
     inputs = workload.input_tokens.draw(rngs["input"], n)
     outputs = workload.output_tokens.draw(rngs["output"], n)
+    if workload.max_total_tokens is not None:
+        _redraw_over(workload, inputs, outputs, rngs["input"], rngs["output"])
+    _check_sizes(workload, turns, prefix_ids, inputs, outputs, max_model_len)
+    prefixes: list[tuple[int, ...]] = []
+    if sp is not None:
+        prng = rngs["prefix_tokens"]
+        prefixes = [tuple(prng.integers(lo, hi, size=sp.prefix_tokens).tolist()) for _ in range(sp.num_prefixes)]
     ids = rngs["tokens"].integers(lo, hi, size=int(inputs.sum())).tolist()
     bounds = np.concatenate(([0], np.cumsum(inputs))).tolist()
 
@@ -411,6 +474,50 @@ def draw(workload: Workload, vocab_size: int | None = None) -> list[WorkloadRequ
             parent = rid
             k += 1
     return requests
+
+
+def _redraw_over(workload: Workload, inputs: np.ndarray, outputs: np.ndarray, rng_in: np.random.Generator,
+                 rng_out: np.random.Generator, max_rounds: int = 10_000) -> None:
+    """Draw both lengths of every pair over max_total_tokens again, in place: the pairs kept then
+    follow the distribution conditioned on the cap, as a sampler that drops such pairs yields."""
+    cap = workload.max_total_tokens
+    assert cap is not None
+    over = np.flatnonzero(inputs + outputs > cap)
+    for _ in range(max_rounds):
+        if not over.size:
+            return
+        inputs[over] = workload.input_tokens.draw(rng_in, over.size)
+        outputs[over] = workload.output_tokens.draw(rng_out, over.size)
+        over = over[inputs[over] + outputs[over] > cap]
+    raise InputError("max_total_tokens", cap, "is too small for these input_tokens and output_tokens: almost every "
+                     "pair exceeds it")
+
+
+def _check_sizes(workload: Workload, turns: np.ndarray, prefix_ids: list[int | None], inputs: np.ndarray,
+                 outputs: np.ndarray, max_model_len: int | None) -> None:
+    """Refuse, from the drawn lengths alone, a request beyond the model's context or a workload
+    beyond MAX_WORKLOAD_TOKENS: before a single token id is drawn."""
+    # Requests are ordered by conversation, then turn; a turn's prompt holds the whole
+    # conversation before it (prompts and outputs) and the conversation's shared prefix.
+    conv_of = np.repeat(np.arange(len(turns)), turns)
+    sp = workload.shared_prefix
+    prefix_len = np.array([0 if p is None else sp.prefix_tokens for p in prefix_ids], dtype=np.int64)  # type: ignore[union-attr]
+    spent = np.cumsum(inputs + outputs)
+    first = np.cumsum(turns) - turns  # index of each conversation's first request
+    totals = prefix_len[conv_of] + spent - (spent[first] - inputs[first] - outputs[first])[conv_of]
+    if max_model_len is not None and totals.max() > max_model_len:
+        k = int(np.argmax(totals > max_model_len))
+        raise context_error(f"{workload.name}-{k}", int(totals[k] - outputs[k]), int(outputs[k]), max_model_len)
+    total = int(totals.sum()) + (sp.num_prefixes * sp.prefix_tokens if sp is not None else 0)
+    if total > limits.MAX_WORKLOAD_TOKENS:
+        raise over_limit("num_requests", workload.num_requests, "MAX_WORKLOAD_TOKENS",
+                         f"with these input_tokens, output_tokens and shared_prefix, its {total:,} tokens")
+
+
+def context_error(request_id: str, prompt_tokens: int, output_tokens: int, max_model_len: int) -> InputError:
+    """A request that cannot fit the model's context, named as drivers name it."""
+    return InputError(f"request {request_id}", f"{prompt_tokens} prompt + {output_tokens} output tokens",
+                      f"must fit max_model_len={max_model_len}")
 
 
 # --------------------------------------------------------------------------- summary
@@ -505,8 +612,8 @@ class _TraceRow:
     conversation: str | None
 
 
-def load_trace(path: str | Path, prefix_tokens: int | None = None, seed: int = 0,
-               first_token_id: int = 1000, vocab_size_tokens: int = 30_000) -> list[WorkloadRequest]:
+def load_trace(path: str | Path, prefix_tokens: int | None = None, seed: int = 0, first_token_id: int = 1000,
+               vocab_size_tokens: int = 30_000, max_model_len: int | None = None) -> list[WorkloadRequest]:
     """Requests recorded in a JSONL or CSV trace, with synthetic token ids of the recorded lengths.
 
     Columns: arrival_s, input_tokens, output_tokens, and optionally prefix_id and
@@ -518,24 +625,29 @@ def load_trace(path: str | Path, prefix_tokens: int | None = None, seed: int = 0
     - Within a conversation_id, each request starts with the previous request's prompt (cut
       to its own length), then fresh tokens. Its previous *output* is not in there (the trace
       has no token ids), so replay slightly under-counts the cache hits of real multi-turn chat.
+    The file is streamed; every row is checked (against `max_model_len` too, when given) and
+    the limits on rows and tokens are enforced before any token id is drawn.
     """
     path = Path(path)
     if prefix_tokens is not None and prefix_tokens < 1:
         raise InputError("prefix_tokens", prefix_tokens, "must be >= 1 (or None for half the shortest prompt)")
     if not 0 <= first_token_id < vocab_size_tokens:
         raise InputError("first_token_id", first_token_id, f"must be in [0, vocab_size_tokens={vocab_size_tokens})")
-    rows = sorted(_read_trace(path), key=lambda r: r.arrival_s)
+    rows = sorted(_read_trace(path, max_model_len), key=lambda r: r.arrival_s)
     if not rows:
         raise InputError("trace", str(path), "the trace holds no requests")
 
     rng = np.random.default_rng(seed)
-    group_len: dict[str, int] = {}
+    group_len: dict[str, tuple[int, int]] = {}  # prefix label -> its shortest and longest prompt
     for r in rows:
         if r.prefix is not None:
-            group_len[r.prefix] = min(group_len.get(r.prefix, r.input_tokens), r.input_tokens)
+            shortest, longest = group_len.get(r.prefix, (r.input_tokens, r.input_tokens))
+            group_len[r.prefix] = (min(shortest, r.input_tokens), max(longest, r.input_tokens))
+    # A prefix is cut to each prompt: ids past the group's longest prompt would never be used.
     prefixes = {label: tuple(rng.integers(first_token_id, vocab_size_tokens,
-                                          size=prefix_tokens or max(1, shortest // 2)).tolist())
-                for label, shortest in group_len.items()}
+                                          size=min(prefix_tokens, longest) if prefix_tokens else max(1, shortest // 2)
+                                          ).tolist())
+                for label, (shortest, longest) in group_len.items()}
     prefix_num = {label: i for i, label in enumerate(prefixes)}
     conv_num: dict[str, int] = {}
     conv_turns: dict[str, int] = {}
@@ -562,60 +674,90 @@ def load_trace(path: str | Path, prefix_tokens: int | None = None, seed: int = 0
     return requests
 
 
-def _read_trace(path: Path) -> list[_TraceRow]:
+def _read_trace(path: Path, max_model_len: int | None) -> Iterator[_TraceRow]:
+    """The rows of a trace, checked one by one as the file streams in."""
+    total_tokens = 0
+    for num_rows, (line, row) in enumerate(_csv_rows(path) if path.suffix.lower() == ".csv" else _jsonl_rows(path), 1):
+        if num_rows > limits.MAX_REQUESTS:
+            raise over_limit("trace", str(path), "MAX_REQUESTS", f"its row count (line {line:,})")
+        parsed = _parse_row(path, line, row)
+        tokens = parsed.input_tokens + parsed.output_tokens
+        if max_model_len is not None and tokens > max_model_len:
+            raise context_error(f"{path.stem}-L{line}", parsed.input_tokens, parsed.output_tokens, max_model_len)
+        total_tokens += tokens
+        if total_tokens > limits.MAX_WORKLOAD_TOKENS:
+            raise over_limit("trace", str(path), "MAX_WORKLOAD_TOKENS", f"its tokens up to line {line:,}, {total_tokens:,},")
+        yield parsed
+
+
+def _csv_rows(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    reader = csv.reader(text for _, text in iter_lines(path, "trace"))
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise InputError("trace", str(path), f"cannot read ({exc.strerror})") from None
-    if path.suffix.lower() == ".csv":
-        reader = csv.DictReader(text.splitlines())
-        unknown = set(reader.fieldnames or ()) - set(_TRACE_FIELDS)
+        header = next((values for values in reader if values), None)  # blank lines before it are skipped
+        if header is None:
+            return
+        duplicated = sorted({name for name in header if header.count(name) > 1})
+        if duplicated:
+            raise InputError(f"{path}:{reader.line_num}: columns", duplicated, "each column may appear once")
+        unknown = set(header) - set(_TRACE_FIELDS)
+        if unknown == set(header):  # not a trace at all: say so without echoing its first line
+            raise InputError("trace", f"{path}:{reader.line_num}",
+                             f"the header names none of the trace columns {', '.join(_TRACE_FIELDS)}")
         if unknown:
-            raise InputError(f"{path}:1: columns", sorted(unknown), f"known columns: {', '.join(_TRACE_FIELDS)}")
-        return [_parse_row(path, reader.line_num, row) for row in reader]
-    rows = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+            raise InputError(f"{path}:{reader.line_num}: columns", sorted(unknown), f"known columns: {', '.join(_TRACE_FIELDS)}")
+        for values in reader:
+            if not values:
+                continue  # a blank line
+            if len(values) != len(header):
+                raise InputError(f"{path}:{reader.line_num}: row", f"{len(values)} values",
+                                 f"the header names {len(header)} columns")
+            yield reader.line_num, dict(zip(header, values))
+    except csv.Error as exc:
+        raise InputError("trace", f"{path}:{reader.line_num}", f"malformed CSV ({exc})") from None
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, dict[str, object]]]:
+    for line_no, line in iter_lines(path, "trace"):
+        line = line.strip()
+        if not line:
             continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{line_no}: line", line[:80], f"not valid JSON ({exc.msg})") from None
+        obj = parse_json(line, "trace", f"{path}:{line_no}")  # the line itself is not echoed
         if not isinstance(obj, dict):
-            raise InputError(f"{path}:{line_no}: line", line[:80], "each line must be a JSON object")
+            raise InputError(f"{path}:{line_no}: line", type(obj).__name__, "each line must be a JSON object")
         unknown = set(obj) - set(_TRACE_FIELDS)
         if unknown:
             raise InputError(f"{path}:{line_no}: fields", sorted(unknown), f"known fields: {', '.join(_TRACE_FIELDS)}")
-        rows.append(_parse_row(path, line_no, obj))
-    return rows
+        yield line_no, obj
 
 
-def _parse_row(path: Path, line: int, row: dict) -> _TraceRow:
+def _parse_row(path: Path, line: int, row: Mapping[str, object]) -> _TraceRow:
     def where(field: str) -> str:
         return f"{path}:{line}: {field}"
 
-    def number(field: str, integer: bool) -> float:
+    def number(field: str, integer: bool, limit: str) -> float:
         raw = row.get(field)
         if raw is None or raw == "" or isinstance(raw, bool):
             raise InputError(where(field), raw, "required: a number")
         try:
-            value = float(raw)
-        except (TypeError, ValueError):
+            value = float(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError, OverflowError):
             raise InputError(where(field), raw, "must be a number") from None
         if not math.isfinite(value) or (integer and value != int(value)):
             raise InputError(where(field), raw, "must be a finite " + ("integer" if integer else "number"))
+        if value > getattr(limits, limit):
+            raise over_limit(where(field), raw, limit, "the value")
         return value
 
     def label(field: str) -> str | None:
         raw = row.get(field)
         return None if raw is None or raw == "" else str(raw)
 
-    arrival_s = number("arrival_s", integer=False)
+    arrival_s = number("arrival_s", integer=False, limit="MAX_ARRIVAL_S")
     if arrival_s < 0:
         raise InputError(where("arrival_s"), row["arrival_s"], "must be >= 0 seconds")
     tokens = {}
     for field in ("input_tokens", "output_tokens"):
-        tokens[field] = int(number(field, integer=True))
+        tokens[field] = int(number(field, integer=True, limit="MAX_REQUEST_TOKENS"))
         if tokens[field] < 1:
             raise InputError(where(field), row[field], "must be >= 1 token")
     return _TraceRow(line, arrival_s, tokens["input_tokens"], tokens["output_tokens"],
@@ -624,10 +766,73 @@ def _parse_row(path: Path, line: int, row: dict) -> _TraceRow:
 
 # --------------------------------------------------------------------------- presets
 
+# ShareGPT as benchmark clients sample it: prompt = a conversation's first turn, output = the length
+# of its reply. The clients' filters (vLLM benchmarks/datasets.py, SGLang before 2025: drop pairs
+# with a side under 4 tokens, a prompt over 1024 or a pair over 2048; SGLang since 2025: a side
+# under 2). The spread is that of the first-round pairs of the vLLM paper's artifact
+# (github.com/sosp-ae-39/sosp-ae-astra @ 3180d2f8, datasets/sharegpt_opt_text_completion_length.pkl,
+# 84,226 pairs) under vLLM's filters: log-normal with sigma 1.35 (prompts) and 1.01 (replies).
+# The artifact is an older ShareGPT dump, so only its spread is used; the medians are solved so
+# that the means are those a run printed (vllm bench serve, seed 0, 1,000 prompts, Qwen3
+# tokenizer: 217.4 and 201.6 tokens, GPUStack's performance lab; other tokenizers print 214-230).
+SHAREGPT_SIGMA_INPUT, SHAREGPT_SIGMA_OUTPUT = 1.35, 1.01
+SHAREGPT_MEAN_INPUT, SHAREGPT_MEAN_OUTPUT = 217.4, 201.6
+SHAREGPT_RULES: dict[str, tuple[int, int | None, int | None]] = {  # (shortest side, longest prompt, longest pair)
+    "vllm": (4, 1024, 2048),
+    "sglang": (2, None, None),
+}
+_SHAREGPT_LONGEST = 32_768  # an uncapped client still meets the model's context; ShareGPT holds nothing longer
+
+
+def sharegpt_lengths(mean_input_tokens: float | None = None, mean_output_tokens: float | None = None,
+                     client: str = "vllm") -> tuple[LognormalLength, LognormalLength, int | None]:
+    """(prompt lengths, output lengths, pair cap) of ShareGPT sampled by `client`'s rules, with the
+    given means (default: the published vLLM-client means above)."""
+    if client not in SHAREGPT_RULES:
+        raise unknown_name_error("client", client, SHAREGPT_RULES)
+    shortest, longest_prompt, longest_pair = SHAREGPT_RULES[client]
+    targets = (mean_input_tokens or SHAREGPT_MEAN_INPUT, mean_output_tokens or SHAREGPT_MEAN_OUTPUT)
+    medians = _sharegpt_medians(targets, shortest, longest_prompt or _SHAREGPT_LONGEST, longest_pair)
+    prompt_cap = longest_prompt or _SHAREGPT_LONGEST
+    output_cap = (longest_pair - shortest) if longest_pair else _SHAREGPT_LONGEST
+    return (LognormalLength(median_tokens=medians[0], sigma=SHAREGPT_SIGMA_INPUT, min_tokens=shortest,
+                            max_tokens=prompt_cap, bounds="redraw"),
+            LognormalLength(median_tokens=medians[1], sigma=SHAREGPT_SIGMA_OUTPUT, min_tokens=shortest,
+                            max_tokens=output_cap, bounds="redraw"),
+            longest_pair)
+
+
+def _sharegpt_medians(targets: tuple[float, float], shortest: int, longest_prompt: int,
+                      longest_pair: int | None) -> tuple[float, float]:
+    """Medians whose truncated, pair-capped means are `targets`: fixed-point iteration over one
+    seeded sample (the truncation shifts each mean by less than the median moves it)."""
+    z = np.random.default_rng(20230923).standard_normal((2, 200_000))
+    medians = list(targets)
+    for _ in range(60):
+        x = np.rint(medians[0] * np.exp(SHAREGPT_SIGMA_INPUT * z[0]))
+        y = np.rint(medians[1] * np.exp(SHAREGPT_SIGMA_OUTPUT * z[1]))
+        keep = (x >= shortest) & (y >= shortest) & (x <= longest_prompt) & (y <= _SHAREGPT_LONGEST)
+        if longest_pair is not None:
+            keep &= x + y <= longest_pair
+        means = (x[keep].mean(), y[keep].mean())
+        if all(abs(m / t - 1) < 1e-4 for m, t in zip(means, targets)):
+            break
+        medians = [m * t / mean for m, t, mean in zip(medians, targets, means)]
+    return medians[0], medians[1]
+
+
 # Shapes are approximate, read off public dataset statistics; they are starting points,
 # not measurements of anyone's traffic. Rates are per replica-sized deployments and meant
 # to be overridden (get_workload(name, arrival=...)).
+_SHAREGPT_IN, _SHAREGPT_OUT, _SHAREGPT_PAIR = sharegpt_lengths()
 PRESETS: dict[str, Workload] = {
+    # ShareGPT as `vllm bench serve` samples it (see sharegpt_lengths), all at once: the most
+    # published serving benchmark.
+    "sharegpt": Workload(
+        name="sharegpt", description="ShareGPT as vLLM's benchmark client samples it; every request at once",
+        arrival=OfflineArrivals(), input_tokens=_SHAREGPT_IN, output_tokens=_SHAREGPT_OUT,
+        max_total_tokens=_SHAREGPT_PAIR, num_requests=1000,
+    ),
     # ShareGPT (vLLM's benchmark subset) and LMSYS-Chat-1M: prompts with a median of a few
     # hundred tokens and a long tail, replies with a median near 200 (approximate).
     "chat": Workload(
@@ -688,12 +893,7 @@ def get_workload(name_or_path: str, **overrides: object) -> Workload:
     if key in PRESETS:
         base, source = PRESETS[key].model_dump(), "workload"
     elif key.endswith((".yaml", ".yml", ".json")):
-        try:
-            base = yaml.safe_load(Path(name_or_path).read_text())  # YAML reads JSON too
-        except OSError as exc:
-            raise InputError("workload", name_or_path, f"cannot read ({exc.strerror})") from None
-        except yaml.YAMLError as exc:
-            raise InputError("workload", name_or_path, f"malformed YAML/JSON ({exc})".replace("\n", " ")) from None
+        base = (load_json if key.endswith(".json") else load_yaml)(name_or_path, "workload")
         if not isinstance(base, dict):
             raise InputError("workload", name_or_path, "a workload file must be a mapping of fields")
         source = Path(name_or_path).name
@@ -702,6 +902,4 @@ def get_workload(name_or_path: str, **overrides: object) -> Workload:
     try:
         return Workload.model_validate({**base, **overrides})
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "workload"
-        raise InputError(f"{source}: {where}", first.get("input"), first["msg"]) from None
+        raise from_validation_error(exc, source) from None

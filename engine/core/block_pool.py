@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from engine.core.request import BlockHash, Request
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class KVCacheBlock:
     block_id: int
     ref_cnt: int = 0
@@ -20,34 +20,57 @@ class KVCacheBlock:
 
 
 class BlockPool:
+    """The free queue, head first (next to be reused), is three parts, in this order:
+    - `_uncached_free`: freed blocks with nothing worth keeping, the last freed reused first;
+    - the never-used ids `len(blocks)..num_blocks-1`, in id order: their KVCacheBlocks are made
+      only when first handed out, so an idle pool of a million blocks costs nothing (a simulator
+      runs thousands of replicas) and memory grows with the blocks requests actually used;
+    - `_cached_free`: freed blocks still registered in the prefix cache, least recently freed
+      first (LRU eviction).
+    This is exactly the order of a single queue that starts as every id in order, appends cached
+    blocks at the tail and pushes uncached ones at the head: a freed block cannot gain a hash
+    while free, and a never-used one cannot be hit, so no block ever moves between the parts.
+    """
+
     def __init__(self, num_blocks: int, enable_caching: bool) -> None:
         if num_blocks < 1:
             raise ValueError(f"num_blocks={num_blocks} is invalid: must be >= 1")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
-        self.blocks = [KVCacheBlock(i) for i in range(num_blocks)]
-        # Every block with ref_cnt 0, head = next to be reused. OrderedDict gives O(1) removal
-        # from the middle when a cache hit revives a free block.
-        self.free_queue: OrderedDict[int, KVCacheBlock] = OrderedDict((b.block_id, b) for b in self.blocks)
+        self.blocks: list[KVCacheBlock] = []  # every block handed out so far; blocks[i].block_id == i
+        self._uncached_free: list[KVCacheBlock] = []  # a stack: the head of the queue is its end
+        # OrderedDict gives O(1) removal from the middle when a cache hit revives a free block.
+        self._cached_free: OrderedDict[int, KVCacheBlock] = OrderedDict()
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.free_queue)
+        return len(self._uncached_free) + (self.num_blocks - len(self.blocks)) + len(self._cached_free)
 
     @property
     def usage(self) -> float:
         """Fraction of blocks held by requests (cached but free blocks count as free)."""
-        return 1.0 - len(self.free_queue) / self.num_blocks
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    def free_block_ids(self) -> list[int]:
+        """The free queue, head first. O(num_blocks): for tests and debugging, not the hot path."""
+        return ([b.block_id for b in reversed(self._uncached_free)] + list(range(len(self.blocks), self.num_blocks))
+                + list(self._cached_free))
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
-        if n > len(self.free_queue):
-            raise ValueError(f"cannot allocate {n} blocks: only {len(self.free_queue)} free")
+        if n > self.num_free_blocks:
+            raise ValueError(f"cannot allocate {n} blocks: only {self.num_free_blocks} free")
         out = []
         for _ in range(n):
-            _, block = self.free_queue.popitem(last=False)
-            if block.block_hash is not None:
-                self._evict(block, block.block_hash)
+            if self._uncached_free:
+                block = self._uncached_free.pop()
+            elif len(self.blocks) < self.num_blocks:
+                block = KVCacheBlock(len(self.blocks))
+                self.blocks.append(block)
+            else:
+                _, block = self._cached_free.popitem(last=False)
+                if block.block_hash is not None:  # None only after reset_prefix_cache
+                    self._evict(block, block.block_hash)
             block.ref_cnt = 1
             out.append(block)
         return out
@@ -57,8 +80,8 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         for block in blocks:
-            if block.ref_cnt == 0:
-                del self.free_queue[block.block_id]
+            if block.ref_cnt == 0 and self._cached_free.pop(block.block_id, None) is None:
+                raise RuntimeError(f"block {block.block_id} is free but not cached: only prefix-cache hits are touched")
             block.ref_cnt += 1
 
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -69,10 +92,11 @@ class BlockPool:
                 raise RuntimeError(f"double free of block {block.block_id} (ref_cnt={block.ref_cnt})")
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                self.free_queue[block.block_id] = block
                 if block.block_hash is None:
                     # Nothing worth keeping: reuse it before evicting any cached block.
-                    self.free_queue.move_to_end(block.block_id, last=False)
+                    self._uncached_free.append(block)
+                else:
+                    self._cached_free[block.block_id] = block
 
     def cache_full_blocks(
         self, request: Request, blocks: Sequence[KVCacheBlock], num_cached_blocks: int, num_full_blocks: int
@@ -97,7 +121,7 @@ class BlockPool:
 
     def reset_prefix_cache(self) -> bool:
         """Drop every hash; refused (False) while any block is held, as its holder relies on it."""
-        if len(self.free_queue) != self.num_blocks:
+        if self.num_free_blocks != self.num_blocks:
             return False
         for block in self.cached_block_hash_to_block.values():
             block.block_hash = None

@@ -23,7 +23,10 @@ _repr.maxlevel = 3
 def excerpt(value: object) -> str:
     """repr(value), bounded: reprlib never builds the whole repr of a large value, and the
     result is cut to EXCERPT_CHARS characters."""
-    text = _repr.repr(value)
+    try:
+        text = _repr.repr(value)
+    except ValueError:  # an int longer than repr() allows (sys.get_int_max_str_digits)
+        text = f"<{type(value).__name__} too long to show>"
     return text if len(text) <= EXCERPT_CHARS else text[: EXCERPT_CHARS - 3] + "..."
 
 
@@ -33,7 +36,7 @@ class InputError(ValueError):
 
     def __init__(self, field: str, value: object, allowed: str) -> None:
         # One line whatever the parts hold (a YAML error's excerpt spans lines).
-        self.field, self.value, self.allowed = field, value, " ".join(str(allowed).split())
+        self.field, self.value, self.allowed = " ".join(str(field).split()), value, " ".join(str(allowed).split())
         super().__init__(self.message())
 
     def message(self, name: str | None = None) -> str:

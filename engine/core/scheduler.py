@@ -79,10 +79,6 @@ class SchedulerConfig:
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise InputError("max_num_batched_tokens", self.max_num_batched_tokens,
                              f"must be >= max_num_seqs={self.max_num_seqs}, or running requests cannot all decode in one step")
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise InputError("max_num_batched_tokens", self.max_num_batched_tokens,
-                             f"must be >= max_model_len={self.max_model_len} when enable_chunked_prefill=False, "
-                             "or a long prompt could never be scheduled")
 
 
 class ScheduledRequest(NamedTuple):
@@ -211,6 +207,13 @@ class Scheduler:
             )
         # The KV cache holds at most prompt + max_tokens - 1 tokens: the last sampled token is
         # never fed back, and drafts are capped so they never go past it either.
+        if not cfg.enable_chunked_prefill and n_prompt + max_tokens - 1 > cfg.max_num_batched_tokens:
+            # Unchunked, a prompt (or a preempted request's prompt and output, recomputed) runs in one
+            # step: beyond the budget it could never be scheduled (TensorRT-LLM refuses it too).
+            raise ValueError(
+                f"request {rid!r}: prompt length {n_prompt} + max_tokens {max_tokens} exceeds "
+                f"max_num_batched_tokens={cfg.max_num_batched_tokens}, the most one step computes without chunked prefill"
+            )
         blocks_needed = -(-(n_prompt + max_tokens - 1) // cfg.block_size)
         num_blocks = self.kv_cache_manager.num_blocks
         if blocks_needed > num_blocks:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-import json
 from pathlib import Path
 import re
 from typing import TYPE_CHECKING
@@ -22,6 +21,7 @@ from torch import Tensor
 from engine.catalog import resolve_model
 from engine.config import ModelConfig
 from engine.errors import InputError
+from engine.files import load_json
 from engine.model import gguf_checkpoint
 from engine.model.decoder import CausalLM
 
@@ -226,10 +226,11 @@ def _safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise InputError("checkpoint index", str(index), f"is not a valid safetensors index ({exc})") from None
-        files = [folder / name for name in sorted(set(weight_map.values()))]
+            weight_map = load_json(index, "checkpoint index")["weight_map"]  # type: ignore[index]
+            names = set(weight_map.values())
+        except (KeyError, TypeError, AttributeError):
+            raise InputError("checkpoint index", str(index), "is not a valid safetensors index (needs a weight_map object)") from None
+        files = [folder / str(name) for name in sorted(names, key=str)]
         for file in files:
             if not file.is_file():
                 raise InputError("checkpoint shard", str(file), f"is listed in {index.name} but missing")

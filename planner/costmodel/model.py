@@ -13,7 +13,7 @@ Rules worth knowing (all listed by `assumptions()`):
   always for int8/int4, they are weight-only: the matmul runs in bf16 and each weight read
   pays DEQUANT_OPS_PER_WEIGHT vector (fp32-peak) operations, overlapping with the read.
 - Weights are read once per step per layer, whatever the token count; activations in bf16
-  (fp32 for fp32 models). Embedding and LM head stay unquantised, as in planner/memory.py.
+  (fp32 for fp32 models). Embedding and LM head stay unquantised, as in planner/memory/weights.py.
 - Pipeline parallelism: a step is one micro-batch flowing through every stage, so its time is
   the sum over stages (= every layer once, sharded by TP) plus (pp - 1) stage hand-offs.
 - MoE: T tokens with top-k routing among E experts touch E(1 - (1 - k/E)^T) distinct experts
@@ -35,8 +35,8 @@ from engine.core.scheduler import SchedulerOutput
 from engine.errors import InputError
 from planner.costmodel.operators import DEQUANT_OPS_PER_WEIGHT, NORM_TRAFFIC, Gemm, Operators, build_operators
 from planner.costmodel.params import CostParams
-from planner.engines import get_engine, resolve_deployment
-from planner.costmodel.shape import Number, ShapeReader, StepShape
+from planner.engines import EngineProfile, get_engine, resolve_deployment
+from planner.costmodel.shape import GraphPolicy, Number, ShapeReader, StepShape
 from planner.memory import SAMPLER_COPIES, WEIGHT_BYTES_PER_PARAM, check_parallelism
 from planner.specs import Deployment, HardwareProfile, Link
 
@@ -101,19 +101,19 @@ class CostModel:
     """Seconds per engine step of one replica of `dep` serving `model` on `hw`."""
 
     def __init__(self, model: ModelConfig, hw: HardwareProfile, dep: Deployment, params: CostParams | None = None,
-                 max_graph_batch: int | None = None) -> None:
-        """`max_graph_batch`: the largest decode batch the engine replays as a graph (default: the
-        knobs' max_graph_batch_size, capped by max_num_seqs; 0 when the device or the knobs run eagerly)."""
+                 graphs: GraphPolicy | None = None) -> None:
+        """`graphs`: which decode steps replay a captured graph (default: the engine's policy up to
+        the knobs' max_graph_batch_size, capped by max_num_seqs; none when the device or the knobs
+        run eagerly)."""
         check_parallelism(model, dep)
         dep = resolve_deployment(dep, hw, max_model_len=model.max_position_embeddings)
+        engine = get_engine(dep.engine)
         self.model, self.hw, self.dep = model, hw, dep
-        self.params = p = params if params is not None else CostParams.defaults(hw, get_engine(dep.engine))
+        self.params = p = params if params is not None else CostParams.fitted(hw, engine)
         self.ops: Operators = build_operators(model, dep)
-        knobs = dep.knobs
-        if max_graph_batch is None:
-            max_graph_batch = min(knobs.max_graph_batch_size, knobs.max_num_seqs)
-        self.graph_max = max_graph_batch if hw.graph_capture and not knobs.enforce_eager else 0
-        self.reader = ShapeReader(model, p.attention_pairs == "dense", self.graph_max)
+        self.graphs = graphs if graphs is not None else _graph_policy(hw, dep, engine)
+        self.graph_max = self.graphs.max_batch
+        self.reader = ShapeReader(model, p.attention_pairs == "dense", self.graphs)
 
         self.gemm_dtype, self.dequant = gemm_compute_dtype(dep.weight_dtype, hw)
         self._act = 4.0 if dep.weight_dtype == "fp32" else 2.0
@@ -385,7 +385,7 @@ class CostModel:
             assert spec.draft_model is not None
             draft_config = resolve_model(spec.draft_model)
         plain = dep.model_copy(update={"knobs": dep.knobs.model_copy(update={"speculative": None})})
-        return CostModel(draft_config, hw, plain, self.params, self.graph_max)
+        return CostModel(draft_config, hw, plain, self.params, self.graphs)
 
     def _draft_cost(self, output: SchedulerOutput) -> StepCost:
         """Proposing this step's drafts with a draft model: draft pass j feeds one token of each
@@ -399,6 +399,15 @@ class CostModel:
             times, f, b = draft.times(draft.reader.of_requests([(1, c + j, False) for d, c in with_drafts if d > j]))
             seconds, flops, nbytes = seconds + sum(times), flops + f, nbytes + b
         return StepCost(seconds, flops, nbytes)
+
+
+def _graph_policy(hw: HardwareProfile, dep: Deployment, engine: EngineProfile) -> GraphPolicy:
+    knobs, execution = dep.knobs, engine.execution
+    if not (hw.graph_capture and execution.cuda_graphs) or knobs.enforce_eager:
+        return GraphPolicy()
+    assert knobs.max_graph_batch_size is not None and knobs.max_num_seqs is not None  # resolved above
+    return GraphPolicy(min(knobs.max_graph_batch_size, knobs.max_num_seqs), execution.graph_batch_sizes,
+                       execution.graph_padding, execution.graph_max_context_len)
 
 
 def _pick_link(hw: HardwareProfile, devices: int, field: str) -> Link:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 from engine.errors import InputError
+from planner.costmodel.fitted import fitted_model
 from planner.engines import EngineProfile
 from planner.specs import HardwareProfile
 
@@ -96,6 +97,17 @@ class CostParams:
         o = engine.overheads
         return replace(params, step_overhead_s=o.step_us * 1e-6, per_request_overhead_s=o.per_request_us * 1e-6,
                        api_request_s=o.api_request_ms * 1e-3, overlap_host=engine.execution.overlap_host)
+
+    @classmethod
+    def fitted(cls, hw: HardwareProfile, engine: EngineProfile) -> CostParams:
+        """The profiles' estimates with what the public GPU fit learnt of hw's family and the engine
+        (planner/costmodel/fitted.py); the estimates alone where the fit saw neither."""
+        params = cls.defaults(hw, engine)
+        model = fitted_model()
+        if model is None:
+            return params
+        values = {**model.families.get(hw.family, {}), **model.engines.get(engine.name, {})}
+        return params.with_values(values) if values else params
 
     def with_values(self, values: dict[str, object]) -> CostParams:
         """A copy with some figures replaced (a fit's); unknown names are refused."""

@@ -42,11 +42,30 @@ class StepShape:
         return int(np.size(self.tokens))
 
 
+@dataclass(frozen=True)
+class GraphPolicy:
+    """Which decode-only steps replay a captured graph, and at what size."""
+
+    max_batch: int = 0  # 0: every step runs eagerly
+    sizes: tuple[int, ...] | None = None  # captured sizes when not ServePlan's/vLLM's 1, 2, 4, 8, 16, ...
+    padding: bool = True  # a batch runs as the next captured size; else only an exact size replays
+    max_context: int | None = None  # a step whose longest sequence is longer runs eagerly (vLLM V0)
+
+    def batch(self, requests: int, longest: float) -> int | None:
+        """The captured size a decode-only step of `requests` one-token requests replays, or None."""
+        if not 0 < requests <= self.max_batch or (self.max_context is not None and longest > self.max_context):
+            return None
+        if self.sizes is None:
+            return graph_batch_size(requests, self.max_batch) if self.padding else requests
+        fits = [s for s in self.sizes if s <= self.max_batch and (s >= requests if self.padding else s == requests)]
+        return min(fits) if fits else None
+
+
 class ShapeReader:
     """Turns SchedulerOutputs, or (query tokens, cached tokens, is_prefill) lists, into StepShapes
-    for one model and deployment: its window classes, attention kernel and graph sizes."""
+    for one model and deployment: its window classes, attention kernel and graph policy."""
 
-    def __init__(self, model: ModelConfig, dense_attention: bool, max_graph_batch: int) -> None:
+    def __init__(self, model: ModelConfig, dense_attention: bool, graphs: GraphPolicy) -> None:
         classes: dict[int | None, int] = {}
         for w in model.layer_windows:
             classes[w] = classes.get(w, 0) + 1
@@ -54,7 +73,7 @@ class ShapeReader:
         self._layers = model.num_layers
         self._full_only = len(self._windows) == 1 and self._windows[0][0] is None
         self._dense = dense_attention
-        self._graph_max = max_graph_batch
+        self._graphs = graphs
 
     def read(self, output: SchedulerOutput) -> StepShape:
         return self.of((len(s.token_ids), s.num_computed_tokens, s.is_prefill, 1 + s.num_draft_tokens if s.samples else 0)
@@ -69,10 +88,11 @@ class ShapeReader:
         if self._dense:
             return self._dense_shape(rows)
         d_tok = p_tok = d_pairs = d_kv = p_pairs = p_kv = 0.0
-        requests = sampled = 0
+        requests = sampled = longest = 0
         for q, c, prefill, samples in rows:
             requests += 1
             sampled += samples
+            longest = max(longest, c + q)
             if self._full_only:  # the common case: every layer attends to the whole context
                 pairs, kv = q * (c + (q + 1) * 0.5) * self._layers, (c + q) * self._layers
             else:
@@ -85,7 +105,7 @@ class ShapeReader:
                 p_tok, p_pairs, p_kv = p_tok + q, p_pairs + pairs, p_kv + kv
             else:
                 d_tok, d_pairs, d_kv = d_tok + q, d_pairs + pairs, d_kv + kv
-        return self._shape(d_tok, p_tok, requests, sampled, d_pairs, d_kv, p_pairs, p_kv)
+        return self._shape(d_tok, p_tok, requests, sampled, d_pairs, d_kv, p_pairs, p_kv, longest)
 
     def _dense_shape(self, rows: Iterable[tuple[int, int, bool, int]]) -> StepShape:
         """Pairs and KV reads of a kernel that neither skips masked pairs nor honours windows: each
@@ -103,13 +123,14 @@ class ShapeReader:
                 d_tok += q
                 d_max = max(d_max, c + q)
         padded = d_tok * d_max * self._layers
-        return self._shape(d_tok, p_tok, requests, sampled, padded, padded, p_pairs * self._layers, p_kv * self._layers)
+        return self._shape(d_tok, p_tok, requests, sampled, padded, padded, p_pairs * self._layers, p_kv * self._layers,
+                           d_max)
 
     def _shape(self, d_tok: float, p_tok: float, requests: int, sampled: int, d_pairs: float, d_kv: float,
-               p_pairs: float, p_kv: float) -> StepShape:
+               p_pairs: float, p_kv: float, longest: float) -> StepShape:
         tokens = d_tok + p_tok
-        # A decode-only step of one token per request, within the largest captured size, replays a
-        # graph padded to its captured size (speculative and mixed steps run eagerly, as in the engine).
-        graph = graph_batch_size(requests, self._graph_max) if not p_tok and d_tok == requests else None
+        # A decode-only step of one token per request may replay a graph at its captured size
+        # (speculative and mixed steps run eagerly, as in the engine).
+        graph = self._graphs.batch(requests, longest) if not p_tok and d_tok == requests else None
         return StepShape(tokens, float(graph or tokens), float(requests), float(sampled), d_tok, p_tok,
                          d_pairs, d_kv, p_pairs, p_kv, 1.0 if graph else 0.0)

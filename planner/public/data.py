@@ -23,6 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.metrics import MetricFamily
 from planner.specs import Dtype
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -50,7 +51,6 @@ Metric = Literal[
     "itl_mean", "itl_median", "itl_p99",
     "e2e_mean", "e2e_median", "e2e_p99",
 ]
-MetricFamily = Literal["throughput", "ttft", "tpot_itl", "e2e"]
 
 
 def metric_family(metric: Metric) -> MetricFamily:
@@ -92,6 +92,10 @@ class Lengths(_Data):
     mean_input_tokens: float | None = Field(None, gt=0, description="Published totals / prompts, when given")
     mean_output_tokens: float | None = Field(None, gt=0, description="Published totals / prompts, when given")
     tokenizer: str | None = Field(None, description="Whose tokenizer counted ShareGPT's lengths, e.g. 'llama-3', 'qwen3'")
+    sharegpt_rules: Literal["vllm", "sglang"] | None = Field(
+        None, description="sharegpt: which pairs the client dropped: 'vllm' (a side under 4 tokens, a prompt over 1024, a "
+        "pair over 2048: vLLM's client, and SGLang's before its January 2025 change) or 'sglang' (a side under 2 tokens "
+        "only); None: the rules of the client tool as it is now")
 
     @model_validator(mode="after")
     def _nominal_for_synthetic(self) -> Lengths:
@@ -177,6 +181,13 @@ class PublicRun(_Data):
     confidence: Literal["high", "medium", "low"]
     notes: str = ""
     figures: tuple[Figure, ...] = Field(min_length=1)
+
+    @property
+    def publisher(self) -> str:
+        """Who published it (the GitHub owner of its URL): a stricter unit to leave out than the
+        source, since one lab's pages share its harness, engine builds and habits."""
+        parts = self.source_url.split("://", 1)[-1].split("/")
+        return parts[1] if parts[0] == "github.com" and len(parts) > 1 else parts[0]
 
     @model_validator(mode="after")
     def _one_figure_per_metric(self) -> PublicRun:

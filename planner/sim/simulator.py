@@ -13,6 +13,7 @@ from engine.core.metrics import RequestMetrics
 from engine.core.kv_cache_manager import PrefixCacheStats
 from engine.errors import InputError, unknown_name_error
 from planner.costmodel import CostModel, CostParams
+from planner.costmodel.fitted import prediction_interval
 from planner.engines import get_engine, resolve_deployment
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import PricingBasis, RunRecord, RunSummary, StepSample, summarize
@@ -80,7 +81,7 @@ def simulate(
         raise InputError("speculative.acceptance_profile", None,
                          "the simulator needs acceptance_profile (per draft position) or acceptance_rate")
     sched_config = dataclasses.replace(dep.knobs.scheduler_config(max_len), output_reservation=engine.output_reservation())
-    replay = workload if isinstance(workload, Replay) else Replay.of(workload, vocab_size=model.vocab_size)
+    replay = workload if isinstance(workload, Replay) else Replay.of(workload, model.vocab_size, max_len)
     check_lengths(replay, max_len, memory.kv_cache_blocks, sched_config.block_size, where="a replica")
 
     env = simpy.Environment()
@@ -96,7 +97,9 @@ def simulate(
         request = Request(wr.request_id, list(sub.prompt_token_ids),
                           SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=env.now)
         if recorder is not None:
-            recorder.submitted(wr.request_id, 0.0 if gate else sub.due_s, gate, wr.think_time_s if gate else 0.0,
+            # A gated request goes think_time_s after its gate finishes, and not before it was due.
+            due = (wr.arrival_s or 0.0) if gate else sub.due_s
+            recorder.submitted(wr.request_id, due, gate, wr.think_time_s if gate else 0.0,
                                request.num_prompt_tokens, wr.output_tokens)
         api.forward(request, lambda r: replicas[route.choose(r, replicas)].submit(r))
 
@@ -197,5 +200,6 @@ def simulate(
     }
     summary = summarize(record, source="simulator", model=memory.model, hardware=hw.name, workload=replay.name,
                         slo=slo, pricing=pricing, assumptions=assumptions)
+    summary = summary.model_copy(update={"prediction_interval": prediction_interval(summary, hw, engine.name)})
     return SimulationResult(summary=summary, record=record, memory=memory,
                             trace=None if recorder is None else recorder.trace())

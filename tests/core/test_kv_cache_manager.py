@@ -100,7 +100,7 @@ def test_free_releases_tail_first():
     a.num_computed_tokens = 12
     ids = kv.get_block_ids("a")
     kv.free(a)
-    assert list(kv.block_pool.free_queue)[-3:] == ids[::-1]
+    assert kv.block_pool.free_block_ids()[-3:] == ids[::-1]
     assert kv.get_block_ids("a") == []
     assert kv.num_free_blocks == 8
 

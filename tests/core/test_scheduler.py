@@ -29,7 +29,6 @@ def _by_id(out):
         ({"policy": "lifo"}, "policy='lifo' is invalid: must be 'fcfs' or 'priority'"),
         ({"num_speculative_tokens": -1}, "num_speculative_tokens=-1 is invalid"),
         ({"max_num_seqs": 128}, "must be >= max_num_seqs=128"),
-        ({"enable_chunked_prefill": False}, "must be >= max_model_len=128 when enable_chunked_prefill=False"),
     ],
 )
 def test_config_validation(kwargs, message):
@@ -70,6 +69,11 @@ def test_add_request_rejections():
     # 15 + 3 - 1 = 17 KV slots -> 5 blocks of 4 > 4 blocks in the pool.
     with pytest.raises(ValueError, match="request 'big': prompt length 15 \\+ max_tokens 3 needs 5 KV blocks.*has 4"):
         sched.add_request(make_request("big", 15, max_tokens=3))
+    unchunked = make_scheduler(max_num_batched_tokens=16, max_model_len=32, enable_chunked_prefill=False)
+    # Unchunked, a whole sequence must fit one step (a preempted one is recomputed in one step).
+    with pytest.raises(ValueError, match="'wide': prompt length 14 \\+ max_tokens 4 exceeds max_num_batched_tokens=16"):
+        unchunked.add_request(make_request("wide", 14, max_tokens=4))
+    unchunked.add_request(make_request("narrow", 14, max_tokens=3))
     sched.add_request(make_request("fits", 14, max_tokens=3))  # 16 slots: exactly the pool
     with pytest.raises(ValueError, match="request 'fits' was already added"):
         sched.add_request(make_request("fits", 2))

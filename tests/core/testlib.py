@@ -103,9 +103,11 @@ def check_invariants(sched: Scheduler, out: SchedulerOutput) -> None:
         ids = [b.block_id for b in blocks]
         assert len(ids) == len(set(ids)), f"{rid} holds a block twice"
         holders.update(ids)
+    free_ids = set(pool.free_block_ids())
+    assert len(free_ids) == pool.num_free_blocks
     for block in pool.blocks:
         assert block.ref_cnt == holders[block.block_id], f"block {block.block_id}"
-        assert (block.block_id in pool.free_queue) == (block.ref_cnt == 0)
+        assert (block.block_id in free_ids) == (block.ref_cnt == 0)
     assert pool.num_free_blocks + len(holders) == pool.num_blocks
     for block_hash, block in pool.cached_block_hash_to_block.items():
         assert block.block_hash == block_hash

@@ -161,8 +161,6 @@ def test_models_show(data: st.DataObject, paths: dict[str, str]) -> None:
     check(run_cli(["models", "show", name]))
 
 
-@pytest.mark.xfail(strict=True, reason="YAML loading (planner/hardware.py, workload.py, compare.py) quotes the "
-                   "offending lines of a malformed file in its error; the file-loading change of issue 14 removes it")
 @pytest.mark.parametrize("argv", [["memory", "--hw", "{secret}"], ["simulate", "--workload", "{secret}"],
                                   ["compare", "{secret}", "{secret}"]], ids=["hw", "workload", "compare"])
 def test_a_malformed_yaml_file_is_not_quoted_back(argv: list[str], secret_file: Path) -> None:

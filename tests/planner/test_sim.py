@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 import subprocess
 import sys
+import tracemalloc
 
 import pytest
 
@@ -169,11 +170,43 @@ def test_a_shared_system_prompt_hits_at_the_theoretical_share() -> None:
     assert simulate(LLAMA_8B, H100, off, w).summary.prefix_cache_hit_rate == 0.0
 
 
+# --------------------------------------------------------------------------- memory
+
+
+def _simulate_peak_bytes(hw_name: str, dep: Deployment, w: Workload) -> tuple[int, int]:
+    """(KV blocks per replica, peak Python memory of simulating w) on hw_name."""
+    hw = get_hardware(hw_name)
+    tracemalloc.start()
+    try:
+        result = simulate(LLAMA_8B, hw, dep, w)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.summary.num_finished == w.num_requests
+    return result.memory.kv_cache_blocks, peak
+
+
+def test_a_thousand_replicas_of_a_large_memory_deployment_cost_little() -> None:
+    blocks, peak = _simulate_peak_bytes("mi355x", Deployment(hardware="mi355x", replicas=1000), workload(n=40))
+    assert blocks > 100_000
+    # Block objects made up front would be 1000 x 100k+ of them, over 10 GB; memory now follows
+    # the blocks the 40 requests used.
+    assert peak < 64 * 2**20
+
+
+def test_one_token_blocks_on_a_large_memory_device_cost_little() -> None:
+    dep = Deployment(hardware="epyc-9654-2s", knobs=EngineKnobs(block_size_tokens=1))
+    blocks, peak = _simulate_peak_bytes("epyc-9654-2s", dep, workload(n=20))
+    assert blocks > 1_000_000
+    assert peak < 64 * 2**20
+
+
 # --------------------------------------------------------------------------- overload
 
 
 def test_overload_queues_preempts_and_loses_nothing() -> None:
-    knobs = EngineKnobs(gpu_memory_utilization=0.23)  # a small KV cache: ~650 blocks
+    # A small KV cache: 0.27 x 79.18 GiB less 14.99 GiB of weights and vLLM's 4.9 GiB profiling reserve: ~750 blocks.
+    knobs = EngineKnobs(gpu_memory_utilization=0.27)
     dep = Deployment(hardware="h100-sxm", knobs=knobs)
     w = workload(n=300, inp=512, out=512, rate=200.0)
     s = simulate(LLAMA_8B, H100, dep, w).summary
@@ -208,7 +241,7 @@ def test_follow_up_turns_wait_for_their_parent_and_hit_its_cache() -> None:
 def test_prefix_affinity_beats_round_robin_on_many_prefixes() -> None:
     w = workload(n=400, inp=100, out=16, rate=40.0,
                  shared_prefix=SharedPrefix(num_prefixes=8, prefix_tokens=1024, share=1.0))
-    dep = Deployment(hardware="h100-sxm", replicas=4, knobs=EngineKnobs(gpu_memory_utilization=0.25))
+    dep = Deployment(hardware="h100-sxm", replicas=4, knobs=EngineKnobs(gpu_memory_utilization=0.28))
     rr = simulate(LLAMA_8B, H100, dep, w, router="round_robin").summary
     pa = simulate(LLAMA_8B, H100, dep, w, router="prefix_affinity").summary
     assert pa.prefix_cache_hit_rate > rr.prefix_cache_hit_rate
@@ -257,6 +290,27 @@ def test_cli_bad_input(args: list[str], message: str, capsys: pytest.CaptureFixt
     assert main(["simulate", "--requests", "5", *args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("w.yaml", "arrival: {kind: poisson, rate_per_s: 1}\ninput_tokens: 10000000\noutput_tokens: 8\nnum_requests: 1\n"),
+    ("t.csv", "arrival_s,input_tokens,output_tokens\n0,10000000,8\n"),
+])
+def test_cli_refuses_a_prompt_beyond_the_context_before_drawing_it(tmp_path: Path, name: str, text: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.cli import main
+
+    path = tmp_path / name
+    path.write_text(text)
+    tracemalloc.start()
+    try:
+        assert main(["simulate", "--workload", str(path)]) == 2
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    err = capsys.readouterr().err
+    assert "10000000 prompt + 8 output tokens' is invalid: must fit max_model_len=131072" in err
+    assert peak < 64 * 2**20  # ten million token ids would be ~400 MB
 
 
 def test_cli_trace_errors_name_the_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,12 +1,14 @@
 """Workloads: deterministic draws, distribution shapes, arrivals, prefix sharing, traces, presets."""
 
 import json
+import tracemalloc
 
 from hypothesis import given, settings, strategies as st
 import numpy as np
 import pytest
 from pydantic import ValidationError
 
+from engine import limits
 from engine.core.kv_cache_manager import hash_block_tokens
 from engine.errors import InputError
 from planner.workload import (
@@ -267,7 +269,7 @@ def test_load_csv_trace_with_conversations(tmp_path) -> None:
     ('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1}\n{"arrival_s": 1, "input_tokens": -3, '
      '"output_tokens": 1}\n', ":2: ", "input_tokens"),
     ('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 0}\n', ":1: ", "output_tokens"),
-    ('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1}\n\n{"arrival_s": 1, "input_tokens": 5\n', ":3: ", "line"),
+    ('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1}\n\n{"arrival_s": 1, "input_tokens": 5\n', ":3'", ""),
     ('{"arrival_s": "soon", "input_tokens": 5, "output_tokens": 1}\n', ":1: ", "arrival_s"),
     ('{"arrival_s": 0, "input_tokens": 2.5, "output_tokens": 1}\n', ":1: ", "input_tokens"),
     ('{"arrival_s": 0, "output_tokens": 1}\n', ":1: ", "input_tokens"),
@@ -278,7 +280,7 @@ def test_trace_errors_name_file_line_and_field(tmp_path, content: str, where: st
     p.write_text(content)
     with pytest.raises(InputError) as exc:
         load_trace(p)
-    assert f"bad.jsonl{where}{field}=" in str(exc.value)
+    assert f"bad.jsonl{where}{field + '=' if field else ''}" in str(exc.value)
 
 
 def test_csv_errors_name_the_line_and_empty_traces_are_errors(tmp_path) -> None:
@@ -290,7 +292,7 @@ def test_csv_errors_name_the_line_and_empty_traces_are_errors(tmp_path) -> None:
         (tmp_path / name).write_text(text)
         with pytest.raises(InputError, match="no requests"):
             load_trace(tmp_path / name)
-    with pytest.raises(InputError, match="cannot read"):
+    with pytest.raises(InputError, match="missing.jsonl.* no such file"):
         load_trace(tmp_path / "missing.jsonl")
 
 
@@ -327,3 +329,196 @@ def test_unknown_preset_suggests_close_names_and_overrides_are_validated(tmp_pat
     f.write_text("name: mine\narrival: {kind: constant, rate_per_s: 2}\ninput_tokens: 8\noutput_tokens: 4\n"
                  "num_requests: 3\n")
     assert [r.arrival_s for r in draw(get_workload(str(f)))] == [0.5, 1.0, 1.5]
+
+
+# --------------------------------------------------------------------------- limits (issue 14)
+
+
+def _peak_bytes(fn) -> tuple[BaseException | None, int]:
+    """What fn raised, and the peak Python memory it allocated on the way."""
+    tracemalloc.start()
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 (returned for the test to inspect)
+        return exc, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    return None, 0
+
+
+def test_a_request_beyond_the_context_is_refused_before_any_token_is_drawn() -> None:
+    # 1,000 prompts of 1M tokens: 1e9 token ids (tens of GB) if drawn before the context check.
+    w = wl(input_tokens=1_000_000, num_requests=1000)
+    exc, peak = _peak_bytes(lambda: draw(w, max_model_len=131_072))
+    assert isinstance(exc, InputError) and "custom-0" in str(exc) and "max_model_len=131072" in str(exc)
+    assert peak < 20 * 2**20
+
+
+def test_conversation_history_counts_towards_the_context() -> None:
+    conv = Conversation(min_turns=3, max_turns=3)
+    w = wl(input_tokens=100, output_tokens=50, conversation=conv, num_requests=3,
+           shared_prefix=SharedPrefix(num_prefixes=1, prefix_tokens=10, share=1))
+    draw(w, max_model_len=10 + 3 * 150)  # the third turn holds the prefix and all three exchanges
+    with pytest.raises(InputError, match=r"custom-2.*410 prompt \+ 50 output"):
+        draw(w, max_model_len=10 + 3 * 150 - 1)
+
+
+@pytest.mark.parametrize("changes", [
+    {"input_tokens": 10_000_000, "num_requests": 1000},
+    {"input_tokens": 100, "output_tokens": 10_000_000, "num_requests": 10},
+    {"shared_prefix": SharedPrefix(num_prefixes=100_000, prefix_tokens=10_000_000, share=0.5)},
+])
+def test_a_workload_over_the_token_limit_is_refused_before_drawing(changes: dict) -> None:
+    exc, peak = _peak_bytes(lambda: draw(wl(**changes)))
+    assert isinstance(exc, InputError) and "MAX_WORKLOAD_TOKENS" in str(exc), exc
+    assert "num_requests" in str(exc)
+    assert peak < 20 * 2**20
+
+
+def test_num_requests_over_the_limit_is_a_validation_error(tmp_path) -> None:
+    path = tmp_path / "w.yaml"
+    path.write_text("arrival: {kind: poisson, rate_per_s: 1}\ninput_tokens: 10\noutput_tokens: 10\n"
+                    "num_requests: 10000000\n")
+    with pytest.raises(InputError, match="num_requests=10000000.*1000000"):
+        get_workload(str(path))
+
+
+def test_arrivals_beyond_the_time_limit_are_refused() -> None:
+    with pytest.raises(InputError, match="MAX_ARRIVAL_S"):
+        draw(wl(arrival=PoissonArrivals(rate_per_s=1e-30), num_requests=3))
+
+
+class _CountingRng:
+    """A numpy Generator that fails the test after `budget` draws: an endless loop of draws
+    becomes a failure instead of a hang."""
+
+    def __init__(self, budget: int) -> None:
+        self._rng, self.calls, self._budget = rng(), 0, budget
+
+    def __getattr__(self, name: str):
+        method = getattr(self._rng, name)
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            if self.calls > self._budget:
+                raise AssertionError(f"more than {self._budget} random draws")
+            return method(*args, **kwargs)
+
+        return counted
+
+
+def test_time_varying_with_a_long_idle_segment_draws_a_bounded_number_of_times() -> None:
+    # 116 days without traffic, then 1 ms at 1 request/s: one arrival per 300 years on average.
+    tv = TimeVaryingArrivals(segments=[{"duration_s": 1e7, "rate_per_s": 0}, {"duration_s": 1e-3, "rate_per_s": 1}])
+    counting = _CountingRng(budget=100)
+    t = tv.times(counting, 5)  # type: ignore[arg-type]
+    assert len(t) == 5 and np.all(np.diff(t) >= 0)
+    period = 1e7 + 1e-3
+    assert np.all(np.mod(t, period) >= 1e7)  # every arrival falls in the busy millisecond
+    with pytest.raises(InputError, match="MAX_ARRIVAL_S"):
+        draw(wl(arrival=tv, num_requests=5))
+
+
+def test_time_varying_counts_per_segment_are_poisson() -> None:
+    tv = TimeVaryingArrivals(segments=[{"duration_s": 10, "rate_per_s": 4}, {"duration_s": 10, "rate_per_s": 0},
+                                       {"duration_s": 5, "rate_per_s": 2}])
+    t = tv.times(rng(), 200_000)
+    phase, cycles = np.mod(t, 25.0), t[-1] // 25.0
+    busy, idle, slow = (phase < 10).sum(), ((phase >= 10) & (phase < 20)).sum(), (phase >= 20).sum()
+    assert idle == 0
+    assert busy / cycles == pytest.approx(40, rel=0.02) and slow / cycles == pytest.approx(10, rel=0.03)
+
+
+def test_empirical_weights_must_be_finite() -> None:
+    with pytest.raises(ValidationError):
+        EmpiricalLength(tokens=[1, 2], weights=[1, float("inf")])
+
+
+# --------------------------------------------------------------------------- trace correctness and limits
+
+
+def test_a_csv_with_a_byte_order_mark_is_read(tmp_path) -> None:
+    p = tmp_path / "bom.csv"
+    p.write_bytes(b"\xef\xbb\xbfarrival_s,input_tokens,output_tokens\r\n0,5,1\r\n1.5,7,2\r\n")
+    reqs = load_trace(p)
+    assert [(r.arrival_s, len(r.prompt_token_ids), r.output_tokens) for r in reqs] == [(0, 5, 1), (1.5, 7, 2)]
+
+
+@pytest.mark.parametrize("text, match", [
+    ("arrival_s,input_tokens,output_tokens\n0,5,1\n1,5,1,99\n", r"bad.csv:3: row='4 values'.*3 columns"),
+    ("arrival_s,input_tokens,output_tokens\n0,5\n", r"bad.csv:2: row='2 values'.*3 columns"),
+    ("arrival_s,input_tokens,input_tokens,output_tokens\n0,5,6,1\n", r"bad.csv:1: columns=\['input_tokens'\].*once"),
+    ("arrival_s,input_tokens,output_tokens\n1e300,5,1\n", r"bad.csv:2: arrival_s='1e300'.*MAX_ARRIVAL_S"),
+    ("arrival_s,input_tokens,output_tokens\nnan,5,1\n", r"bad.csv:2: arrival_s='nan'.*finite"),
+    ("arrival_s,input_tokens,output_tokens\n0,1e9,1\n", r"bad.csv:2: input_tokens='1e9'.*MAX_REQUEST_TOKENS"),
+    ("arrival_s,input_tokens,output_tokens\n0,5,inf\n", r"bad.csv:2: output_tokens='inf'.*finite"),
+])
+def test_bad_csv_rows_are_refused_with_file_and_line(tmp_path, text: str, match: str) -> None:
+    p = tmp_path / "bad.csv"
+    p.write_text(text)
+    with pytest.raises(InputError, match=match):
+        load_trace(p)
+
+
+@pytest.mark.parametrize("row, match", [
+    ('{"arrival_s": 1e300, "input_tokens": 5, "output_tokens": 1}', "arrival_s=1e.300.*MAX_ARRIVAL_S"),
+    ('{"arrival_s": NaN, "input_tokens": 5, "output_tokens": 1}', "arrival_s=nan.*finite"),
+    ('{"arrival_s": 0, "input_tokens": 1e9, "output_tokens": 1}', "input_tokens=1000000000.0.*MAX_REQUEST_TOKENS"),
+    ('{"arrival_s": 0, "input_tokens": Infinity, "output_tokens": 1}', "input_tokens=inf.*finite"),
+    ('{"arrival_s": 0, "input_tokens": 1' + "0" * 5000 + ', "output_tokens": 1}', "too long"),
+    ('{"arrival_s": 0, "input_tokens": ' + "[" * 5000 + "]" * 5000 + ', "output_tokens": 1}', "MAX_NESTING_DEPTH"),
+])
+def test_bad_jsonl_values_are_refused(tmp_path, row: str, match: str) -> None:
+    p = tmp_path / "bad.jsonl"
+    p.write_text(row + "\n")
+    with pytest.raises(InputError, match=match):
+        load_trace(p)
+
+
+def test_trace_rows_beyond_the_limit_are_refused_while_streaming(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(limits, "MAX_REQUESTS", 3)
+    p = tmp_path / "long.jsonl"
+    # Line 5 is not JSON: the row limit must trip at line 4, before the reader gets there.
+    p.write_text('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1}\n' * 4 + "not json\n")
+    with pytest.raises(InputError, match=r"line 4.*MAX_REQUESTS=3"):
+        load_trace(p)
+
+
+def test_trace_tokens_beyond_the_limit_are_refused(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(limits, "MAX_WORKLOAD_TOKENS", 100)
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,input_tokens,output_tokens\n" + "0,40,10\n" * 3)
+    with pytest.raises(InputError, match=r"line 4, 150,.*MAX_WORKLOAD_TOKENS=100"):
+        load_trace(p)
+
+
+def test_a_trace_row_beyond_the_context_is_refused_before_drawing(tmp_path) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"arrival_s": 0, "input_tokens": 5000000, "output_tokens": 1}\n')
+    exc, peak = _peak_bytes(lambda: load_trace(p, max_model_len=4096))
+    assert isinstance(exc, InputError) and "t-L1" in str(exc) and "max_model_len=4096" in str(exc)
+    assert peak < 20 * 2**20
+
+
+def test_a_trace_line_over_the_length_limit_is_refused(tmp_path) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1, "prefix_id": "' + "x" * 70_000 + '"}\n')
+    with pytest.raises(InputError, match="length of line 1.*MAX_LINE_BYTES"):
+        load_trace(p)
+
+
+def test_a_workload_copied_past_validation_is_still_held_to_the_request_limit() -> None:
+    w = wl().model_copy(update={"num_requests": 10_000_000})  # model_copy does not validate
+    exc, peak = _peak_bytes(lambda: draw(w))
+    assert isinstance(exc, InputError) and "MAX_REQUESTS" in str(exc)
+    assert peak < 20 * 2**20
+
+
+def test_a_trace_prefix_is_drawn_no_longer_than_its_longest_prompt(tmp_path) -> None:
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"arrival_s": 0, "input_tokens": 50, "output_tokens": 1, "prefix_id": "sys"}\n'
+                 '{"arrival_s": 1, "input_tokens": 80, "output_tokens": 1, "prefix_id": "sys"}\n')
+    exc, peak = _peak_bytes(lambda: load_trace(p, prefix_tokens=10**9))  # 1e9 ids if drawn as asked
+    assert exc is None and peak < 20 * 2**20
+    reqs = load_trace(p, prefix_tokens=10**9)
+    assert reqs[1].prompt_token_ids[:50] == reqs[0].prompt_token_ids

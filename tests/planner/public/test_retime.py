@@ -13,7 +13,8 @@ from planner.hardware import get_hardware
 from planner.public.retime import SUMMARY_FIELD, figures, retime, summary_value
 from planner.sim import simulate
 from planner.specs import Deployment
-from planner.workload import ClosedLoopArrivals, ConstantArrivals, LognormalLength, PoissonArrivals, Workload
+from planner.workload import (ClosedLoopArrivals, ConstantArrivals, LognormalLength, OfflineArrivals, PoissonArrivals,
+                              Workload)
 
 MODEL, HW = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
 METRICS = sorted(SUMMARY_FIELD)
@@ -32,8 +33,9 @@ def run(arrival: object, api_s: float, replicas: int = 1, seed: int = 0):
     (ConstantArrivals(rate_per_s=1e6), 0.004, 1),  # a burst: the API server spreads it out
     (PoissonArrivals(rate_per_s=20.0), 0.0, 1),
     (ClosedLoopArrivals(concurrency=6), 0.002, 1),
+    (ClosedLoopArrivals(concurrency=1), 0.002, 1),  # one chain of 120 requests, each released by the last
     (PoissonArrivals(rate_per_s=40.0), 0.001, 2),
-], ids=["burst", "poisson", "closed-loop", "two-replicas"])
+], ids=["burst", "poisson", "closed-loop", "closed-loop-one-client", "two-replicas"])
 def test_the_traced_durations_give_back_the_simulators_figures(arrival, api_s, replicas) -> None:
     result, _, _ = run(arrival, api_s, replicas)
     trace = result.trace
@@ -61,3 +63,16 @@ def test_other_durations_move_the_figures_like_a_fresh_simulation() -> None:
                      calibration=slower).summary
     for metric in ("output_throughput", "tpot_mean", "ttft_median", "e2e_mean"):
         assert got[metric] == pytest.approx(summary_value(fresh, metric), rel=0.03), metric
+
+
+@pytest.mark.parametrize("arrival", [OfflineArrivals(max_concurrency=8), PoissonArrivals(rate_per_s=30.0, max_concurrency=5)],
+                         ids=["offline-capped", "poisson-capped"])
+def test_a_capped_client_is_retimed_exactly(arrival) -> None:
+    """A client that holds requests while max_concurrency are in flight: each waits for a finish."""
+    result, _, _ = run(arrival, 0.003)
+    trace = result.trace
+    assert (trace.gate >= 0).sum() == 120 - arrival.max_concurrency  # all but the first wave waited for a slot
+    durations = np.array([s.end_s - s.start_s for s in result.record.samples])
+    got = figures(trace, retime(trace, durations, 0.003), METRICS)
+    for metric in METRICS:
+        assert got[metric] == pytest.approx(summary_value(result.summary, metric), rel=1e-9), metric

@@ -1,0 +1,161 @@
+"""A published benchmark run, replayed as it was run: the engine's profile for its release and
+flags, the benchmark client's semantics and its request lengths, then the simulator.
+
+What cannot be replayed is said, not guessed: a run whose engine feature ServePlan does not model
+(EAGLE speculative decoding without a published acceptance, SGLang's data-parallel attention) is
+set aside with its reason; everything the replay assumes is listed in `ReplayRun.assumptions`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.catalog import resolve_model
+from engine.config import EngineKnobs, ModelConfig
+from planner.costmodel import CostParams
+from planner.engines import EngineProfile, engine_for_release
+from planner.hardware import get_hardware
+from planner.metrics import RunSummary
+from planner.playback import Replay
+from planner.public.data import Figure, PublicRun
+from planner.public.retime import summary_value
+from planner.sim import SimulationResult, simulate
+from planner.specs import Deployment, HardwareProfile
+from planner.workload import (
+    ClosedLoopArrivals,
+    FixedLength,
+    OfflineArrivals,
+    PoissonArrivals,
+    UniformLength,
+    Workload,
+    sharegpt_lengths,
+)
+
+# Engine flags (by the engine's own names) that map onto ServePlan's knobs, and how.
+_KNOB_ARGS: dict[str, str] = {
+    "max_num_seqs": "max_num_seqs",
+    "max_running_requests": "max_num_seqs",
+    "max_batch_size": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "chunked_prefill_size": "max_num_batched_tokens",
+    "max_num_tokens": "max_num_batched_tokens",
+    "enable_chunked_prefill": "enable_chunked_prefill",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "num_scheduler_steps": "num_scheduler_steps",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "mem_fraction_static": "gpu_memory_utilization",
+    "enforce_eager": "enforce_eager",
+    "cuda_graph_max_bs": "max_graph_batch_size",
+}
+# Flags that change nothing the simulator models (kernels and backends are inside the fitted
+# efficiencies of the engine; the rest is bookkeeping of the run).
+_NEUTRAL_ARGS = frozenset({
+    "attention_backend", "enable_torch_compile", "dtype", "quantization", "VLLM_USE_TRITON_FLASH_ATTN",
+    "kv_cache_dtype", "kv_cache_dtype_skip_layers", "max_seq_len_to_capture", "max_model_len", "max_seq_len",
+    "block_size", "kv_transfer_config", "async_scheduling", "enable_expert_parallel", "disable_radix_cache",
+})
+# Flags whose feature the simulator does not reproduce: the run is set aside.
+_UNSUPPORTED_ARGS: dict[str, str] = {
+    "speculative_algorithm": "EAGLE speculative decoding: the draft head's acceptance is not published",
+    "enable_dp_attention": "SGLang's data-parallel attention is not modelled (issue 20)",
+}
+
+
+@dataclass(frozen=True)
+class ReplayRun:
+    run: PublicRun
+    model: ModelConfig
+    hw: HardwareProfile
+    engine: EngineProfile
+    dep: Deployment
+    workload: Workload
+    max_model_len: int
+    through_api: bool  # requests pass the engine's HTTP server (the client's clock includes it)
+    overlap_host: bool | None  # a flag of the run that changes host overlap (vLLM --async-scheduling)
+    assumptions: tuple[str, ...]
+
+    @property
+    def figures(self) -> tuple[Figure, ...]:
+        return self.run.figures
+
+    def params(self, base: CostParams) -> CostParams:
+        """`base` (the fitted figures of this GPU family and engine) with what this run's flags change."""
+        changes: dict[str, object] = {}
+        if self.overlap_host is not None:
+            changes["overlap_host"] = self.overlap_host
+        if not self.through_api:
+            changes["api_request_s"] = 0.0
+        return base.with_values(changes) if changes else base
+
+    def simulate(self, params: CostParams, *, trace: bool = False) -> SimulationResult:
+        replay = Replay.of(self.workload, vocab_size=self.model.vocab_size, max_model_len=self.max_model_len)
+        return simulate(self.model, self.hw, self.dep, replay, calibration=self.params(params),
+                        max_model_len=self.max_model_len, trace=trace)
+
+
+def predicted(run: ReplayRun, summary: RunSummary) -> dict[str, float]:
+    """figure id -> the simulator's value of that figure."""
+    return {f.id: summary_value(summary, f.metric) for f in run.figures}
+
+
+def prepare(run: PublicRun) -> ReplayRun | str:
+    """The replay of `run`, or why it cannot be replayed."""
+    args = run.engine.args
+    for name, reason in _UNSUPPORTED_ARGS.items():
+        if name in args:
+            return reason
+    unknown = sorted(set(args) - set(_KNOB_ARGS) - _NEUTRAL_ARGS)
+    if unknown:
+        return f"engine flags not modelled: {', '.join(unknown)}"
+    d = run.deployment
+    if d.data_parallel > 1:
+        return "data-parallel engines behind one client are not replayed"
+    engine, note = engine_for_release(run.engine.engine, run.engine.version)
+    assumptions = [note] if note else []
+    model, hw = resolve_model(d.model), get_hardware(d.hardware)
+    max_model_len = int(args.get("max_model_len") or args.get("max_seq_len") or model.max_position_embeddings)
+    max_model_len = min(max_model_len, model.max_position_embeddings)
+    knobs = EngineKnobs(**{knob: args[name] for name, knob in _KNOB_ARGS.items() if name in args})
+    if run.engine.engine == "sglang" and args.get("disable_radix_cache"):
+        knobs = knobs.model_copy(update={"enable_prefix_caching": False})
+    dep = Deployment(hardware=hw.name, tensor_parallel=d.tensor_parallel, pipeline_parallel=d.pipeline_parallel,
+                     expert_parallel=d.expert_parallel, weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype,
+                     engine=engine.name, knobs=knobs)
+    overlap = True if args.get("async_scheduling") else None
+    if d.expert_parallel > 1:
+        assumptions.append("expert parallelism priced as tensor-parallel experts (no all-to-all term)")
+    return ReplayRun(run, model, hw, engine, dep, _workload(run), max_model_len, run.client.endpoint != "in-process",
+                     overlap, tuple(assumptions))
+
+
+def _workload(run: PublicRun) -> Workload:
+    client, lengths = run.client, run.lengths
+    if lengths.dataset == "sharegpt":
+        rules = lengths.sharegpt_rules or ("sglang" if client.tool == "sglang-bench-serving" else "vllm")
+        inputs, outputs, max_total = sharegpt_lengths(lengths.mean_input_tokens, lengths.mean_output_tokens, rules)
+    else:
+        assert lengths.input_tokens is not None and lengths.output_tokens is not None  # the schema requires them
+        inputs = _random_length(lengths.input_tokens, lengths.random_range_ratio, client.tool)
+        outputs = _random_length(lengths.output_tokens, lengths.random_range_ratio, client.tool)
+        max_total = None
+    if client.arrival == "closed_loop":
+        assert client.max_concurrency is not None
+        arrival: object = ClosedLoopArrivals(concurrency=client.max_concurrency)
+    elif client.arrival == "poisson":
+        assert client.request_rate_per_s is not None
+        arrival = PoissonArrivals(rate_per_s=client.request_rate_per_s, max_concurrency=client.max_concurrency)
+    else:
+        arrival = OfflineArrivals(max_concurrency=client.max_concurrency)
+    return Workload(name="published-run", description=run.run_key[:1000], arrival=arrival, input_tokens=inputs, output_tokens=outputs,
+                    max_total_tokens=max_total, num_requests=client.num_prompts, seed=0)
+
+
+def _random_length(nominal: int, ratio: float | None, tool: str) -> FixedLength | UniformLength:
+    """The random dataset's lengths as each client draws them (the data's Lengths.random_range_ratio)."""
+    if tool == "sglang-bench-serving":
+        r = 0.0 if ratio is None else ratio  # SGLang draws uniformly in [rL, L], at least 1
+        low = max(1, int(nominal * r))
+        return UniformLength(min_tokens=low, max_tokens=nominal) if low < nominal else FixedLength(tokens=nominal)
+    r = ratio or 0.0  # vLLM draws uniformly in [L(1-r), L(1+r)]; its default r = 0 is the nominal length
+    low, high = max(1, int(nominal * (1 - r))), int(nominal * (1 + r))
+    return UniformLength(min_tokens=low, max_tokens=high) if high > low else FixedLength(tokens=nominal)
