@@ -195,3 +195,22 @@ def test_smollm2_greedy_decoding_matches_transformers() -> None:
 
     assert ours == theirs
     assert "Paris" in tokenizer.decode(ours)
+
+
+def test_smollm2_q4_1_groups_on_the_packed_and_exact_int4_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packaged Q4_1 file under weight_dtype="int4": on the exact kernel the logits are the
+    dequantised fp32 reference's; torch's packed bf16 kernel holds the same codes and stays within
+    bf16 rounding of them, and greedy decoding agrees with the reference over a short continuation."""
+    reference = load_model("smollm2-135m").model
+    packed = load_model("smollm2-135m", weight_dtype="int4").model
+    monkeypatch.setattr(linear_module, "cpu_packed_kernels_vectorised", lambda: False)
+    exact = load_model("smollm2-135m", weight_dtype="int4").model
+    prompt = [1, 504, 3458, 282, 4649, 314]  # "The capital of France is" in SmolLM2's vocabulary
+    logits = {name: PagedDriver(m).step({"s": prompt})["s"] for name, m in
+              [("reference", reference), ("exact", exact), ("packed", packed)]}
+    torch.testing.assert_close(logits["exact"], logits["reference"], rtol=0, atol=1e-3)
+    scale = logits["reference"].abs().max().item()
+    assert (logits["packed"] - logits["reference"]).abs().max().item() < 0.02 * scale
+    assert torch.equal(logits["packed"][-1].topk(5).indices, logits["reference"][-1].topk(5).indices)
+    q_proj = "model.layers.0.self_attn.qkv_proj"
+    assert torch.equal(packed.get_submodule(q_proj).codes(), exact.get_submodule(q_proj).codes())
