@@ -799,23 +799,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     command(p, cmd_memory)
 
-    hw = sub.add_parser("hw", help="hardware profile catalog").add_subparsers(dest="hw_command", required=True, metavar="ACTION")
-    p = hw.add_parser("list", help="all profiles")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_hw_list)
-    p = hw.add_parser("show", help="one profile with the provenance of each figure")
-    p.add_argument("name", metavar="hardware", help="profile name or YAML file")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_hw_show)
-
-    models = sub.add_parser("models", help="model catalog").add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    p = models.add_parser("list", help="all catalog models")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_models_list)
-    p = models.add_parser("show", help="one model's architecture and derived sizes")
-    p.add_argument("name", metavar="model", help="catalog name or path to a config.json / checkpoint folder")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_models_show)
+    for catalog, what, shown, metavar, name_help, list_cmd, show_cmd in (
+        ("hw", "hardware profile", "one profile with the provenance of each figure", "hardware",
+         "profile name or YAML file", cmd_hw_list, cmd_hw_show),
+        ("models", "model", "one model's architecture and derived sizes", "model",
+         "catalog name or path to a config.json / checkpoint folder", cmd_models_list, cmd_models_show),
+    ):
+        actions = sub.add_parser(catalog, help=f"{what} catalog").add_subparsers(
+            dest=f"{catalog}_command", required=True, metavar="ACTION")
+        p = actions.add_parser("list", help=f"every {what} in the catalog")
+        p.add_argument("--json", action="store_true")
+        command(p, list_cmd)
+        p = actions.add_parser("show", help=shown)
+        p.add_argument("name", metavar=metavar, help=name_help)
+        p.add_argument("--json", action="store_true")
+        command(p, show_cmd)
 
     p = sub.add_parser("simulate", help="predict latency, throughput, goodput and cost of a deployment under a workload")
     add_deployment_args(p)
