@@ -62,6 +62,9 @@ class CostParams:
     # the Triton kernels). "dense": it computes the whole masked score matrix of each prefill chunk
     # and pads a decode batch to its longest context (the engine's torch reference path on CPU).
     attention_pairs: Literal["causal", "dense"] = "causal"
+    # Collectives priced from a link's measured curve take this multiple of the measured time: an
+    # engine's own all-reduce kernels (vLLM's custom all-reduce) beat nccl-tests' NCCL on small messages.
+    collective_time_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
@@ -74,6 +77,8 @@ class CostParams:
             value = getattr(self, name)
             if not 0.0 <= value < float("inf"):  # also rejects NaN
                 raise InputError(name, value, "must be a finite number >= 0")
+        if not 0.0 < self.collective_time_scale < float("inf"):
+            raise InputError("collective_time_scale", self.collective_time_scale, "must be a finite number > 0")
         if not 0.0 <= self.gemm_efficiency_floor <= 1.0:
             raise InputError("gemm_efficiency_floor", self.gemm_efficiency_floor, "must be in [0, 1]")
         if self.attention_pairs not in ("causal", "dense"):
