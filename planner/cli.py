@@ -633,6 +633,11 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
                       f"TTFT P50 {v.ttft_ms.p50:,.0f} / P99 {v.ttft_ms.p99:,.0f} ms, "
                       f"TPOT P50 {v.tpot_ms.p50:,.1f} / P99 {v.tpot_ms.p99:,.1f} ms, "
                       f"goodput {v.goodput.share:.1%}, SLO {'MET' if v.goodput.slo_met else 'MISSED'}")
+        if (band := v.prediction_interval) is not None:
+            shown = [(label, band.ranges[key]) for label, key in (("TTFT P99", "ttft_ms.p99"), ("TPOT P99", "tpot_ms.p99"))
+                     if key in band.ranges]
+            console.print(f"  if measured ({band.coverage:.0%} band of held-out published errors): "
+                          + ", ".join(f"{label} {low:,.1f}-{high:,.1f} ms" for label, (low, high) in shown))
     else:
         console.print(f"[bold red]no recommendation:[/bold red] {r.nearest_miss}")
 
@@ -675,12 +680,17 @@ def cmd_compare(args: argparse.Namespace) -> None:
         print_json(result)
         return
     t = Table(title=f"A = {a.path} ({a.model}, {a.workload}) vs B = {b.path} ({b.model}, {b.workload})")
-    for col in ("metric", "A", "B", "B - A", "%"):
+    banded = any(m.a_range or m.b_range for m in result.metrics)
+    for col in ("metric", "A", "B", "B - A", "%", *(("A if measured", "B if measured") if banded else ())):
         t.add_column(col, justify="left" if col == "metric" else "right")
     for m in result.metrics:
+        ranges = [f"{r[0]:,.1f}-{r[1]:,.1f}" if r else "-" for r in (m.a_range, m.b_range)] if banded else []
         t.add_row(m.metric, *(f"{v:,.3f}" if v is not None else "-" for v in (m.a, m.b, m.delta)),
-                  f"{m.delta_pct:+.1f}%" if m.delta_pct is not None else "-")
+                  f"{m.delta_pct:+.1f}%" if m.delta_pct is not None else "-", *ranges)
     console.print(t)
+    if banded:
+        console.print("'if measured': the P10-P90 band of held-out published errors around each prediction (both sides "
+                      "share the simulator's biases, so their difference is surer than either band suggests)")
 
 
 def cmd_validate_public(args: argparse.Namespace) -> None:

@@ -17,12 +17,6 @@ PUBLIC_REPORT = "validation-public.json"
 HEADLINE = ["ttft_ms.mean", "ttft_ms.p99", "tpot_ms.mean", "e2e_ms.mean", "throughput.output_tokens_per_s"]
 
 
-def _value(summary: object, path: str) -> float:
-    for part in path.split("."):
-        summary = getattr(summary, part)
-    return float(summary)  # type: ignore[arg-type]
-
-
 def render() -> None:
     state = PageState("validate")
     st.title("Validate")
@@ -118,8 +112,8 @@ def render_engine(state: PageState) -> None:
         st.markdown("**Simulator error by scenario (%)**")
         st.altair_chart(charts.grouped_bars(long, "scenario", "error (%)", "metric", "error (%)"), width="stretch")
     ui.table(errors, "Signed error by scenario (%)", key="validate.errors")
-    values = pd.DataFrame([{"scenario": r.scenario, "metric": m, "engine": _value(r.engine, m),
-                            "simulator": _value(r.simulator, m)} for r in report.rows for m in shown])
+    values = pd.DataFrame([{"scenario": r.scenario, "metric": m, "engine": r.engine.figure(m),
+                            "simulator": r.simulator.figure(m)} for r in report.rows for m in shown])
     ui.table(values, "Engine and simulator values", key="validate.values",
              caption="Latencies in ms, throughput in output tokens/s.")
     ui.json_download("Validation report (JSON)", report, "validation.json", key="validate.json")

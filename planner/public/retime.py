@@ -35,8 +35,9 @@ SUMMARY_FIELD: dict[str, tuple[str, str]] = {
 
 
 def summary_value(summary: RunSummary, metric: Metric) -> float:
-    group, field = SUMMARY_FIELD[metric]
-    return float(getattr(getattr(summary, group), field))
+    value = summary.figure(".".join(SUMMARY_FIELD[metric]))
+    assert value is not None  # latencies and rates are always set
+    return value
 
 
 @dataclass(frozen=True)
