@@ -12,7 +12,9 @@ A curve measured on p0 ranks is used on p ranks through nccl-tests' bus-bandwidt
 (2(p-1)/p for an all-reduce, (p-1)/p for an all-gather or all-to-all), which make a ring
 algorithm's bandwidth the same at any rank count: time(p) = time(p0) x factor(p) / factor(p0).
 Without a curve, the ring algorithm on the link's datasheet figures: steps x latency_us + bus
-bytes / (bandwidth_gb_s x interconnect_efficiency).
+bytes / (bandwidth_gb_s x interconnect_efficiency). Either way the time is multiplied by
+`CostParams.collective_time_scale`, the public fit's figure for how a GPU family's engines
+communicate against nccl-tests (1 until fitted).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ class CollectiveCost:
     ranks: int
     link: Link
     interconnect_efficiency: float
-    time_scale: float = 1.0  # CostParams.collective_time_scale: applies to measured curves
+    time_scale: float = 1.0  # CostParams.collective_time_scale
 
     @property
     def curve(self) -> CollectiveCurve | None:
@@ -54,8 +56,8 @@ class CollectiveCost:
         curve = self.curve
         if curve is None:
             bandwidth = self.link.bandwidth_gb_s * 1e9 * self.interconnect_efficiency
-            return (ring_steps(self.kind, self.ranks) * self.link.latency_us * 1e-6
-                    + bus_factor(self.kind, self.ranks) * payload_bytes / bandwidth)
+            return self.time_scale * (ring_steps(self.kind, self.ranks) * self.link.latency_us * 1e-6
+                                      + bus_factor(self.kind, self.ranks) * payload_bytes / bandwidth)
         sizes, times = np.log([p[0] for p in curve.points]), np.log([p[1] for p in curve.points])
         x = np.log(np.maximum(payload_bytes, 1.0))
         # Log-log interpolation, flat below the first point, slope 1 (constant bandwidth) past the last.
@@ -71,7 +73,8 @@ class CollectiveCost:
         if curve is None:
             return {**base, "model": "ring on datasheet figures: steps x latency + bus bytes / (bandwidth x efficiency)",
                     "latency_us_per_step": self.link.latency_us, "steps": ring_steps(self.kind, self.ranks),
-                    "bandwidth_gb_s": self.link.bandwidth_gb_s, "interconnect_efficiency": self.interconnect_efficiency}
+                    "bandwidth_gb_s": self.link.bandwidth_gb_s, "interconnect_efficiency": self.interconnect_efficiency,
+                    "time_scale": self.time_scale}
         small, large = curve.points[0], curve.points[-1]
         return {**base, "model": "measured curve, log-log interpolation", "measured_ranks": curve.ranks,
                 "latency_us": small[1] * self.time_scale, "at_payload_bytes": small[0],

@@ -400,8 +400,9 @@ class CostModel:
             return 0.0
         link = self.pp_link
         size = rows * self.ops.pp_bytes_per_row
-        return self.ops.pp_handoffs * (size / (link.bandwidth_gb_s * 1e9 * self.params.interconnect_efficiency)
-                                       + link.latency_us * 1e-6)
+        p = self.params
+        return self.ops.pp_handoffs * p.collective_time_scale * (
+            size / (link.bandwidth_gb_s * 1e9 * p.interconnect_efficiency) + link.latency_us * 1e-6)
 
     def _launch_wait(self, device: tuple[Number, ...], graph: Number) -> Number:
         """Seconds the device waits on the host issuing kernels: eagerly, each operator takes at least

@@ -8,8 +8,10 @@ from pydantic import ValidationError
 import pytest
 
 from engine.catalog import resolve_model
-from planner.costmodel import CostModel
+from planner.costmodel import OPERATORS, CostModel, CostParams
 from planner.costmodel.comm import CollectiveCost, bus_factor
+from planner.costmodel.model import COMM_OPERATORS
+from planner.engines import get_engine
 from planner.hardware import get_hardware
 from planner.memory import plan_memory
 from planner.sim import simulate
@@ -48,6 +50,22 @@ def test_curves_must_ascend_in_size() -> None:
 
 def dep(**changes: object) -> Deployment:
     return Deployment(**{"hardware": "h100-sxm", **changes})  # type: ignore[arg-type]
+
+
+def test_collective_time_scale_scales_every_communication_term_and_no_other_device_time() -> None:
+    """The public fit's one communication figure: it must reach collectives priced from a measured
+    curve (the H100 all-reduce), from the datasheet ring (the logits' all-gather, all-to-all) and
+    the pipeline hand-off, or a family's communication could not be fitted."""
+    model, hw = resolve_model("qwen3-30b-a3b"), get_hardware("h100-sxm")
+    d = dep(tensor_parallel=4, pipeline_parallel=2, expert_parallel=4, engine="serveplan")
+    base = CostParams.defaults(hw, get_engine("serveplan"))
+    one = CostModel(model, hw, d, base).prefill_breakdown(2048)
+    scaled = CostModel(model, hw, d, base.with_values({"collective_time_scale": 2.5})).prefill_breakdown(2048)
+    comm = (*COMM_OPERATORS, "pp_transfer")
+    assert all(one[op] > 0 for op in ("tp_allreduce", "tp_gather", "ep_alltoall", "pp_transfer"))
+    device = OPERATORS[:OPERATORS.index("host")]  # the launch wait after them depends on their sum
+    for op in device:
+        assert scaled[op] == pytest.approx(one[op] * (2.5 if op in comm else 1.0), rel=1e-12), op
 
 
 def test_expert_parallel_all_to_all_where_the_engine_dispatches_so() -> None:
