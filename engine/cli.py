@@ -26,8 +26,10 @@ def add_engine_flags(p: argparse.ArgumentParser) -> None:
 
 
 def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """The engine settings the flags give; threads default to the physical cores (engine/cpu.py)."""
-    return values(args, ENGINE) | {"threads": args.threads or default_threads()}
+    """The engine settings the flags give; threads default to the physical cores (engine/cpu.py),
+    shared out among the ranks of a parallel engine (each rank's torch runs that many)."""
+    ranks = max(args.tensor_parallel, args.expert_parallel)
+    return values(args, ENGINE) | {"threads": args.threads or max(1, default_threads() // ranks)}
 
 
 def add_engine_commands(sub: argparse._SubParsersAction) -> argparse._SubParsersAction:

@@ -533,6 +533,8 @@ ENGINE_DEFAULTS: dict[str, object] = {
 # Largest explicit KV cache: 16 TiB or 16M blocks, beyond any machine, well short of an overflow.
 MAX_KV_CACHE_GIB = 16384
 MAX_KV_BLOCKS = 1 << 24
+# Most processes one engine splits a model across (engine/parallel): a node's GPUs many times over.
+MAX_PARALLEL = 64
 
 
 class EngineConfig(EngineKnobs):
@@ -574,13 +576,32 @@ class EngineConfig(EngineKnobs):
         "as this process has it. The CLI defaults to OMP_NUM_THREADS, else the physical cores this process may "
         "run on (engine/cpu.py)")
 
+    tensor_parallel: Annotated[int, Knob("--tp", "Tensor parallel", "processes")] = Field(
+        1, ge=1, le=MAX_PARALLEL, description="Processes (one per CPU share or GPU) every layer is split across: each "
+        "holds 1/N of the weights and KV heads, and the layers all-reduce (engine/parallel); at 1 with "
+        "expert_parallel N, N")
+    expert_parallel: Annotated[int, Knob("--ep", "Expert parallel", "processes")] = Field(
+        1, ge=1, le=MAX_PARALLEL, description="MoE models: place whole experts on the tensor-parallel ranks and send "
+        "tokens to them by all-to-all, on 1 (experts split by width) or all tensor_parallel ranks")
+
     @model_validator(mode="before")
     @classmethod
     def _engine_defaults(cls, data: object) -> object:
-        """ServePlan's engine is the engine here: what is left unset takes its defaults."""
+        """ServePlan's engine is the engine here: what is left unset takes its defaults. Expert
+        parallelism needs as many processes as it places experts on: --ep N alone runs N."""
         if isinstance(data, dict):
             data = {**data, **{k: v for k, v in ENGINE_DEFAULTS.items() if data.get(k) is None}}
+            if data.get("tensor_parallel") in (None, 1) and isinstance(data.get("expert_parallel"), int):
+                data["tensor_parallel"] = data["expert_parallel"]
         return data
+
+    @field_validator("expert_parallel")
+    @classmethod
+    def _experts_on_every_rank(cls, ep: int, info: ValidationInfo) -> int:
+        tp = info.data.get("tensor_parallel")
+        if ep > 1 and tp is not None and ep != tp:
+            raise ValueError(f"the engine places experts on every tensor-parallel rank or on none: 1 or {tp}")
+        return ep
 
     @field_validator("int8_kernel")
     @classmethod

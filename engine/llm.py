@@ -21,13 +21,16 @@ from pydantic import ValidationError
 import torch
 
 from engine.config import EngineConfig
-from engine.core import KVCacheManager, Request, RequestUpdate, SamplingParams, Scheduler, SpecStats, StepLoop
+from engine.core import Executor, KVCacheManager, Request, RequestUpdate, SamplingParams, Scheduler, SpecStats, StepLoop
 from engine.core.metrics import RequestMetrics
 from engine.dtypes import ENGINE_DTYPES
 from engine.errors import InputError, from_validation_error
 from engine.graphs import compile_recorder, cuda_graph_recorder
 from engine.kernels import triton_available
+from engine.catalog import resolve_model
 from engine.model.loader import LoadedModel, load_model
+from engine.parallel.executor import WorkerPool
+from engine.parallel.layers import check_shardable
 from engine.quant.kv import is_quantized_kv, kv_cache_torch_dtype, kv_dtype_name
 from engine.runner import ModelRunner
 from engine.spec.factory import TargetInfo, build_proposer
@@ -81,6 +84,34 @@ def _device(name: str) -> torch.device:
     return device
 
 
+def _worker_pool(model: str, cfg: EngineConfig, device: torch.device) -> WorkerPool:
+    """The ranks of a tensor-parallel engine, once the settings it cannot run are refused."""
+    tp = cfg.tensor_parallel
+    one_process = {
+        "speculative": (cfg.speculative is not None, "drafts are proposed and verified in one process"),
+        "compile_model": (cfg.compile_model, "torch.compile of a step with collectives is not set up"),
+        "weight_dtype": (cfg.weight_dtype != "auto", "quantised weights are not sharded across ranks"),
+    }
+    for name, (asked, why) in one_process.items():
+        if asked:
+            raise InputError(name, getattr(cfg, name) if name != "speculative" else cfg.speculative.method,  # type: ignore[union-attr]
+                             f"runs with tensor_parallel=1 only ({why}); tensor_parallel={tp}")
+    if device.type == "cuda":
+        if device.index is not None:
+            raise InputError("device", cfg.device, f"a tensor-parallel engine uses cuda:0..cuda:{tp - 1}; give 'cuda'")
+        if torch.cuda.device_count() < tp:
+            raise InputError("tensor_parallel", tp, f"needs one GPU per rank; {torch.cuda.device_count()} are visible")
+    try:  # catalog names and config files: refuse a split the shapes forbid before any process starts
+        config = resolve_model(model)
+    except InputError:
+        config = None  # a checkpoint folder or GGUF file: the ranks check once they have read it
+    if config is not None:
+        check_shardable(config, tp, cfg.expert_parallel)
+    # Each rank gets its share of the threads (or what was asked for each), never more than the cores.
+    threads = cfg.threads or max(1, torch.get_num_threads() // tp)
+    return WorkerPool(model, cfg, device, threads)
+
+
 class LLM:
     def __init__(self, model: str, **engine_config: object) -> None:
         cfg = _engine_config(engine_config)
@@ -91,6 +122,9 @@ class LLM:
             torch.set_num_threads(cfg.threads)
         if cfg.int8_kernel == "dynamic" and device.type != "cpu":
             raise InputError("int8_kernel", "dynamic", f"runs on the CPU only; the engine chose {device}")
+        if cfg.tensor_parallel > 1:
+            self._start(_worker_pool(model, cfg, device), cfg, device)
+            return
         loaded = load_model(model, dtype=TORCH_DTYPES[cfg.dtype], device=device, seed=cfg.seed,
                             random_weights=cfg.random_weights, weight_dtype=cfg.weight_dtype, int8_kernel=cfg.int8_kernel,
                             lm_head_dtype=cfg.lm_head_dtype)
@@ -105,11 +139,13 @@ class LLM:
                 raise InputError(name, changes[name], f"decides the loaded weights (here {getattr(cfg, name)!r}); "
                                  "load a new LLM to change it")
         other = LLM.__new__(LLM)
-        other._start(self._loaded, _engine_config({**cfg.model_dump(), **changes}), self.runner.device)
+        other._start(self._loaded, _engine_config({**cfg.model_dump(), **changes}), self.device)
         return other
 
-    def _start(self, loaded: LoadedModel, cfg: EngineConfig, device: torch.device) -> None:
-        self.engine_config, self._loaded = cfg, loaded
+    def _start(self, loaded: LoadedModel | WorkerPool, cfg: EngineConfig, device: torch.device) -> None:
+        """The engine over loaded weights: in this process (a LoadedModel), or in the ranks of a
+        tensor-parallel engine (a WorkerPool, whose executor stands where the runner would)."""
+        self.engine_config, self._loaded, self.device = cfg, loaded, device
         dtype = TORCH_DTYPES[cfg.dtype]
         self.model, self.config, self.tokenizer = loaded.model, loaded.config, loaded.tokenizer
         kv_dtype = kv_cache_torch_dtype(cfg.kv_cache_dtype, dtype)
@@ -122,7 +158,26 @@ class LLM:
             cfg.scheduler_config(self.max_model_len),
             KVCacheManager(self.num_blocks, cfg.block_size_tokens, cfg.enable_prefix_caching),
         )
-        self.runner = ModelRunner(self.model, self.config, self.num_blocks, cfg.block_size_tokens, kv_dtype, device, cfg.seed)
+        self.runner: ModelRunner | None = None
+        if isinstance(loaded, WorkerPool):
+            self.executor: Executor = loaded.executor(self.num_blocks, cfg.block_size_tokens, kv_dtype, cfg.seed)
+            self.loop = StepLoop(self.scheduler, self.executor, self.now)
+        else:
+            self.executor = self.runner = self._runner(loaded, cfg, kv_dtype, device)
+            spec = cfg.speculative
+            proposer = None if spec is None else build_proposer(spec, TargetInfo(
+                self.model, self.config, self.tokenizer, self.max_model_len, self.num_blocks, cfg.block_size_tokens,
+                cfg.max_num_seqs, kv_dtype, dtype, device, cfg.seed, cfg.random_weights))
+            self.loop = StepLoop(self.scheduler, self.runner, self.now, proposer=proposer)
+        self._ids = itertools.count()
+        self._t0 = time.perf_counter()
+        self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer is not None else (
+            self.config.eos_token_ids[0] if self.config.eos_token_ids else None)
+        self._grammar_compiler: GrammarCompiler | None = None
+        self._grammar_lock = threading.Lock()  # a server's front end checks constraints on its own thread
+
+    def _runner(self, loaded: LoadedModel, cfg: EngineConfig, kv_dtype: torch.dtype, device: torch.device) -> ModelRunner:
+        runner = ModelRunner(loaded.model, self.config, self.num_blocks, cfg.block_size_tokens, kv_dtype, device, cfg.seed)
         # Only the Triton kernels are capturable: the torch reference path (quantised KV caches, no
         # triton) syncs on data-dependent shapes, and so does MoE routing (tokens per expert are
         # counted on the host), so those engines stay eager.
@@ -133,18 +188,8 @@ class LLM:
             record = compile_recorder(then=record)
         if record is not None:
             max_graph_batch = min(cfg.max_graph_batch_size, cfg.max_num_seqs)
-            self.runner.capture_decode_graphs(max_graph_batch, self.max_model_len, record)
-        spec = cfg.speculative
-        proposer = None if spec is None else build_proposer(spec, TargetInfo(
-            self.model, self.config, self.tokenizer, self.max_model_len, self.num_blocks, cfg.block_size_tokens,
-            cfg.max_num_seqs, kv_dtype, dtype, device, cfg.seed, cfg.random_weights))
-        self.loop = StepLoop(self.scheduler, self.runner, self.now, proposer=proposer)
-        self._ids = itertools.count()
-        self._t0 = time.perf_counter()
-        self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer is not None else (
-            self.config.eos_token_ids[0] if self.config.eos_token_ids else None)
-        self._grammar_compiler: GrammarCompiler | None = None
-        self._grammar_lock = threading.Lock()  # a server's front end checks constraints on its own thread
+            runner.capture_decode_graphs(max_graph_batch, self.max_model_len, record)
+        return runner
 
     def now(self) -> float:
         """Seconds since the engine started; the scheduler is always handed this clock."""
@@ -155,7 +200,9 @@ class LLM:
         if cfg.kv_cache_gib is not None:
             budget = cfg.kv_cache_gib * GIB
         elif device.type == "cuda":
-            free, total = torch.cuda.mem_get_info(device)
+            # A tensor-parallel engine's weights live in its ranks: the fullest rank decides.
+            free, total = (min(self._loaded.call("memory_info")) if isinstance(self._loaded, WorkerPool)
+                           else torch.cuda.mem_get_info(device))
             budget = free - total * (1 - cfg.gpu_memory_utilization)
         else:
             budget = 1.0 * GIB
@@ -165,9 +212,12 @@ class LLM:
         return blocks
 
     def kv_bytes_per_block(self, kv_dtype: torch.dtype) -> int:
-        """Real bytes of one KV block across all layers (quantised caches count their scales):
-        ModelConfig's count, the same the planner's memory plan uses."""
-        return self.config.kv_bytes_per_token(kv_dtype_name(kv_dtype)) * self.engine_config.block_size_tokens
+        """Real bytes of one KV block across all layers in one process (quantised caches count their
+        scales): ModelConfig's count, the same the planner's memory plan uses; a tensor-parallel
+        rank holds its own KV heads only."""
+        whole = self.config.kv_bytes_per_token(kv_dtype_name(kv_dtype)) * self.engine_config.block_size_tokens
+        heads = self.config.num_kv_heads
+        return whole * max(1, heads // self.engine_config.tensor_parallel) // heads
 
     # ------------------------------------------------------------------ requests
 
@@ -217,6 +267,9 @@ class LLM:
     def check_structured_output(self, constraint: StructuredOutput) -> None:
         """Refuse a constraint this engine cannot apply; compile it into the cache the sampler
         reads. Thread-safe, so a server can check a request before it reaches the engine."""
+        if self.runner is None:
+            raise InputError("structured_output", constraint.kind, "runs in one process only: the grammar masks the "
+                             "sampler's logits, which a tensor-parallel engine samples in its first rank")
         if self.engine_config.speculative is not None:
             raise InputError("structured_output", constraint.kind, "is not supported with speculative decoding: "
                              "drafts are verified without grammar masks; run the engine without speculation")

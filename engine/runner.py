@@ -36,6 +36,9 @@ class ModelRunner:
         self.block_tables: dict[str, list[int]] = {}
         self.sampler = Sampler(device, seed)
         self.graphs: DecodeGraphs | None = None
+        # False on tensor-parallel ranks but the first: they compute the logits, whose gather
+        # every rank joins, and leave sampling to rank 0.
+        self.samples = True
 
     def capture_decode_graphs(self, max_batch_size: int, max_model_len: int, record: Recorder) -> None:
         """From now on, decode-only steps of <= max_batch_size requests replay captured graphs."""
@@ -88,6 +91,8 @@ class ModelRunner:
         if not any(s.num_draft_tokens for _, s in sampling):
             last_rows = torch.tensor([ends[i] - 1 for i, _ in sampling], device=self.device)
             logits = self.model.compute_logits(hidden[last_rows])
+            if not self.samples:
+                return {}
             tokens = self.sampler(logits, ids, [s.sampling_params for _, s in sampling])
             return {request_id: [token] for request_id, token in zip(ids, tokens, strict=True)}
         # Speculative step: a request with d drafts (the last d of its token_ids) is scored at
@@ -96,6 +101,8 @@ class ModelRunner:
         # rolled-back num_computed_tokens: nothing attends to it, and the next step overwrites it.
         rows = [r for i, s in sampling for r in range(ends[i] - 1 - s.num_draft_tokens, ends[i])]
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        if not self.samples:
+            return {}
         out: dict[str, list[int]] = {}
         start = 0
         for _, s in sampling:

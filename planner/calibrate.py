@@ -42,13 +42,14 @@ from engine.files import load_json
 from hwprofiles import PROFILE_DIR
 from planner.costmodel import CostModel, CostParams
 from planner.hardware import hardware_catalog
-from planner.specs import Deployment, EngineKnobs, HardwareProfile
+from planner.specs import Collective, CollectiveCurve, Deployment, EngineKnobs, HardwareProfile, Link
 
 if TYPE_CHECKING:
     from engine.llm import LLM
 
 CALIBRATION_DIR = PROFILE_DIR / "calibrations"
 GIB = 2**30
+COMM_RANKS = 2  # the tensor-parallel size the CPU validation runs
 
 
 # --------------------------------------------------------------------------- records
@@ -71,6 +72,9 @@ class MicroBenchmarks(_Rec):
     memory_bandwidth_gb_s: float = Field(description="Best sustained copy bandwidth (read + write bytes / time)")
     matmul_tflops: dict[str, float] = Field(description="'dtype MxKxN' -> achieved TFLOPS")
     attention_kv_gb_s: dict[str, float] = Field(description="'decode batch B ctx C' -> KV bytes read / time")
+    collectives_us: dict[Collective, list[tuple[int, float]]] = Field(
+        default_factory=dict, description="CPU: the engine's collectives between COMM_RANKS processes over gloo, "
+        "collective -> [(payload bytes, median microseconds)] (engine/parallel/commbench.py)")
 
 
 class StepMeasurement(_Rec):
@@ -226,7 +230,33 @@ def micro_benchmarks(device_kind: str, dtype: str, quick: bool) -> MicroBenchmar
         seconds = _median_time(lambda q=q, cache=cache, meta=meta: paged_attention(q, cache, meta, 0.125, None), reps, sync)
         kv_bytes = batch * ctx * 2 * kv_heads * head_dim * cache.element_size()
         attention[f"decode batch {batch} ctx {ctx}"] = kv_bytes / seconds / 1e9
-    return MicroBenchmarks(memory_bandwidth_gb_s=bandwidth, matmul_tflops=matmul, attention_kv_gb_s=attention)
+    collectives: dict[Collective, list[tuple[int, float]]] = {}
+    if dev.type == "cpu":
+        from engine.parallel.commbench import measure
+
+        collectives = measure(world=COMM_RANKS, repeats=10 if quick else 30, threads=torch.get_num_threads())  # type: ignore[assignment]
+    return MicroBenchmarks(memory_bandwidth_gb_s=bandwidth, matmul_tflops=matmul, attention_kv_gb_s=attention,
+                           collectives_us=collectives)
+
+
+def gloo_link(micro: MicroBenchmarks, cpus: int) -> Link | None:
+    """This machine's processes as a scale-up link, priced by the measured curves. A larger message
+    never takes less time than a smaller one, so each point keeps the least time measured at its
+    size or above: a rank descheduled in the middle of a small collective is noise, not latency."""
+    if not micro.collectives_us:
+        return None
+    curves = {}
+    for kind, points in micro.collectives_us.items():
+        times = [t for _, t in points]
+        floor = [min(times[i:]) for i in range(len(times))]
+        curves[kind] = CollectiveCurve(ranks=COMM_RANKS, points=tuple((size, t) for (size, _), t in zip(points, floor)),
+                                       source=f"gloo between {COMM_RANKS} processes, measured by serveplan calibrate "
+                                       "(engine/parallel/commbench.py)")
+    reduce = curves["all_reduce"].points
+    (small, small_us), (large, large_us) = reduce[0], reduce[-1]
+    return Link(name="gloo between processes of this machine (TCP loopback)", domain_size=cpus,
+                bandwidth_gb_s=max(0.1, round(large / large_us * 1e-3, 3)), latency_us=round(small_us / 2, 1),
+                collectives=curves)
 
 
 def local_profile(device: DeviceInfo, micro: MicroBenchmarks, dtype: str) -> HardwareProfile:
@@ -244,10 +274,14 @@ def local_profile(device: DeviceInfo, micro: MicroBenchmarks, dtype: str) -> Har
         peak_tflops={dtype: round(peak_tflops, 4)},
         provenance={
             "memory_bandwidth_gb_s": "measured: best sustained copy by serveplan calibrate",
+            **({"scale_up": "measured: the engine's collectives over gloo by serveplan calibrate; bandwidth_gb_s is "
+                "the all-reduce's at the largest message, latency_us half its time at the smallest"}
+               if micro.collectives_us else {}),
             f"peak_tflops.{dtype}": "measured: best matmul by serveplan calibrate (not a datasheet peak)",
             "memory_gib": "physical memory of the machine",
         },
         sources=[f"measured by `serveplan calibrate` on {dt.date.today().isoformat()} (torch {device.torch_version})"],
+        scale_up=gloo_link(micro, os.cpu_count() or 1),
     )
 
 

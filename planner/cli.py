@@ -509,7 +509,8 @@ def render_sweep(result: BenchReport) -> None:
 
 
 # Flags of a CPU calibration or validation that mean nothing with --public, and back.
-_CPU_ONLY = ("model", "device", "dtype", "threads", "random_weights", "quick", "workloads", "force")
+_CPU_ONLY = ("model", "device", "dtype", "threads", "random_weights", "quick", "workloads", "force", "tensor_parallel",
+             "expert_parallel")
 _PUBLIC_ONLY = ("rounds", "workers", "public_report")
 
 
@@ -728,6 +729,10 @@ def cmd_validate_public(args: argparse.Namespace) -> None:
         raise SystemExit(1)
 
 
+def _pct(share: float | None) -> str:
+    return "n/a" if share is None else f"{share * 100:.1f} %"
+
+
 def cmd_validate(args: argparse.Namespace) -> None:
     from planner.validate import markdown, validate
 
@@ -743,7 +748,8 @@ def cmd_validate(args: argparse.Namespace) -> None:
     if args.calibration is None:
         raise UsageError("--calibration is required (a file written by `serveplan calibrate`), or give --public or --memory")
     report = validate(args.model, args.calibration, random_weights=args.random_weights, quick=args.quick,
-                      only=args.workloads, force=args.force)
+                      only=args.workloads, force=args.force, tensor_parallel=args.tensor_parallel,
+                      expert_parallel=args.expert_parallel)
     if args.report:
         Path(args.report).write_text(markdown(report, "serveplan validate " + " ".join(sys.argv[2:])))
     if args.json:
@@ -759,6 +765,10 @@ def cmd_validate(args: argparse.Namespace) -> None:
     for row in report.rows:
         t.add_row(row.scenario, *("n/a" if row.error_pct[c] is None else f"{row.error_pct[c]:+.1f}" for c in columns))
     console.print(t)
+    if report.tensor_parallel > 1:
+        console.print("communication share of step time, engine rank 0 vs simulator: " + ", ".join(
+            f"{r.scenario} {_pct(r.engine.utilisation.communication_share)} vs "
+            f"{_pct(r.simulator.utilisation.communication_share)}" for r in report.rows))
     for metric, bound in report.bounds_pct.items():
         value = report.median_abs_error_pct[metric]
         console.print(f"median |error| {metric}: {value:.1f} % (bound {bound:g} %) {'ok' if value <= bound else 'MISSED'}")
@@ -887,7 +897,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="run the same workloads through the engine and the calibrated simulator")
     p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
-    add_flags(p, [engine_flags["random_weights"]])
+    add_flags(p, [engine_flags[n] for n in ("random_weights", "tensor_parallel", "expert_parallel")])
     p.add_argument("--calibration", help="a file written by `serveplan calibrate` (its thread count is used); with "
                                          "--public, a public fit (default: hwprofiles/calibrations/public-gpu.json)")
     p.add_argument("--memory", action="store_true",

@@ -38,6 +38,9 @@ def bench_engine(llm: LLM, replay: Replay, *, model_name: str, slo: SLO | None =
             heapq.heappush(due, (sub.due_s, next(order), sub))
 
     warm_up(llm)
+    comm_stats = getattr(llm.executor, "comm_stats", None)  # a tensor-parallel engine's ranks time their collectives
+    if comm_stats is not None:
+        comm_stats()  # start counting at the run's start
     samples: list[StepSample] = []
     finished: list[str] = []
     t0 = llm.now()  # run time 0; requests arrive at t0 + due_s on the engine's clock
@@ -78,12 +81,15 @@ def bench_engine(llm: LLM, replay: Replay, *, model_name: str, slo: SLO | None =
         num_steps=stats.num_steps,
         kv_cache_blocks_total=scheduler.kv_cache_manager.num_blocks,
         finish_reasons={k: v for k, v in stats.num_finished.items() if v},
+        comm_s=sum(comm_stats()[0][0].values()) if comm_stats is not None else None,
     )
-    device = describe_device(llm.runner.device)
+    device = describe_device(llm.device)
     engine = llm.engine_config
     assumptions: dict[str, object] = {
         "device": device,
         "dtype": engine.dtype,
+        "tensor_parallel": engine.tensor_parallel,
+        "expert_parallel": engine.expert_parallel,
         "kv_cache_blocks": scheduler.kv_cache_manager.num_blocks,
         "block_size_tokens": cfg.block_size,
         "max_model_len": cfg.max_model_len,
@@ -96,7 +102,7 @@ def bench_engine(llm: LLM, replay: Replay, *, model_name: str, slo: SLO | None =
         "output_lengths": "drawn by the workload and generated exactly (ignore_eos)",
         "timing": "wall clock of this process; a step is timed from schedule() to the end of execute()",
     }
-    pricing = PricingBasis(gpus=1, price_usd_per_gpu_hour=None, peak_flops_per_gpu=None,
+    pricing = PricingBasis(gpus=engine.tensor_parallel, price_usd_per_gpu_hour=None, peak_flops_per_gpu=None,
                            bandwidth_bytes_per_s_per_gpu=None, description=f"measured on {device}; no price attached")
     summary = summarize(record, source="engine", model=model_name, hardware=device, workload=replay.name, slo=slo,
                         pricing=pricing, assumptions=assumptions)
@@ -107,7 +113,7 @@ def warm_up(llm: LLM) -> None:
     """The largest prefill plus a few decodes through the engine's executor before the clock
     starts, as a server does at start-up: the first passes over fresh memory pay page faults and
     allocator growth (glibc raises its mmap threshold only after large frees) that steady serving
-    does not. A private scheduler over the same runner keeps the warm-up out of the engine's own
+    does not. A private scheduler over the same executor keeps the warm-up out of the engine's own
     requests, statistics and prefix cache."""
     cfg = dataclasses.replace(llm.scheduler.config, enable_prefix_caching=False, num_speculative_tokens=0)
     num_blocks = llm.scheduler.kv_cache_manager.num_blocks
@@ -121,7 +127,7 @@ def warm_up(llm: LLM) -> None:
     for i in range(decodes):
         decode_params = SamplingParams(max_tokens=min(4, cfg.block_size, cfg.max_model_len - 1), ignore_eos=True)
         scheduler.add_request(Request(f"warm-up-decode-{i}", [1], decode_params, 0.0))
-    StepLoop(scheduler, llm.runner, llm.now).run_until_idle()
+    StepLoop(scheduler, llm.executor, llm.now).run_until_idle()
 
 
 def describe_device(device: object) -> str:

@@ -44,6 +44,9 @@ class RunRecord:
     flops: float | None = None  # work done by all GPUs, when known (the simulator knows)
     bytes: float | None = None
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    # Seconds of the replicas' steps spent communicating, as one GPU (rank 0) sees it; None where
+    # nothing measured or priced it (a one-process engine).
+    comm_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,10 @@ class Utilisation(_Out):
     mfu: float | None = Field(description="FLOPs done / (duration x peak x GPUs) at the compute dtype's peak")
     bandwidth_utilisation: float | None = Field(description="Bytes moved / (duration x bandwidth x GPUs)")
     busy_share: float = Field(description="Share of replica-time spent in steps (the rest is idle)")
+    communication_share: float | None = Field(
+        None, description="Share of step time spent in collectives (tensor, expert, context parallelism) and pipeline "
+        "hand-offs: priced by the cost model (simulator) or timed on rank 0, waiting for the other ranks included "
+        "(a parallel engine on the CPU); null where there is none to report")
 
 
 class TimeSeries(_Out):
@@ -276,7 +283,9 @@ def _utilisation(record: RunRecord, pricing: PricingBasis, duration: float) -> U
     if record.bytes is not None and pricing.bandwidth_bytes_per_s_per_gpu:
         bw = record.bytes / (capacity_s * pricing.bandwidth_bytes_per_s_per_gpu)
     busy = sum(sample.end_s - sample.start_s for sample in record.samples)
-    return Utilisation(mfu=mfu, bandwidth_utilisation=bw, busy_share=min(1.0, busy / (duration * record.num_replicas)))
+    comm = None if record.comm_s is None or not busy else record.comm_s / busy
+    return Utilisation(mfu=mfu, bandwidth_utilisation=bw, busy_share=min(1.0, busy / (duration * record.num_replicas)),
+                       communication_share=comm)
 
 
 def _cost(pricing: PricingBasis, tp: Throughput) -> Cost:

@@ -68,8 +68,35 @@ class PeakTflops(Spec):
         return [k for k, v in self.model_dump().items() if v is not None]
 
 
+Collective = Literal["all_reduce", "all_gather", "all_to_all"]
+# Most points in one measured curve: a sweep from bytes to gigabytes in steps of 2 is ~35.
+MAX_CURVE_POINTS = 64
+MAX_PAYLOAD_BYTES = 1 << 40
+
+
+class CollectiveCurve(Spec):
+    """One collective's measured time by message size on a link: the small-message latency, the
+    large-message bandwidth and the measured shape between (nccl-tests or the engine's own gloo
+    benchmark). Payloads are nccl-tests' `size`: the buffer all-reduced, the whole gathered
+    output, the whole buffer one rank sends to all others."""
+
+    ranks: int = Field(ge=2, le=MAX_DOMAIN_SIZE, description="Ranks the measurement ran on")
+    points: tuple[tuple[Annotated[float, Field(gt=0, le=MAX_PAYLOAD_BYTES)], Annotated[float, Field(gt=0, le=1e9)]], ...] = Field(
+        min_length=2, max_length=MAX_CURVE_POINTS,
+        description="(payload bytes, time in microseconds) pairs, payloads strictly ascending")
+    source: str = Field(min_length=1, max_length=500, description="Where the figures come from (tool, versions, page)")
+
+    @model_validator(mode="after")
+    def _ascending(self) -> CollectiveCurve:
+        sizes = [size for size, _ in self.points]
+        if any(b <= a for a, b in zip(sizes, sizes[1:])):
+            raise InputError("points", sizes[:8], "payload sizes must be strictly ascending")
+        return self
+
+
 class Link(Spec):
-    """One interconnect as seen by a single device: per-direction bandwidth and latency."""
+    """One interconnect as seen by a single device: per-direction bandwidth and latency, and
+    where measured, its collectives' curves (which the cost model then prefers)."""
 
     name: str = Field(max_length=200, description="Link technology, e.g. 'NVLink4', 'PCIe Gen5 x16', '8x400G InfiniBand NDR'")
     bandwidth_gb_s: float = _bandwidth("Per-device bandwidth in GB/s, one direction")
@@ -77,6 +104,9 @@ class Link(Spec):
     domain_size: int = Field(
         1, ge=1, le=MAX_DOMAIN_SIZE, description="Most devices reachable at this bandwidth (e.g. 8 in an HGX node, 72 in NVL72)"
     )
+    collectives: dict[Collective, CollectiveCurve] = Field(
+        default_factory=dict, description="Measured time by message size per collective; a collective left out is "
+        "priced from bandwidth_gb_s and latency_us (ring algorithm)")
 
 
 class Efficiencies(Spec):
@@ -202,6 +232,15 @@ class Deployment(Spec):
         1, ge=1, le=1024, description="Pipeline stages (PP): layers split into sequential stages")
     expert_parallel: Annotated[int, Knob("--ep", "Expert parallel", "GPUs")] = Field(
         1, ge=1, le=1024, description="GPUs the routed experts are spread across (EP; MoE models)")
+    attention_data_parallel: Annotated[int, Knob("--dp-attention", "Attention data parallel", "groups")] = Field(
+        1, ge=1, le=1024, description="Attention runs data-parallel over this many groups of the tensor-parallel GPUs, "
+        "each with its own requests and KV cache, the MLP/experts over all of them (SGLang --enable-dp-attention, vLLM "
+        "data parallelism with expert parallelism); for MLA models, whose KV latent TP would replicate; must divide "
+        "tensor_parallel")
+    context_parallel: Annotated[int, Knob("--cp", "Context parallel", "GPUs")] = Field(
+        1, ge=1, le=1024, description="GPUs each sequence's tokens and KV cache are split across (prefill context "
+        "parallelism: each takes 1/cp of a prompt and the chunk's K/V is all-gathered per layer; decode attention "
+        "scans each GPU's share and merges); multiplies the GPUs per replica")
     replicas: Annotated[int, Knob("--replicas", "Replicas")] = Field(
         1, ge=1, le=100_000, description="Data-parallel replicas (DP) behind the router")
     weight_dtype: Annotated[Dtype, Knob("--weight-dtype", "Weight dtype")] = Field(
@@ -215,14 +254,17 @@ class Deployment(Spec):
 
     @model_validator(mode="after")
     def _ep_within_replica(self) -> Deployment:
-        if self.expert_parallel > self.gpus_per_replica:
-            raise InputError("expert_parallel", self.expert_parallel, "must not exceed the GPUs of one replica "
-                             f"(tensor_parallel x pipeline_parallel = {self.gpus_per_replica})")
+        if self.expert_parallel > self.tensor_parallel * self.pipeline_parallel:
+            raise InputError("expert_parallel", self.expert_parallel, "must not exceed the GPUs of one replica's model "
+                             f"(tensor_parallel x pipeline_parallel = {self.tensor_parallel * self.pipeline_parallel})")
+        if self.tensor_parallel % self.attention_data_parallel:
+            raise InputError("attention_data_parallel", self.attention_data_parallel,
+                             f"must divide tensor_parallel={self.tensor_parallel} (attention groups share its GPUs)")
         return self
 
     @property
     def gpus_per_replica(self) -> int:
-        return self.tensor_parallel * self.pipeline_parallel
+        return self.tensor_parallel * self.pipeline_parallel * self.context_parallel
 
     @property
     def total_gpus(self) -> int:

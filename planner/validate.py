@@ -16,8 +16,9 @@ import statistics
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.catalog import resolve_model
+from engine.config import EngineConfig
 from engine.dtypes import ENGINE_DTYPE_OF
-from engine.errors import unknown_name_error
+from engine.errors import InputError, unknown_name_error
 from planner.calibrate import load_calibration
 from planner.metrics import RunSummary
 from planner.playback import Replay
@@ -117,6 +118,8 @@ class ValidationReport(BaseModel):
     median_abs_error_pct: dict[str, float]
     bounds_pct: dict[str, float]
     passed: bool
+    tensor_parallel: int = Field(1, description="Processes the engine ran as; the simulated deployment's TP")
+    expert_parallel: int = Field(1, description="Ranks the experts were placed on; the simulated deployment's EP")
 
 
 def compare(engine: RunSummary, sim: RunSummary) -> dict[str, float | None]:
@@ -128,7 +131,11 @@ def compare(engine: RunSummary, sim: RunSummary) -> dict[str, float | None]:
 
 
 def validate(model_name: str, calibration_path: str | Path, *, random_weights: bool = False, quick: bool = False,
-             only: list[str] | None = None, force: bool = False, progress: bool = True) -> ValidationReport:
+             only: list[str] | None = None, force: bool = False, progress: bool = True, tensor_parallel: int = 1,
+             expert_parallel: int = 1) -> ValidationReport:
+    """Every scenario through the engine and the simulator. With tensor_parallel or expert_parallel,
+    the engine runs as that many processes (engine/parallel) and the simulator prices the same
+    deployment: the single-process calibration plus the communication curves it measured."""
     import torch
     from rich.console import Console
     from rich.progress import Progress
@@ -149,21 +156,27 @@ def validate(model_name: str, calibration_path: str | Path, *, random_weights: b
                 raise unknown_name_error("workloads", name, known)
         chosen = [known[name] for name in only]
 
+    parallel = EngineConfig(tensor_parallel=tensor_parallel, expert_parallel=expert_parallel)  # --ep N alone: N ranks
+    if parallel.tensor_parallel > 1 and hw.scale_up is None:
+        raise InputError("calibration", str(calibration_path), "holds no measurement of this machine's collectives "
+                         "(made before they were measured); run serveplan calibrate again")
     rows = []
     engine_dtype = ENGINE_DTYPE_OF[cal.dtype]
     knobs = EngineKnobs(block_size_tokens=BLOCK_SIZE, max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
                         max_num_seqs=MAX_NUM_SEQS)
+    dep = Deployment(hardware=hw.name, tensor_parallel=parallel.tensor_parallel, expert_parallel=expert_parallel,
+                     weight_dtype=cal.dtype, kv_dtype=cal.dtype, engine="serveplan", knobs=knobs)
     llm: LLM | None = None
     with Progress(console=Console(stderr=True), disable=not progress) as bar:
         task = bar.add_task(f"validating {model_name}", total=len(chosen))
         for sc in chosen:
             # The weights load once; each scenario gets a fresh engine (scheduler, KV cache) over them.
             llm = LLM(model_name, device=cal.device.kind, dtype=engine_dtype, random_weights=random_weights,
-                      num_kv_blocks=sc.num_kv_blocks, **knobs.model_dump()) if llm is None else llm.with_settings(
-                          num_kv_blocks=sc.num_kv_blocks)
+                      num_kv_blocks=sc.num_kv_blocks, tensor_parallel=parallel.tensor_parallel,
+                      expert_parallel=expert_parallel, threads=torch.get_num_threads(),
+                      **knobs.model_dump()) if llm is None else llm.with_settings(num_kv_blocks=sc.num_kv_blocks)
             replay = Replay.of(sc.workload, vocab_size=model.vocab_size)
             engine, _ = bench_engine(llm, replay, model_name=model.name or model_name)
-            dep = Deployment(hardware=hw.name, weight_dtype=cal.dtype, kv_dtype=cal.dtype, knobs=knobs)
             sim = simulate(model, hw, dep, replay, calibration=cal.cost_params(), kv_cache_blocks=sc.num_kv_blocks).summary
             rows.append(ValidationRow(scenario=sc.name, description=sc.description, engine=engine, simulator=sim,
                                       error_pct=compare(engine, sim)))
@@ -180,13 +193,18 @@ def validate(model_name: str, calibration_path: str | Path, *, random_weights: b
         median_abs_error_pct=medians,
         bounds_pct=HEADLINE_BOUNDS_PCT,
         passed=all(medians[m] <= bound for m, bound in HEADLINE_BOUNDS_PCT.items()),
+        tensor_parallel=parallel.tensor_parallel,
+        expert_parallel=expert_parallel,
     )
 
 
 def markdown(report: ValidationReport, command: str) -> str:
     """The report as a markdown section for docs/validation.md."""
     lines = [
-        f"### {report.model} on {report.hardware_profile}",
+        f"### {report.model} on {report.hardware_profile}" + (
+            f", tensor parallel {report.tensor_parallel}" + (f", expert parallel {report.expert_parallel}"
+                                                             if report.expert_parallel > 1 else "")
+            if report.tensor_parallel > 1 else ""),
         "",
         f"Command: `{command}`  ",
         f"Calibration: `{report.calibration}` (fit residual, single steps: median |error| "
@@ -199,6 +217,11 @@ def markdown(report: ValidationReport, command: str) -> str:
         for metric in COMPARED:
             e, s, err = row.engine.figure(metric), row.simulator.figure(metric), row.error_pct[metric]
             lines.append(f"| {row.scenario} | {metric} | {e:,.2f} | {s:,.2f} | {'n/a' if err is None else f'{err:+.1f}'} |")
+    if report.tensor_parallel > 1:
+        lines += ["", "| workload | communication share of step time, engine (rank 0) % | simulator % |", "|---|---:|---:|"]
+        for row in report.rows:
+            shares = (row.engine.utilisation.communication_share, row.simulator.utilisation.communication_share)
+            lines.append(f"| {row.scenario} | " + " | ".join("n/a" if v is None else f"{v * 100:.1f}" for v in shares) + " |")
     lines += ["", "| headline metric | median \\|error\\| % across workloads | bound % | |", "|---|---:|---:|---|"]
     for metric, bound in report.bounds_pct.items():
         value = report.median_abs_error_pct[metric]

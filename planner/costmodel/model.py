@@ -33,7 +33,16 @@ import numpy as np
 from engine.config import ModelConfig
 from engine.core.scheduler import SchedulerOutput
 from engine.errors import InputError
-from planner.costmodel.operators import DEQUANT_OPS_PER_WEIGHT, NORM_TRAFFIC, Gemm, Operators, build_operators
+from planner.costmodel.comm import CollectiveCost
+from planner.costmodel.operators import (
+    DEQUANT_OPS_PER_WEIGHT,
+    NORM_TRAFFIC,
+    Comm,
+    Gemm,
+    Operators,
+    build_operators,
+    dispatches_by_all_to_all,
+)
 from planner.costmodel.params import CostParams
 from planner.engines import EngineProfile, get_engine, resolve_deployment
 from planner.costmodel.shape import GraphPolicy, Number, ShapeReader, StepShape
@@ -51,6 +60,9 @@ OPERATORS: tuple[str, ...] = (
     "lm_head",
     "sampling",
     "tp_allreduce",
+    "tp_gather",
+    "ep_alltoall",
+    "cp_transfer",
     "pp_transfer",
     "host",
     "kernel_launch",
@@ -58,6 +70,10 @@ OPERATORS: tuple[str, ...] = (
 )
 """Keys of `CostModel.breakdown()`, always all present (0.0 where an operator does not apply)."""
 _DEVICE_OPS = OPERATORS[: OPERATORS.index("host")]
+COMM_OPERATORS = OPERATORS[OPERATORS.index("tp_allreduce") : OPERATORS.index("pp_transfer")]
+_COMM_INDICES = tuple(OPERATORS.index(op) for op in (*COMM_OPERATORS, "pp_transfer"))
+_GROUP_FIELD = {"tp_allreduce": "tensor_parallel", "tp_gather": "tensor_parallel", "ep_alltoall": "expert_parallel",
+                "cp_transfer": "context_parallel"}
 _AFTER_GRAPH = (OPERATORS.index("lm_head"), OPERATORS.index("sampling"))  # eager after a replayed graph
 
 
@@ -67,6 +83,7 @@ class StepCost(NamedTuple):
     seconds: float
     flops: float
     bytes: float
+    comm_seconds: float = 0.0  # of `seconds`, the collectives and pipeline hand-offs
 
 
 NO_COST = StepCost(0.0, 0.0, 0.0)
@@ -131,6 +148,11 @@ class CostModel:
         self._s_per_dequant_op = 1.0 / (self._vector_peak * p.compute_efficiency) if self.dequant else 0.0
         self.tp_link = _pick_link(hw, dep.tensor_parallel, "tensor_parallel") if dep.tensor_parallel > 1 else None
         self.pp_link = _pick_link(hw, dep.gpus_per_replica, "pipeline_parallel") if dep.pipeline_parallel > 1 else None
+        # Each collective on the link its group reaches (a context-parallel group spans its TP groups).
+        self.comms: tuple[tuple[Comm, CollectiveCost], ...] = tuple(
+            (c, CollectiveCost(c.collective, c.ranks, _pick_link(hw, c.ranks * (dep.tensor_parallel if c.operator ==
+                               "cp_transfer" else 1), _GROUP_FIELD[c.operator]),
+                               p.interconnect_efficiency, p.collective_time_scale)) for c in self.ops.comms)
         self._draft = self._draft_model(model, hw, dep)
 
     # ------------------------------------------------------------------ public API
@@ -144,7 +166,7 @@ class CostModel:
         if not output.scheduled:
             return NO_COST
         times, flops, nbytes = self.times(self.reader.read(output), self._draft_cost(output))
-        return StepCost(sum(times), flops, nbytes)
+        return StepCost(sum(times), flops, nbytes, sum(times[i] for i in _COMM_INDICES))
 
     def breakdown(self, output: SchedulerOutput) -> dict[str, float]:
         """Seconds per operator (keys: OPERATORS); the values sum to step_time(output)."""
@@ -187,22 +209,24 @@ class CostModel:
         array fields, for many; `draft` is the step's draft-model cost, reported as its own operator."""
         p, ops = self.params, self.ops
         work = [draft.flops, draft.bytes]
-        rows = s.dense_rows  # a replayed graph runs its padded batch through the dense operators
+        # A replayed graph runs its padded batch through the dense operators; context parallelism gives
+        # each GPU 1/cp of the prefill tokens.
+        rows = s.dense_rows - (1.0 - ops.prefill_row_share) * s.prefill_tokens
         qkv = self._gemm(ops.qkv_proj, rows, work)
         o = self._gemm(ops.o_proj, rows, work)
         mlp = self._gemm(ops.mlp, rows, work)
         moe = self._experts(rows, work) + self._gemm(ops.shared_experts, rows, work)
         router = self._gemm(ops.router, rows, work)
         attention = self._attention(s.decode_tokens, s.decode_pairs, s.decode_kv, work) + self._attention(
-            s.prefill_tokens, s.prefill_pairs, s.prefill_kv, work)
+            s.prefill_tokens * ops.prefill_row_share, s.prefill_pairs, s.prefill_kv * ops.attention.prefill_kv_reads, work)
         lm_head = self._gemm(ops.lm_head, s.sampled_rows, work)
         norm_bytes, sample_bytes = rows * ops.norm_bytes_per_row, s.sampled_rows * ops.sample_bytes_per_row
         work[1] += norm_bytes + sample_bytes
         norms = norm_bytes * self._s_per_byte + ops.norm_kernels * p.kernel_latency_s
         sampling = (sample_bytes * self._s_per_byte + ops.sample_kernels * p.kernel_latency_s) * _present(s.sampled_rows)
-        allreduce = self._allreduce(rows)
+        comm = self._communication(s, rows)
         pp = self._pp_transfer(rows)
-        device = (qkv, o, attention, mlp, moe, router, norms, lm_head, sampling, allreduce, pp)
+        device = (qkv, o, attention, mlp, moe, router, norms, lm_head, sampling, *comm, pp)
         launch = self._launch_wait(device, s.graph)
         busy = sum(device) + launch + draft.seconds
         host = p.step_overhead_s + p.per_request_overhead_s * s.requests + p.layer_overhead_s * ops.layers
@@ -229,8 +253,9 @@ class CostModel:
             "attention_compute efficiency; decode and prefill requests are separate rooflines",
             "LM head and sampling only for rows that sample (1 + draft tokens per sampling request); "
             f"sampler reads fp32 logits {SAMPLER_COPIES} times",
-            "TP: two ring all-reduces per layer of tokens x hidden activations: "
-            "2(n-1)/n x size / (link bw x interconnect_eff) + 2(n-1) x latency",
+            "TP: an all-reduce of tokens x hidden after attention and after the MLP in every layer and one after "
+            "the vocabulary-parallel embedding; the LM head all-gathers the sampled rows' logits; each collective "
+            "priced by message size (see communication)",
             "PP: a step is one micro-batch through every stage in turn (sum over stages) plus (pp-1) hand-offs; "
             "overlap of micro-batches in flight is not modelled",
             f"norms: residual add fused, {NORM_TRAFFIC} x hidden x activation bytes per norm per token",
@@ -247,8 +272,28 @@ class CostModel:
         if model.is_moe:
             notes.append(
                 "MoE: distinct experts touched by T tokens = E(1-(1-k/E)^T) (uniform routing) sets expert weight "
-                "bytes; FLOPs scale with T x k; router replicated and unquantised; EP all-to-all not modelled"
+                "bytes; FLOPs scale with T x k; router replicated and unquantised"
             )
+        if dep.expert_parallel > 1:
+            notes.append(
+                f"EP over {dep.expert_parallel} GPUs: " + (
+                    "each rank sends its 1/ep of the tokens (k copies) to their experts' ranks and gets the outputs "
+                    "back (two all-to-alls per MoE layer after a count exchange)"
+                    + ("; an all-gather then puts every token on every rank again" if dep.attention_data_parallel == 1
+                       else "") if dispatches_by_all_to_all(dep) else
+                    "each rank runs its own experts on the replicated tokens; the layer's all-reduce sums them"))
+        if dep.attention_data_parallel > 1:
+            notes.append(
+                f"data-parallel attention: {dep.attention_data_parallel} groups of "
+                f"{dep.tensor_parallel // dep.attention_data_parallel} GPUs, each with 1/{dep.attention_data_parallel} "
+                "of the step's requests (balanced) and its own KV cache; attention projections read whole weights "
+                "per group; tokens gathered for the MLP by an all-reduce over all GPUs (SGLang) and scattered back")
+        if dep.context_parallel > 1:
+            notes.append(
+                f"context parallelism over {dep.context_parallel} GPUs: each runs 1/{dep.context_parallel} of the "
+                "prefill tokens through every operator and of every (query, key) pair, reads the whole gathered K/V "
+                "of a prefill chunk, stores and scans 1/cp of each sequence's cache; per layer an all-gather of the "
+                "chunk's K/V and one of the decode tokens' partial attention outputs")
         if model.mla is not None:
             notes.append("MLA: absorbed formulation; the KV latent is replicated on every TP rank; projections split over TP")
         spec = dep.knobs.speculative
@@ -283,6 +328,11 @@ class CostModel:
             **asdict(self.params),
             "tp_link": link(self.tp_link),
             "pp_link": link(self.pp_link),
+            "attention_data_parallel": dep.attention_data_parallel,
+            "context_parallel": dep.context_parallel,
+            "communication": [
+                {"operator": c.operator, "calls_per_step": c.calls, "payload_bytes_per_row": c.bytes_per_row,
+                 "rows": c.rows, "payload_fixed_bytes": c.fixed_bytes, **cost.describe()} for c, cost in self.comms],
             "notes": notes,
         }
 
@@ -303,6 +353,7 @@ class CostModel:
         """Roofline of one weight matmul operator over `rows` rows; adds its FLOPs and bytes to `work`."""
         if not g.present:
             return 0.0
+        rows = rows * g.row_share
         flops, nbytes = g.flops_per_row * rows, g.weight_bytes + g.act_bytes_per_row * rows
         work[0] += flops
         work[1] += nbytes
@@ -334,22 +385,24 @@ class CostModel:
         device = a.kernels * self.params.kernel_latency_s + _max(flops * self._s_per_attn_flop, nbytes * self._s_per_kv_byte)
         return device * _present(tokens)
 
-    def _allreduce(self, rows: Number) -> Number:
-        if self.tp_link is None:
-            return 0.0
-        tp, link = self.dep.tensor_parallel, self.tp_link
-        ring = 2 * (tp - 1) / tp
-        size = rows * self.ops.allreduce_bytes_per_row
-        one = ring * size / (link.bandwidth_gb_s * 1e9 * self.params.interconnect_efficiency) + 2 * (tp - 1) * link.latency_us * 1e-6
-        return self.ops.allreduces * one
+    def _communication(self, s: StepShape, dense_rows: Number) -> tuple[Number, ...]:
+        """Seconds per communication operator (COMM_OPERATORS order): each collective's calls x its
+        time at this step's payload, on the link its group reaches."""
+        rows = {"dense": dense_rows, "sampled": s.sampled_rows, "prefill": s.prefill_tokens, "decode": s.decode_tokens}
+        out = dict.fromkeys(COMM_OPERATORS, 0.0)
+        for comm, cost in self.comms:
+            r = rows[comm.rows]
+            out[comm.operator] = out[comm.operator] + comm.calls * cost.seconds(r * comm.bytes_per_row + comm.fixed_bytes) * _present(r)
+        return tuple(out.values())
 
     def _pp_transfer(self, rows: Number) -> Number:
         if self.pp_link is None:
             return 0.0
         link = self.pp_link
         size = rows * self.ops.pp_bytes_per_row
-        return self.ops.pp_handoffs * (size / (link.bandwidth_gb_s * 1e9 * self.params.interconnect_efficiency)
-                                       + link.latency_us * 1e-6)
+        p = self.params
+        return self.ops.pp_handoffs * p.collective_time_scale * (
+            size / (link.bandwidth_gb_s * 1e9 * p.interconnect_efficiency) + link.latency_us * 1e-6)
 
     def _launch_wait(self, device: tuple[Number, ...], graph: Number) -> Number:
         """Seconds the device waits on the host issuing kernels: eagerly, each operator takes at least
@@ -359,9 +412,10 @@ class CostModel:
         if not launch_s:  # CPUs: nothing to add, keep the simulator's hot path lean
             return 0.0
         ops = self.ops
+        calls = {op: sum(c.calls for c in ops.comms if c.operator == op) for op in COMM_OPERATORS}
         kernels = (ops.qkv_proj.kernels, ops.o_proj.kernels, ops.attention.kernels, ops.mlp.kernels,
                    (ops.experts.kernels if ops.experts else 0.0) + ops.shared_experts.kernels, ops.router.kernels,
-                   ops.norm_kernels, ops.lm_head.kernels, ops.sample_kernels, ops.allreduces, 2 * ops.pp_handoffs)
+                   ops.norm_kernels, ops.lm_head.kernels, ops.sample_kernels, *calls.values(), 2 * ops.pp_handoffs)
         waits = [_max(k * launch_s - t, 0.0) for k, t in zip(kernels, device, strict=True)]
         after_graph = sum(waits[i] for i in _AFTER_GRAPH) + launch_s
         return graph * after_graph + (1.0 - graph) * sum(waits)

@@ -17,14 +17,6 @@ from planner.costmodel.fitted import fitted_model
 from planner.engines import EngineProfile
 from planner.specs import HardwareProfile
 
-# Which figures belong to the hardware (a GPU family) and which to the engine: the public fit keeps
-# one set per family and one per engine profile.
-HARDWARE_FIELDS: tuple[str, ...] = (
-    "compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "attention_compute_efficiency",
-    "interconnect_efficiency", "gemm_half_size_tokens", "kernel_latency_s",
-)
-ENGINE_FIELDS: tuple[str, ...] = ("step_overhead_s", "per_request_overhead_s", "api_request_s")
-
 
 @dataclass(frozen=True)
 class CostParams:
@@ -62,6 +54,11 @@ class CostParams:
     # the Triton kernels). "dense": it computes the whole masked score matrix of each prefill chunk
     # and pads a decode batch to its longest context (the engine's torch reference path on CPU).
     attention_pairs: Literal["causal", "dense"] = "causal"
+    # Every collective and pipeline hand-off takes this multiple of its priced time (a link's measured
+    # curve, or the ring on its datasheet figures): engines' own kernels differ from nccl-tests' NCCL
+    # (vLLM's custom all-reduce beats it on small messages). The public fit learns it per GPU family;
+    # interconnect_efficiency stays the profile's datasheet-to-achieved estimate for links without a curve.
+    collective_time_scale: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
@@ -74,6 +71,8 @@ class CostParams:
             value = getattr(self, name)
             if not 0.0 <= value < float("inf"):  # also rejects NaN
                 raise InputError(name, value, "must be a finite number >= 0")
+        if not 0.0 < self.collective_time_scale < float("inf"):
+            raise InputError("collective_time_scale", self.collective_time_scale, "must be a finite number > 0")
         if not 0.0 <= self.gemm_efficiency_floor <= 1.0:
             raise InputError("gemm_efficiency_floor", self.gemm_efficiency_floor, "must be in [0, 1]")
         if self.attention_pairs not in ("causal", "dense"):

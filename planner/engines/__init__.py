@@ -200,6 +200,12 @@ class Execution(_Sourced):
     kv_scale_format: Literal["per_tensor", "per_token_head"] = Field(
         description="FP8 KV-cache scales: one per tensor (no extra bytes) or one per (token, head) (ServePlan's engine)"
     )
+    expert_dispatch: Literal["all_reduce", "all_to_all"] = Field(
+        "all_reduce", description="Expert parallelism beside tensor-parallel attention: every rank runs its own experts on "
+        "the replicated tokens and the layer's all-reduce sums them (vLLM's FusedMoE, SGLang's EP MoE), or each rank "
+        "sends its share of the tokens to their experts' ranks by all-to-all and gathers the outputs back (ServePlan's "
+        "engine). With data-parallel attention every engine dispatches by all-to-all"
+    )
 
     @model_validator(mode="after")
     def _graph_sizes_ascend(self) -> Execution:

@@ -22,11 +22,14 @@ def kv_bytes_per_token_per_layer(model: ModelConfig, dep: Deployment) -> int:
 
 
 def kv_bytes_per_token_per_layer_per_gpu(model: ModelConfig, dep: Deployment) -> float:
+    """KV bytes one GPU holds per token of the replica in one layer: its KV heads' share (the MLA latent
+    whole), over the data-parallel attention groups (each holds only its own requests' tokens) and the
+    context-parallel ranks (each holds 1/cp of every sequence's tokens)."""
     whole = kv_bytes_per_token_per_layer(model, dep)
-    if model.mla is not None:  # the latent is replicated on every tensor-parallel rank
-        return whole
-    kv_heads_per_gpu = max(1, model.num_kv_heads // dep.tensor_parallel)  # fewer heads than ranks: replicated
-    return whole * kv_heads_per_gpu // model.num_kv_heads
+    attn_tp = dep.tensor_parallel // dep.attention_data_parallel
+    if model.mla is None:  # fewer KV heads than ranks: each keeps one, replicated
+        whole = whole * max(1, model.num_kv_heads // attn_tp) / model.num_kv_heads
+    return whole / (dep.attention_data_parallel * dep.context_parallel)
 
 
 def window_aware_sequences(model: ModelConfig, dep: Deployment, kv_budget_bytes: float, num_layers: int,

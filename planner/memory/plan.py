@@ -178,6 +178,11 @@ def check_parallelism(model: ModelConfig, dep: Deployment) -> None:
         raise InputError("tensor_parallel", tp, f"must divide, or be a multiple of, the {model.num_kv_heads} KV heads")
     if dep.pipeline_parallel > model.num_layers:
         raise InputError("pipeline_parallel", dep.pipeline_parallel, f"exceeds the model's {model.num_layers} layers")
+    attn_tp = tp // dep.attention_data_parallel
+    if dep.attention_data_parallel > 1 and model.mla is None and model.num_kv_heads % attn_tp and attn_tp % model.num_kv_heads:
+        raise InputError("attention_data_parallel", dep.attention_data_parallel,
+                         f"leaves {attn_tp} GPUs per attention group, which must divide, or be a multiple of, the "
+                         f"{model.num_kv_heads} KV heads")
     if dep.expert_parallel > 1:
         if not model.is_moe:
             raise InputError("expert_parallel", dep.expert_parallel, "expert parallelism needs a mixture-of-experts model")
@@ -219,7 +224,15 @@ def _assumptions(model: ModelConfig, dep: Deployment, hw: HardwareProfile, budge
     if any(model.layer_windows):
         notes.append("sliding-window layers: vLLM V1's hybrid KV-cache manager gives them only their window's blocks "
                      "(max_concurrent_sequences_window_aware); the simulator keeps every token of every layer")
-    if model.mla is not None:
+    if dep.attention_data_parallel > 1:
+        notes.append(f"data-parallel attention over {dep.attention_data_parallel} groups of "
+                     f"{dep.tensor_parallel // dep.attention_data_parallel} GPUs: each group keeps its own requests' KV "
+                     "cache and whole attention weights (split over its GPUs); the MLP and experts span all "
+                     "tensor-parallel GPUs")
+    if dep.context_parallel > 1:
+        notes.append(f"context parallelism over {dep.context_parallel} GPUs: each stores 1/{dep.context_parallel} of "
+                     "every sequence's KV cache and holds the same weights")
+    if model.mla is not None and dep.attention_data_parallel == 1:
         notes.append("MLA: the compressed KV latent is replicated on every tensor-parallel rank")
     elif model.num_kv_heads < dep.tensor_parallel:
         notes.append(f"{model.num_kv_heads} KV heads over tp={dep.tensor_parallel}: each rank keeps one replicated head")

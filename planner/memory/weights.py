@@ -100,7 +100,8 @@ def stage_weights(model: ModelConfig, dep: Deployment, hw: HardwareProfile, engi
     attn_bytes = high if expert_only else wbytes
     layout = mxfp4_layout(engine, hw) if expert_only else None
 
-    attention = _attention_params_per_rank(model, tp) * attn_bytes
+    # Data-parallel attention: each group splits its attention weights over its tp / dp GPUs only.
+    attention = _attention_params_per_rank(model, tp // dep.attention_data_parallel) * attn_bytes
     replicated = (model.norms_per_layer * model.hidden_size + (2 * model.head_dim if model.qk_norm else 0)) * high
     dense = model.dense_mlp_params() / tp * wbytes if not all(model.layer_is_moe) else 0.0
     moe = _moe_bytes_per_rank(model, tp, wbytes, high, layout) if model.is_moe else 0.0

@@ -3,10 +3,10 @@ sources it never saw.
 
 Parameters belong to a GPU family (how close its kernels get to the datasheet: GEMM, weight
 streaming and KV-read efficiencies, prefill-attention efficiency, per-kernel latency, small-GEMM
-falloff, interconnect) or to an engine profile (host time per step and per scheduled request,
-API-server time per request); never to a run or a source. Each is fitted in a transformed space
-(logit for shares, log for times) with a weak Gaussian prior around the profile's estimate, so a
-family or engine with no data keeps its estimate.
+falloff, collectives' time against nccl-tests) or to an engine profile (host time per step and per
+scheduled request, API-server time per request); never to a run or a source. Each is fitted in a
+transformed space (logit for shares, log for times and scales) with a weak Gaussian prior around
+the profile's estimate, so a family or engine with no data keeps its estimate.
 
 The objective is the simulator itself, made fast: every run is simulated once to trace its
 schedule (planner/sim/trace.py), the least-squares fit moves the parameters re-timing those traces
@@ -34,13 +34,15 @@ from planner.public.retime import figures, retime
 from planner.sim.trace import RunTrace
 
 # The figures a fit moves (planner/costmodel/params.py says what each one means).
+# Communication is fitted as collective_time_scale, which scales every collective however it is priced
+# (the GPU links' measured all-reduce curves do not read interconnect_efficiency).
 HARDWARE_PARAMS: tuple[str, ...] = (
     "compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "attention_compute_efficiency",
-    "kernel_latency_s", "gemm_half_size_tokens", "interconnect_efficiency",
+    "kernel_latency_s", "gemm_half_size_tokens", "collective_time_scale",
 )
 ENGINE_PARAMS: tuple[str, ...] = ("step_overhead_s", "per_request_overhead_s", "api_request_s")
 _SHARES = frozenset({"compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
-                     "attention_compute_efficiency", "interconnect_efficiency"})
+                     "attention_compute_efficiency"})
 # Prior: the profile's estimate, one unit wide in the transformed space (a factor e on times, about
 # 0.2 on a share near 0.5): decisive where data says nothing, weak against data. Each source's
 # residuals weigh ~1 in total, so one source that is 10 % off (0.01) outweighs the prior's cost of

@@ -2,8 +2,8 @@
 flags, the benchmark client's semantics and its request lengths, then the simulator.
 
 What cannot be replayed is said, not guessed: a run whose engine feature ServePlan does not model
-(EAGLE speculative decoding without a published acceptance, SGLang's data-parallel attention) is
-set aside with its reason; everything the replay assumes is listed in `ReplayRun.assumptions`.
+(EAGLE speculative decoding without a published acceptance) is set aside with its reason;
+everything the replay assumes is listed in `ReplayRun.assumptions`.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs, ModelConfig
 from planner.costmodel import CostParams
+from planner.costmodel.operators import dispatches_by_all_to_all
 from planner.engines import EngineProfile, engine_for_release
 from planner.hardware import get_hardware
 from planner.metrics import RunSummary
@@ -54,11 +55,15 @@ _NEUTRAL_ARGS = frozenset({
     "kv_cache_dtype", "kv_cache_dtype_skip_layers", "max_seq_len_to_capture", "max_model_len", "max_seq_len",
     "block_size", "kv_transfer_config", "async_scheduling", "enable_expert_parallel", "disable_radix_cache",
 })
+# Flags that shape the Deployment (read in `prepare`).
+_DEPLOYMENT_ARGS = frozenset({"enable_dp_attention"})
 # Flags whose feature the simulator does not reproduce: the run is set aside.
 _UNSUPPORTED_ARGS: dict[str, str] = {
     "speculative_algorithm": "EAGLE speculative decoding: the draft head's acceptance is not published",
-    "enable_dp_attention": "SGLang's data-parallel attention is not modelled (issue 20)",
 }
+# SGLang's ServerArgs turns --enable-dp-attention off when its dp size is 1: attention stays tensor-parallel.
+_SGLANG_DP_ATTENTION_OFF = ("--enable-dp-attention without --dp: SGLang turns DP attention off at dp size 1 "
+                            "(server_args.py _handle_data_parallelism); replayed as tensor-parallel attention")
 
 
 @dataclass(frozen=True)
@@ -104,14 +109,22 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     for name, reason in _UNSUPPORTED_ARGS.items():
         if name in args:
             return reason
-    unknown = sorted(set(args) - set(_KNOB_ARGS) - _NEUTRAL_ARGS)
+    unknown = sorted(set(args) - set(_KNOB_ARGS) - _NEUTRAL_ARGS - _DEPLOYMENT_ARGS)
     if unknown:
         return f"engine flags not modelled: {', '.join(unknown)}"
     d = run.deployment
-    if d.data_parallel > 1:
-        return "data-parallel engines behind one client are not replayed"
     engine, note = engine_for_release(run.engine.engine, run.engine.version)
     assumptions = [note] if note else []
+    attention_dp = 1
+    if args.get("enable_dp_attention"):
+        # SGLang's --dp D with DP attention: D attention groups inside one engine over its TP GPUs.
+        attention_dp = d.data_parallel
+        if d.tensor_parallel % attention_dp:
+            return f"DP attention over {attention_dp} groups does not divide tensor parallel {d.tensor_parallel}"
+        if attention_dp == 1:
+            assumptions.append(_SGLANG_DP_ATTENTION_OFF)
+    elif d.data_parallel > 1:
+        return "data-parallel engines behind one client are not replayed"
     model, hw = resolve_model(d.model), get_hardware(d.hardware)
     max_model_len = int(args.get("max_model_len") or args.get("max_seq_len") or model.max_position_embeddings)
     max_model_len = min(max_model_len, model.max_position_embeddings)
@@ -119,11 +132,12 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     if run.engine.engine == "sglang" and args.get("disable_radix_cache"):
         knobs = knobs.model_copy(update={"enable_prefix_caching": False})
     dep = Deployment(hardware=hw.name, tensor_parallel=d.tensor_parallel, pipeline_parallel=d.pipeline_parallel,
-                     expert_parallel=d.expert_parallel, weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype,
-                     engine=engine.name, knobs=knobs)
+                     expert_parallel=d.expert_parallel, attention_data_parallel=attention_dp,
+                     weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype, engine=engine.name, knobs=knobs)
     overlap = True if args.get("async_scheduling") else None
-    if d.expert_parallel > 1:
-        assumptions.append("expert parallelism priced as tensor-parallel experts (no all-to-all term)")
+    if d.expert_parallel > 1 and not dispatches_by_all_to_all(dep):
+        assumptions.append(f"expert parallelism as {engine.name} runs it without DP attention: each rank's experts "
+                           "on every token, summed by the layer's all-reduce (no all-to-all)")
     return ReplayRun(run, model, hw, engine, dep, _workload(run), max_model_len, run.client.endpoint != "in-process",
                      overlap, tuple(assumptions))
 

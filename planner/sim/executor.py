@@ -22,11 +22,13 @@ class CostModelExecutor:
     def __init__(self, cost_model: CostModel, drafts: SyntheticDrafts | None = None) -> None:
         self.cost_model, self.drafts = cost_model, drafts
         self.flops = self.bytes = 0.0  # work of every step so far, per GPU: for MFU and bandwidth use
+        self.comm_s = 0.0  # seconds of those steps spent in collectives and pipeline hand-offs
 
     def execute(self, output: SchedulerOutput) -> ExecutedStep:
         cost = self.cost_model.step(output)
         self.flops += cost.flops
         self.bytes += cost.bytes
+        self.comm_s += cost.comm_seconds
         if self.drafts is None:
             sampled = {s.request_id: (SYNTHETIC_TOKEN_ID,) for s in output.scheduled if s.samples}
         else:

@@ -160,6 +160,7 @@ def simulate(
         kv_cache_blocks_total=memory.kv_cache_blocks * dep.replicas,
         flops=sum(e.flops for e in executors) * dep.tensor_parallel,
         bytes=sum(e.bytes for e in executors) * dep.tensor_parallel,
+        comm_s=sum(e.comm_s for e in executors),
         finish_reasons=reasons,
     )
     peak, peak_dtype = hw.peak_flops(cost_model.gemm_dtype)

@@ -73,6 +73,37 @@ def test_validation_report_compares_the_same_requests(tiny: Path, calibrated: tu
     assert set(report.median_abs_error_pct) == set(report.bounds_pct)
 
 
+def test_calibration_measures_the_collectives_as_the_cpu_link(calibrated: tuple[Calibration, Path]) -> None:
+    cal, _ = calibrated
+    link = cal.profile.scale_up
+    assert link is not None and set(link.collectives) == {"all_reduce", "all_gather", "all_to_all"}
+    for kind, curve in link.collectives.items():
+        measured = cal.microbenchmarks.collectives_us[kind]
+        assert [size for size, _ in curve.points] == [size for size, _ in measured]
+        times = [t for _, t in curve.points]
+        assert times == sorted(times)  # a larger message never costs less: each keeps the least time at or above it
+        assert all(t <= m for t, (_, m) in zip(times, measured, strict=True))
+
+
+def test_tensor_parallel_validation_prices_the_measured_collectives(tiny: Path, calibrated: tuple[Calibration, Path],
+                                                                     tmp_path: Path) -> None:
+    _, path = calibrated
+    report = validate(str(tiny), path, random_weights=True, quick=True, only=["chat-low"], progress=False,
+                      tensor_parallel=2)
+    assert report.tensor_parallel == 2
+    [row] = report.rows
+    assert row.engine.num_finished == row.simulator.num_finished == row.engine.num_requests
+    assert row.engine.assumptions["tensor_parallel"] == 2
+    assert 0 < row.engine.utilisation.communication_share < 1  # type: ignore[operator]
+    assert 0 < row.simulator.utilisation.communication_share < 1  # type: ignore[operator]
+    # A calibration made before collectives were measured cannot price them: refused, not guessed.
+    data = Calibration.model_validate_json(path.read_text())
+    old = tmp_path / "old.json"
+    old.write_text(data.model_copy(update={"profile": data.profile.model_copy(update={"scale_up": None})}).model_dump_json())
+    with pytest.raises(InputError, match="no measurement of this machine's collectives"):
+        validate(str(tiny), old, random_weights=True, quick=True, only=["chat-low"], progress=False, tensor_parallel=2)
+
+
 def test_scenarios_cover_the_required_behaviours() -> None:
     names = {s.name for s in scenarios(quick=False)}
     assert {"chat-low", "chat-high", "long-prompt", "shared-prefix", "overload"} <= names

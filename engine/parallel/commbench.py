@@ -1,0 +1,84 @@
+"""The engine's collectives timed by message size, between processes of this machine (gloo).
+
+`serveplan calibrate` runs this and hands the curves to the cost model (the local profile's
+scale-up link), so the CPU validation of tensor and expert parallelism prices communication
+from measurements of the very calls the engine makes (engine/parallel/group.py). Payloads follow
+nccl-tests: the buffer all-reduced, the whole gathered output, the whole buffer a rank sends.
+Each size is the median of `repeats` calls after a warm-up; ranks start each call together
+(a barrier), so the times hold no waiting for a late rank.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from multiprocessing.queues import Queue
+from pathlib import Path
+import statistics
+import tempfile
+import time
+
+KINDS = ("all_reduce", "all_gather", "all_to_all")
+SIZES = tuple(1 << n for n in range(8, 25, 2))  # 256 B to 16 MiB in steps of 4
+
+
+def measure(world: int = 2, sizes: tuple[int, ...] = SIZES, repeats: int = 20, threads: int = 1,
+            timeout_s: float = 600.0) -> dict[str, list[tuple[int, float]]]:
+    """kind -> [(payload bytes, median microseconds)] over `world` processes on this machine."""
+    ctx = mp.get_context("spawn")
+    results: Queue = ctx.Queue()
+    with tempfile.TemporaryDirectory(prefix="serveplan-commbench-") as folder:
+        init = Path(folder, "rendezvous").as_uri()
+        procs = [ctx.Process(target=_rank, args=(rank, world, init, sizes, repeats, threads, results), daemon=True)
+                 for rank in range(world)]
+        for proc in procs:
+            proc.start()
+        try:
+            out = results.get(timeout=timeout_s)
+        finally:
+            for proc in procs:
+                proc.join(timeout=30)
+                if proc.is_alive():
+                    proc.kill()
+    if isinstance(out, str):
+        raise RuntimeError(f"communication benchmark failed: {out}")
+    return out
+
+
+def _rank(rank: int, world: int, init: str, sizes: tuple[int, ...], repeats: int, threads: int, results: Queue) -> None:
+    import traceback
+
+    import torch
+    import torch.distributed as dist
+
+    from engine.parallel.group import TPGroup
+
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        group = TPGroup(rank, world)
+        calls = {
+            "all_reduce": lambda n: (lambda x=torch.ones(n // 4): group.all_reduce(x)),
+            "all_gather": lambda n: (lambda x=torch.ones(n // 4 // world): group.all_gather(x)),
+            "all_to_all": lambda n: (lambda x=torch.ones(n // 4), s=[n // 4 // world] * world: group.all_to_all(x, s, s)),
+        }
+        curves: dict[str, list[tuple[int, float]]] = {}
+        for kind in KINDS:
+            curves[kind] = []
+            for size in sizes:
+                call = calls[kind](size)
+                call()  # warm-up: connections, buffers
+                times = []
+                for _ in range(repeats):
+                    dist.barrier()
+                    start = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - start)
+                curves[kind].append((size, statistics.median(times) * 1e6))
+        if rank == 0:
+            results.put(curves)
+    except Exception:  # noqa: BLE001 (reported to the caller, which raises)
+        if rank == 0:
+            results.put(traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,75 @@
+"""One rank's view of its tensor-parallel group: its rank, the group's size, and the collectives
+the parallel layers call, each timed.
+
+torch.distributed carries the data (gloo between CPU processes, NCCL between GPUs). Every
+collective adds its wall time to `comm_s` under its kind, so a run can say which share of a step
+went to communication, waiting for the slowest rank included (docs/parallelism.md). On CUDA the
+collectives are asynchronous to the host and the timer would see only their launch: it is kept
+for CPUs only.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+import time
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+@dataclass
+class TPGroup:
+    rank: int
+    size: int
+    timed: bool = True
+    comm_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def all_reduce(self, x: Tensor) -> Tensor:
+        """The element-wise sum of x over the ranks, in place."""
+        start = self._start()
+        dist.all_reduce(x)
+        self._stop("all_reduce", start)
+        return x
+
+    def all_gather(self, x: Tensor) -> Tensor:
+        """Every rank's x (the same shape on each) concatenated along dim 0, rank order."""
+        start = self._start()
+        out = torch.empty((self.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+        dist.all_gather_single(out, x.contiguous())
+        self._stop("all_gather", start)
+        return out
+
+    def all_to_all(self, x: Tensor, send_counts: list[int], recv_counts: list[int]) -> Tensor:
+        """Rows x[sum(send_counts[:r]) : ...] go to rank r; the rows each rank sent here come back
+        concatenated in rank order (recv_counts[r] of them from rank r)."""
+        start = self._start()
+        out = x.new_empty((sum(recv_counts), *x.shape[1:]))
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv_counts, input_split_sizes=send_counts)
+        self._stop("all_to_all", start)
+        return out
+
+    def exchange_counts(self, send_counts: Tensor) -> Tensor:
+        """send_counts [size, n] (row r: what goes to rank r) -> [size, n] (row r: what rank r sends here)."""
+        start = self._start()
+        out = torch.empty_like(send_counts)
+        dist.all_to_all_single(out, send_counts.contiguous())
+        self._stop("all_to_all", start)
+        return out
+
+    def take_stats(self) -> tuple[dict[str, float], dict[str, int]]:
+        """(seconds, calls) per collective kind since the last call, and start counting anew."""
+        stats = dict(self.comm_s), dict(self.calls)
+        self.comm_s.clear()
+        self.calls.clear()
+        return stats
+
+    def _start(self) -> float:
+        return time.perf_counter() if self.timed else 0.0
+
+    def _stop(self, kind: str, start: float) -> None:
+        self.calls[kind] += 1
+        if self.timed:
+            self.comm_s[kind] += time.perf_counter() - start

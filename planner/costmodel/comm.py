@@ -1,0 +1,83 @@
+"""What one collective costs on a link, by message size: latency for small messages, bandwidth for
+large ones, and the measured curve between.
+
+A link whose profile carries a measured curve for the collective (`Link.collectives`: nccl-tests
+figures for GPU interconnects, the engine's own gloo benchmark for a CPU) is priced from it: time
+by payload, interpolated between measured sizes on log-log scales. That keeps what a two-parameter
+latency + size / bandwidth fit misses: nccl-tests on 8 x A100 stays near 100 us from 1 to 4 MiB
+before bandwidth takes over. Below the smallest measured payload a collective costs that payload's
+time (the latency floor); above the largest it runs at the largest's bandwidth.
+
+A curve measured on p0 ranks is used on p ranks through nccl-tests' bus-bandwidth factors
+(2(p-1)/p for an all-reduce, (p-1)/p for an all-gather or all-to-all), which make a ring
+algorithm's bandwidth the same at any rank count: time(p) = time(p0) x factor(p) / factor(p0).
+Without a curve, the ring algorithm on the link's datasheet figures: steps x latency_us + bus
+bytes / (bandwidth_gb_s x interconnect_efficiency). Either way the time is multiplied by
+`CostParams.collective_time_scale`, the public fit's figure for how a GPU family's engines
+communicate against nccl-tests (1 until fitted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.costmodel.shape import Number
+from planner.specs import Collective, CollectiveCurve, Link
+
+
+def bus_factor(kind: Collective, ranks: int) -> float:
+    """Bytes each rank moves per payload byte (nccl-tests' busbw / algbw)."""
+    return (2.0 if kind == "all_reduce" else 1.0) * (ranks - 1) / ranks
+
+
+def ring_steps(kind: Collective, ranks: int) -> int:
+    """Latency-bound hops of the ring algorithm: reduce-scatter then all-gather for an all-reduce."""
+    return (2 if kind == "all_reduce" else 1) * (ranks - 1)
+
+
+@dataclass(frozen=True)
+class CollectiveCost:
+    """One collective of `ranks` ranks over `link`, priced per call by payload bytes."""
+
+    kind: Collective
+    ranks: int
+    link: Link
+    interconnect_efficiency: float
+    time_scale: float = 1.0  # CostParams.collective_time_scale
+
+    @property
+    def curve(self) -> CollectiveCurve | None:
+        return self.link.collectives.get(self.kind)
+
+    def seconds(self, payload_bytes: Number) -> Number:
+        """Seconds of one call moving `payload_bytes` (nccl-tests' size); arrays price many at once."""
+        curve = self.curve
+        if curve is None:
+            bandwidth = self.link.bandwidth_gb_s * 1e9 * self.interconnect_efficiency
+            return self.time_scale * (ring_steps(self.kind, self.ranks) * self.link.latency_us * 1e-6
+                                      + bus_factor(self.kind, self.ranks) * payload_bytes / bandwidth)
+        sizes, times = np.log([p[0] for p in curve.points]), np.log([p[1] for p in curve.points])
+        x = np.log(np.maximum(payload_bytes, 1.0))
+        # Log-log interpolation, flat below the first point, slope 1 (constant bandwidth) past the last.
+        log_us = np.interp(x, sizes, times) + np.maximum(x - sizes[-1], 0.0)
+        rescale = bus_factor(self.kind, self.ranks) / bus_factor(self.kind, curve.ranks) * self.time_scale
+        result = np.exp(log_us) * 1e-6 * rescale
+        return result if isinstance(payload_bytes, np.ndarray) else float(result)
+
+    def describe(self) -> dict[str, object]:
+        """How this collective is priced, for reports and the simulate JSON."""
+        curve = self.curve
+        base: dict[str, object] = {"collective": self.kind, "ranks": self.ranks, "link": self.link.name}
+        if curve is None:
+            return {**base, "model": "ring on datasheet figures: steps x latency + bus bytes / (bandwidth x efficiency)",
+                    "latency_us_per_step": self.link.latency_us, "steps": ring_steps(self.kind, self.ranks),
+                    "bandwidth_gb_s": self.link.bandwidth_gb_s, "interconnect_efficiency": self.interconnect_efficiency,
+                    "time_scale": self.time_scale}
+        small, large = curve.points[0], curve.points[-1]
+        return {**base, "model": "measured curve, log-log interpolation", "measured_ranks": curve.ranks,
+                "latency_us": small[1] * self.time_scale, "at_payload_bytes": small[0],
+                "bus_bandwidth_gb_s": bus_factor(self.kind, curve.ranks) * large[0] / large[1] * 1e-3 / self.time_scale,
+                "at_large_payload_bytes": large[0], "time_scale": self.time_scale, "points": len(curve.points),
+                "source": curve.source}
