@@ -135,6 +135,18 @@ class KVCacheManager:
                 self.num_cached_blocks[request.request_id] = num_full
         return new_block_ids
 
+    def untouched_decode_steps(self, request: Request) -> int:
+        """How many one-token decode steps of a decoding request (num_computed_tokens = num_tokens
+        - 1), counting from the next, allocate_slots would serve without touching the pool: no new
+        block, and no full block to register in the prefix cache."""
+        bs, rid = self.block_size, request.request_id
+        computed = request.num_computed_tokens
+        # Step j (from 0) needs ceil((computed + j + 1) / bs) blocks and fills computed + j + 1 slots.
+        steps = len(self.req_to_blocks[rid]) * bs - computed
+        if self.enable_prefix_caching:
+            steps = min(steps, (self.num_cached_blocks[rid] + 1) * bs - computed - 1)
+        return steps
+
     def free(self, request: Request) -> None:
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_blocks.pop(request.request_id, None)
