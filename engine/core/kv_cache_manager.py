@@ -167,8 +167,12 @@ class KVCacheManager:
         """Extend request.block_hashes to every full block of known tokens."""
         hashes = request.block_hashes
         bs = self.block_size
+        start, end = len(hashes) * bs, request.num_tokens // bs * bs
+        if start >= end:
+            return
         parent = hashes[-1].value if hashes else _ROOT_HASH
-        for i in range(len(hashes), request.num_tokens // bs):
-            block_hash = hash_block_tokens(parent, request.token_slice(i * bs, (i + 1) * bs), request.extra_key)
+        tokens, extra_key = request.token_slice(start, end), request.extra_key
+        for i in range(0, end - start, bs):
+            block_hash = hash_block_tokens(parent, tokens[i : i + bs], extra_key)
             hashes.append(block_hash)
             parent = block_hash.value

@@ -328,12 +328,23 @@ class Scheduler:
 
     def _schedule_running(self, step: _StepState, prefills_only: bool = False) -> None:
         bulk_step = self._bulk.steps if self._bulk is not None else 0
+        running = self.running
         i = 0
-        while i < len(self.running) and step.budget > 0:
-            request = self.running[i]
-            # A bulk decode takes one token of the budget in its place in the order; it is looked at
-            # only in the step of its event (prefill steps leave it waiting, as any decode).
-            if request.bulk_until > bulk_step or (request.bulk_since >= 0 and (prefills_only or self._bulk_event(request))):
+        while i < len(running) and step.budget > 0:
+            request = running[i]
+            # Bulk decodes take one token of the budget each, in their place in the order; one is
+            # looked at only in the step of its event (prefill steps leave it waiting, as any decode).
+            if request.bulk_until > bulk_step:
+                end, n = i + 1, len(running)
+                while end < n and running[end].bulk_until > bulk_step:
+                    end += 1
+                if not prefills_only:
+                    taken = min(end - i, step.budget)
+                    step.budget -= taken
+                    step.num_bulk += taken
+                i = end
+                continue
+            if request.bulk_since >= 0 and (prefills_only or self._bulk_event(request)):
                 if not prefills_only:
                     step.budget -= 1
                     step.num_bulk += 1
@@ -352,7 +363,7 @@ class Scheduler:
                 if new_block_ids is not None:
                     break
                 victim_index = self._pick_victim()
-                victim = self.running.pop(victim_index)
+                victim = running.pop(victim_index)
                 if victim.bulk_since >= 0:
                     if not prefills_only and victim_index < i:  # counted in this step already
                         step.budget += 1
