@@ -18,7 +18,7 @@ import pytest
 from engine.core import KVCacheManager, Request, SamplingParams, Scheduler, SchedulerConfig, SchedulerOutput
 from engine.core.scheduler import OutputReservation
 
-from .testlib import make_request
+from .testlib import draw_config, make_request
 
 TOKEN = 5  # what the executor samples, every step, for every request
 MAX_STEPS = 4000
@@ -26,22 +26,10 @@ MAX_STEPS = 4000
 
 @st.composite
 def configs(draw: st.DrawFn) -> SchedulerConfig:
-    block_size = draw(st.sampled_from([2, 3, 4, 8]))
-    chunked = draw(st.booleans())
-    max_model_len = draw(st.integers(16, 64))
-    max_num_seqs = draw(st.integers(1, 8))
-    min_budget = max(max_num_seqs, 1 if chunked else max_model_len)
-    reservation = draw(st.sampled_from([None, OutputReservation(1.0, 1.0), OutputReservation(0.7, 0.2, 0.05)]))
-    return SchedulerConfig(
-        max_num_batched_tokens=draw(st.integers(min_budget, min_budget + 24)),
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        block_size=block_size,
-        enable_chunked_prefill=chunked,
-        enable_prefix_caching=draw(st.booleans()),
-        policy=draw(st.sampled_from(["fcfs", "priority"])),
+    return draw_config(
+        draw, [2, 3, 4, 8], st.integers(16, 64), st.integers(1, 8),
         batching=draw(st.sampled_from(["mixed", "prefill_first"])),
-        output_reservation=reservation,
+        output_reservation=draw(st.sampled_from([None, OutputReservation(1.0, 1.0), OutputReservation(0.7, 0.2, 0.05)])),
     )
 
 
