@@ -28,6 +28,7 @@ from engine.config import EngineConfig
 from engine.cpu import default_threads
 from engine.errors import InputError, from_validation_error
 from engine.knobs import add_flags, command, read_flags, settings, values
+from planner.engines import engine_catalog, get_engine
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
 from planner.validate_memory import MemoryValidation, validate_startup_logs
@@ -179,6 +180,35 @@ def cmd_hw_list(args: argparse.Namespace) -> None:
             _fmt(p, "price_usd_per_hour", p.price_usd_per_hour),
         )
     console.print(t)
+
+
+def cmd_engines_list(args: argparse.Namespace) -> None:
+    profiles = engine_catalog()
+    if args.json:
+        print_json([p.model_dump(mode="json") for p in profiles.values()])
+        return
+    t = Table(title=f"{len(profiles)} engine profiles (`engines show NAME`: every figure with its source)")
+    for col in ("name", "engine", "releases", "batching", "chunked prefill", "host overlapped", "step overhead ms"):
+        t.add_column(col, justify="right" if col == "step overhead ms" else "left", no_wrap=True)
+    for p in profiles.values():
+        t.add_row(p.name, p.engine, p.versions, p.scheduling.batching, str(p.scheduling.enable_chunked_prefill),
+                  str(p.execution.overlap_host), f"{p.overheads.step_us / 1e3:.2f}")
+    console.print(t)
+
+
+def cmd_engines_show(args: argparse.Namespace) -> None:
+    profile = get_engine(args.name)
+    if args.json:
+        print_json(profile)
+        return
+    t = Table(title=f"{profile.display_name} ({profile.name}, releases {profile.versions})", show_header=False)
+    t.add_column("field")
+    t.add_column("value")
+    for field, value in _flatten(profile.model_dump(mode="json", exclude={"notes"})):
+        t.add_row(field, str(value))
+    console.print(t)
+    for note in profile.notes:
+        console.print(f"  - {note}")
 
 
 def _fmt(p: HardwareProfile, field: str, value: float | None) -> str:
@@ -819,6 +849,8 @@ def build_parser() -> argparse.ArgumentParser:
          "profile name or YAML file", cmd_hw_list, cmd_hw_show),
         ("models", "model", "one model's architecture and derived sizes", "model",
          "catalog name or path to a config.json / checkpoint folder", cmd_models_list, cmd_models_show),
+        ("engines", "engine profile", "one engine profile: scheduling, execution, overheads and memory rules with "
+         "their sources", "engine", "profile name, e.g. vllm-0.11", cmd_engines_list, cmd_engines_show),
     ):
         actions = sub.add_parser(catalog, help=f"{what} catalog").add_subparsers(
             dest=f"{catalog}_command", required=True, metavar="ACTION")

@@ -185,3 +185,14 @@ def test_flags_users_already_type_keep_working(capsys) -> None:
                        "--max-num-batched-tokens", "131072", "--json")
     data = json.loads(out)
     assert code == 0 and data["max_num_seqs"] == 1024  # vLLM 0.11's default on an H100
+
+
+def test_engines_catalog_lists_and_shows_profiles(capsys) -> None:
+    assert main(["engines", "list", "--json"]) == 0
+    names = [p["name"] for p in json.loads(capsys.readouterr().out)]
+    assert {"vllm-0.11", "sglang-0.5", "trtllm-1.2", "serveplan"} <= set(names)
+    assert main(["engines", "show", "vllm-0.11", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["engine"] == "vllm"
+    assert main(["engines", "show", "vllm-9"]) == 2
+    err = capsys.readouterr().err
+    assert "engine='vllm-9' is invalid: unknown name" in err and err.count("\n") == 1
