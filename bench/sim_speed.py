@@ -3,10 +3,11 @@
     .venv/bin/python bench/sim_speed.py                      # 10,000 chat requests, Llama-3.1-8B, 1 x H100
     .venv/bin/python bench/sim_speed.py --rates 4 16 --requests 10000 --json
 
-Each rate is one full simulation (every step through the engine's own scheduler and KV-cache
-manager). The figure to compare is simulated/wall: the best published peer simulator (Vidur)
-runs a median experiment 141x faster than real time. No peer runs here, so this reports
-absolute rates on this machine, with its CPU time.
+Each rate is simulated twice in the same run: with bulk decodes (the default: the scheduler
+applies decode steps in which nothing happens to a request in one go, engine/core/bulk_decodes.py)
+and one by one (every request looked at in every step, as the engine does), the peer the ratio is
+taken against. The two runs must give the same summary; the bench stops if they do not. The
+published figure to compare simulated/wall with is Vidur's 141x (median experiment, its hardware).
 """
 
 from __future__ import annotations
@@ -21,6 +22,21 @@ from planner.hardware import get_hardware
 from planner.sim import simulate
 from planner.specs import Deployment
 from planner.workload import get_workload
+
+MODES = {"bulk": True, "one_by_one": False}
+
+
+def _measure(model, hw, dep, workload, bulk: bool) -> tuple[dict[str, float], object]:
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    summary = simulate(model, hw, dep, workload, bulk_decodes=bulk).summary
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return {
+        "wall_s": round(wall, 2),
+        "cpu_s": round(cpu, 2),
+        "simulated_s_per_wall_s": round(summary.duration_s / wall, 1),
+        "requests_per_wall_s": round(summary.num_finished / wall, 1),
+        "steps_per_wall_s": round(summary.num_steps / wall),
+    }, summary
 
 
 def main() -> None:
@@ -38,31 +54,33 @@ def main() -> None:
     rows = []
     for rate in args.rates:
         workload = get_workload(args.workload, num_requests=args.requests, arrival={"kind": "poisson", "rate_per_s": rate})
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        summary = simulate(model, hw, dep, workload).summary
-        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+        runs, summaries = {}, {}
+        for mode, bulk in MODES.items():
+            runs[mode], summaries[mode] = _measure(model, hw, dep, workload, bulk)
+        if summaries["bulk"].model_dump() != summaries["one_by_one"].model_dump():
+            raise SystemExit(f"rate {rate}: bulk decodes and one-by-one simulations disagree; the speed figures mean nothing")
+        summary = summaries["bulk"]
         rows.append({
             "rate_per_s": rate,
             "requests": summary.num_finished,
             "steps": summary.num_steps,
             "simulated_s": round(summary.duration_s, 1),
-            "wall_s": round(wall, 2),
-            "cpu_s": round(cpu, 2),
-            "simulated_s_per_wall_s": round(summary.duration_s / wall, 1),
-            "requests_per_wall_s": round(summary.num_finished / wall, 1),
-            "steps_per_wall_s": round(summary.num_steps / wall),
             "mean_running": round(sum(summary.timeseries.num_running) / len(summary.timeseries.num_running), 1),
+            **runs,
+            "speedup_bulk_vs_one_by_one": round(runs["one_by_one"]["wall_s"] / runs["bulk"]["wall_s"], 2),
         })
     if args.json:
         print(json.dumps(rows, indent=2))
         return
     print(f"{args.requests:,} {args.workload} requests, {args.model} on 1 x {args.hw}; {platform.processor() or platform.machine()}")
     for r in rows:
-        print(
-            f"  rate {r['rate_per_s']:>5g}/s: {r['simulated_s']:>8.1f} s simulated in {r['wall_s']:>6.2f} s wall "
-            f"-> {r['simulated_s_per_wall_s']:>6.1f}x real time, {r['requests_per_wall_s']:>7.1f} requests/s, "
-            f"{r['steps_per_wall_s']:>6,} steps/s (mean batch {r['mean_running']})"
-        )
+        print(f"  rate {r['rate_per_s']:g}/s: {r['simulated_s']:.1f} s simulated, {r['steps']:,} steps, mean batch "
+              f"{r['mean_running']}; summaries identical")
+        for mode in MODES:
+            m = r[mode]
+            print(f"    {mode:>10}: {m['wall_s']:>6.2f} s wall -> {m['simulated_s_per_wall_s']:>6.1f}x real time, "
+                  f"{m['requests_per_wall_s']:>7.1f} requests/s, {m['steps_per_wall_s']:>6,} steps/s")
+        print(f"    bulk / one by one: {r['speedup_bulk_vs_one_by_one']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -511,7 +511,7 @@ def render_sweep(result: BenchReport) -> None:
 # Flags of a CPU calibration or validation that mean nothing with --public, and back.
 _CPU_ONLY = ("model", "device", "dtype", "threads", "random_weights", "quick", "workloads", "force", "tensor_parallel",
              "expert_parallel")
-_PUBLIC_ONLY = ("rounds", "workers")
+_PUBLIC_ONLY = ("rounds", "workers", "public_report")
 
 
 def _check_mode(args: argparse.Namespace) -> None:
@@ -546,12 +546,19 @@ def stages() -> Iterator[Progress]:
 
 def cmd_calibrate_public(args: argparse.Namespace) -> None:
     from planner.public.calibration import calibrate_public, write_fit
-    from planner.public.report import TARGETS_PCT, group_errors
+    from planner.public.report import TARGETS_PCT, group_errors, validation_of, write_report
 
+    for field, value in (("out", args.out), ("public_report", args.public_report)):
+        if value is not None and not Path(value).parent.is_dir():  # before hours of fitting, not after
+            raise InputError(field, value, "must be a file in an existing folder")
+    command = "serveplan calibrate " + " ".join(sys.argv[2:])
     with stages() as progress:
-        result = calibrate_public(command="serveplan calibrate " + " ".join(sys.argv[2:]), rounds=args.rounds,
-                                  workers=args.workers or default_threads(), progress=progress)
+        result = calibrate_public(command=command, rounds=args.rounds, workers=args.workers or default_threads(),
+                                  progress=progress)
     path = write_fit(result, *([Path(args.out)] if args.out else []))
+    if args.public_report:
+        # The fit's own predictions are the validation's: the same figures, folds and simulator.
+        write_report(validation_of(result.figures, result.skipped, path), result, command, args.public_report)
     t = Table(title=f"public fit: {len(result.figures)} figures, {len(result.folds)} sources, "
                     f"{len(result.skipped)} runs set aside")
     for col in ("metric family", "figures", "held-out median |error| %", "in-sample median |error| %", "target %"):
@@ -695,15 +702,13 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 def cmd_validate_public(args: argparse.Namespace) -> None:
     from planner.costmodel.fitted import PUBLIC_FIT_FILE
-    from planner.public.report import markdown, plot, validate_public
+    from planner.public.report import validate_public, write_report
 
     path = args.calibration or PUBLIC_FIT_FILE
     with stages() as progress:
         report, fit = validate_public(path, workers=args.workers or default_threads(), progress=progress)
     if args.report:
-        out = Path(args.report)
-        image = plot(report, out.with_suffix(".png"))
-        out.write_text(markdown(report, fit, "serveplan validate " + " ".join(sys.argv[2:]), image.name))
+        write_report(report, fit, "serveplan validate " + " ".join(sys.argv[2:]), args.report)
     if args.json:
         print_json(report)
     else:
@@ -809,23 +814,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     command(p, cmd_memory)
 
-    hw = sub.add_parser("hw", help="hardware profile catalog").add_subparsers(dest="hw_command", required=True, metavar="ACTION")
-    p = hw.add_parser("list", help="all profiles")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_hw_list)
-    p = hw.add_parser("show", help="one profile with the provenance of each figure")
-    p.add_argument("name", metavar="hardware", help="profile name or YAML file")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_hw_show)
-
-    models = sub.add_parser("models", help="model catalog").add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    p = models.add_parser("list", help="all catalog models")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_models_list)
-    p = models.add_parser("show", help="one model's architecture and derived sizes")
-    p.add_argument("name", metavar="model", help="catalog name or path to a config.json / checkpoint folder")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_models_show)
+    for catalog, what, shown, metavar, name_help, list_cmd, show_cmd in (
+        ("hw", "hardware profile", "one profile with the provenance of each figure", "hardware",
+         "profile name or YAML file", cmd_hw_list, cmd_hw_show),
+        ("models", "model", "one model's architecture and derived sizes", "model",
+         "catalog name or path to a config.json / checkpoint folder", cmd_models_list, cmd_models_show),
+    ):
+        actions = sub.add_parser(catalog, help=f"{what} catalog").add_subparsers(
+            dest=f"{catalog}_command", required=True, metavar="ACTION")
+        p = actions.add_parser("list", help=f"every {what} in the catalog")
+        p.add_argument("--json", action="store_true")
+        command(p, list_cmd)
+        p = actions.add_parser("show", help=shown)
+        p.add_argument("name", metavar=metavar, help=name_help)
+        p.add_argument("--json", action="store_true")
+        command(p, show_cmd)
 
     p = sub.add_parser("simulate", help="predict latency, throughput, goodput and cost of a deployment under a workload")
     add_deployment_args(p)
@@ -885,6 +888,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="calibration file (default: hwprofiles/calibrations/<device>__<model>__<dtype>.json; "
                                  "with --public, hwprofiles/calibrations/public-gpu.json)")
     p.add_argument("--rounds", type=_at_least_one, default=3, help="--public: trace-and-fit rounds (default: 3)")
+    p.add_argument("--report", dest="public_report",
+                   help="--public: also write the validation of the fit's own predictions (markdown, with a plot and "
+                        "the JSON the dashboard reads beside it), as `serveplan validate --public --report` would")
     _add_public_flags(p, "instead, fit the GPU-family and engine figures to published measurements (slow: minutes to "
                          "hours; see docs/validation-public.md)")
     command(p, cmd_calibrate)
@@ -899,7 +905,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workloads", nargs="+", help="validate only these scenarios (default: all)")
     p.add_argument("--quick", action="store_true", help="fewer requests per workload")
     p.add_argument("--force", action="store_true", help="apply a calibration made for another model or device")
-    p.add_argument("--report", help="also write the comparison as markdown to this file (with --public, a plot beside it)")
+    p.add_argument("--report", help="also write the comparison as markdown to this file (with --public, a plot and the JSON "
+                        "the dashboard reads beside it)")
     p.add_argument("--json", action="store_true")
     _add_public_flags(p, "instead, predict every published GPU figure with the public fit, each source held out")
     command(p, cmd_validate)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+import itertools
 from typing import Literal
 
 import numpy as np
@@ -209,7 +210,7 @@ def summarize(
     ttft = np.array([r.ttft_s for r in reqs])
     tpot = np.array([r.tpot_s for r in reqs if r.output_tokens > 1])
     e2e = np.array([r.e2e_s for r in reqs])
-    itl = np.fromiter((gap for r in reqs for gap in r.itl_s), dtype=float)
+    itl = np.fromiter(itertools.chain.from_iterable(r.itl_s for r in reqs), dtype=float)
     stats = {
         "ttft_ms": latency_stats_ms(ttft),
         "itl_ms": latency_stats_ms(itl),
@@ -311,8 +312,9 @@ def _timeseries(samples: list[StepSample], num_replicas: int, start: float, end:
     if not samples:
         return TimeSeries(t_s=[], kv_cache_usage=[], num_running=[], num_waiting=[], batch_tokens=[])
     edges = np.linspace(start, end, TIMESERIES_POINTS + 1)
-    data = np.array([s[2:] for s in samples], dtype=float)  # end_s, kv, running, waiting, tokens
-    replica = np.array([s.replica for s in samples])
+    width = len(StepSample._fields)
+    table = np.fromiter(itertools.chain.from_iterable(samples), dtype=float, count=width * len(samples)).reshape(-1, width)
+    data, replica = table[:, 2:], table[:, 0]  # end_s, kv, running, waiting, tokens; replica
     totals = np.zeros((TIMESERIES_POINTS, 4))
     for k in range(num_replicas):
         rows = data[replica == k]

@@ -61,12 +61,13 @@ class BlockPool:
         if n > self.num_free_blocks:
             raise ValueError(f"cannot allocate {n} blocks: only {self.num_free_blocks} free")
         out = []
+        uncached_free, blocks = self._uncached_free, self.blocks
         for _ in range(n):
-            if self._uncached_free:
-                block = self._uncached_free.pop()
-            elif len(self.blocks) < self.num_blocks:
-                block = KVCacheBlock(len(self.blocks))
-                self.blocks.append(block)
+            if uncached_free:
+                block = uncached_free.pop()
+            elif len(blocks) < self.num_blocks:
+                block = KVCacheBlock(len(blocks))
+                blocks.append(block)
             else:
                 _, block = self._cached_free.popitem(last=False)
                 if block.block_hash is not None:  # None only after reset_prefix_cache

@@ -135,6 +135,18 @@ class KVCacheManager:
                 self.num_cached_blocks[request.request_id] = num_full
         return new_block_ids
 
+    def untouched_decode_steps(self, request: Request) -> int:
+        """How many one-token decode steps of a decoding request (num_computed_tokens = num_tokens
+        - 1), counting from the next, allocate_slots would serve without touching the pool: no new
+        block, and no full block to register in the prefix cache."""
+        bs, rid = self.block_size, request.request_id
+        computed = request.num_computed_tokens
+        # Step j (from 0) needs ceil((computed + j + 1) / bs) blocks and fills computed + j + 1 slots.
+        steps = len(self.req_to_blocks[rid]) * bs - computed
+        if self.enable_prefix_caching:
+            steps = min(steps, (self.num_cached_blocks[rid] + 1) * bs - computed - 1)
+        return steps
+
     def free(self, request: Request) -> None:
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_blocks.pop(request.request_id, None)
@@ -155,8 +167,12 @@ class KVCacheManager:
         """Extend request.block_hashes to every full block of known tokens."""
         hashes = request.block_hashes
         bs = self.block_size
+        start, end = len(hashes) * bs, request.num_tokens // bs * bs
+        if start >= end:
+            return
         parent = hashes[-1].value if hashes else _ROOT_HASH
-        for i in range(len(hashes), request.num_tokens // bs):
-            block_hash = hash_block_tokens(parent, request.token_slice(i * bs, (i + 1) * bs), request.extra_key)
+        tokens, extra_key = request.token_slice(start, end), request.extra_key
+        for i in range(0, end - start, bs):
+            block_hash = hash_block_tokens(parent, tokens[i : i + bs], extra_key)
             hashes.append(block_hash)
             parent = block_hash.value

@@ -119,6 +119,10 @@ class Request:
     num_preemptions: int = field(default=0, init=False)
     # Hashes of the full blocks of known tokens, extended lazily by the KV-cache manager.
     block_hashes: list[BlockHash] = field(default_factory=list, init=False, repr=False)
+    # While the scheduler applies its decodes in bulk (engine/core/bulk_decodes.py): the bulk step
+    # its token fields are exact as of, and the one in which it is next looked at; -1 otherwise.
+    bulk_since: int = field(default=-1, init=False, repr=False)
+    bulk_until: int = field(default=-1, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.num_external_computed_tokens < max(1, len(self.prompt_token_ids)):

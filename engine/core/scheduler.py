@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
+from engine.core.bulk_decodes import NO_BULK, BulkDecodes, BulkShape
 from engine.core.errors import InputError
 from engine.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from engine.core.request import FINISH_REASONS, Request, RequestStatus, SamplingParams
@@ -115,6 +116,9 @@ class SchedulerOutput:
     num_waiting: int
     num_running: int
     kv_cache_usage: float
+    # Decodes applied in bulk (only when the scheduler was given a decode_token): one token each,
+    # not in `scheduled`, sampling the decode token.
+    bulk_decodes: BulkShape = NO_BULK
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -126,7 +130,7 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
-        return not self.scheduled
+        return not self.scheduled and not self.bulk_decodes.num_requests
 
 
 class RequestUpdate(NamedTuple):
@@ -154,10 +158,16 @@ class _StepState:
     budget: int
     scheduled: dict[str, ScheduledRequest] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
+    num_bulk: int = 0  # bulk decodes counted in
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager) -> None:
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, decode_token: int | None = None) -> None:
+        """`decode_token`: the token every decode samples, when the executor knows it in advance (the
+        simulator's synthetic id). The scheduler then applies decodes in bulk where nothing happens
+        to a request (engine/core/bulk_decodes.py), with the same results as one by one; it does so
+        unless every decode changes a request anyway (one-token blocks, speculation, multi-step
+        groups). None (the engine): every request one by one."""
         if kv_cache_manager.block_size != config.block_size:
             raise ValueError(
                 f"kv_cache_manager.block_size={kv_cache_manager.block_size} does not match "
@@ -188,6 +198,10 @@ class Scheduler:
         self._group_steps_left = 0
         self._group_updates: list[RequestUpdate] = []
         self._group_requests: list[tuple[Request, int]] = []  # (request, its first token of the group)
+        # One-token blocks change every decode (a block each step), as do drafts and multi-step groups.
+        bulk = (decode_token is not None and config.block_size > 1 and not config.num_speculative_tokens
+                and config.num_scheduler_steps == 1)
+        self._bulk = BulkDecodes(decode_token) if bulk else None
 
     # ---- intake ---------------------------------------------------------------------------
 
@@ -230,6 +244,8 @@ class Scheduler:
         request = self.requests[request_id]
         if request.is_finished:
             return False
+        if request.bulk_since >= 0:
+            self._bulk.leave(request)
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
             self.kv_cache_manager.free(request)
@@ -256,6 +272,11 @@ class Scheduler:
                 self._schedule_waiting(step, now)
 
         scheduled = tuple(step.scheduled.values())
+        bulk = NO_BULK
+        if step.num_bulk:
+            bulk = self._bulk.shape()
+            if bulk.num_requests != step.num_bulk:
+                raise RuntimeError(f"{step.num_bulk} bulk decodes counted in the step but {bulk.num_requests} held in bulk")
         output = SchedulerOutput(
             scheduled=scheduled,
             total_num_scheduled_tokens=self.config.max_num_batched_tokens - step.budget,
@@ -264,11 +285,12 @@ class Scheduler:
             num_waiting=len(self.waiting),
             num_running=len(self.running),
             kv_cache_usage=self.kv_cache_manager.usage,
+            bulk_decodes=bulk,
         )
         self._finished_ids.clear()
         if self.config.output_reservation is not None:
             self._update_reserve_ratio(output)
-        if scheduled:
+        if not output.is_empty:
             self._pending = output
             self._num_steps += 1
             if not self._group_steps_left and self.config.num_scheduler_steps > 1 and not output.num_prefill_tokens:
@@ -305,9 +327,29 @@ class Scheduler:
                 )
 
     def _schedule_running(self, step: _StepState, prefills_only: bool = False) -> None:
+        bulk_step = self._bulk.steps if self._bulk is not None else 0
+        running = self.running
         i = 0
-        while i < len(self.running) and step.budget > 0:
-            request = self.running[i]
+        while i < len(running) and step.budget > 0:
+            request = running[i]
+            # Bulk decodes take one token of the budget each, in their place in the order; one is
+            # looked at only in the step of its event (prefill steps leave it waiting, as any decode).
+            if request.bulk_until > bulk_step:
+                end, n = i + 1, len(running)
+                while end < n and running[end].bulk_until > bulk_step:
+                    end += 1
+                if not prefills_only:
+                    taken = min(end - i, step.budget)
+                    step.budget -= taken
+                    step.num_bulk += taken
+                i = end
+                continue
+            if request.bulk_since >= 0 and (prefills_only or self._bulk_event(request)):
+                if not prefills_only:
+                    step.budget -= 1
+                    step.num_bulk += 1
+                i += 1
+                continue
             num_new = request.num_tokens - request.num_computed_tokens
             if prefills_only and num_new <= 1:  # decoding: it waits for the next decode step
                 i += 1
@@ -321,7 +363,12 @@ class Scheduler:
                 if new_block_ids is not None:
                     break
                 victim_index = self._pick_victim()
-                victim = self.running.pop(victim_index)
+                victim = running.pop(victim_index)
+                if victim.bulk_since >= 0:
+                    if not prefills_only and victim_index < i:  # counted in this step already
+                        step.budget += 1
+                        step.num_bulk -= 1
+                    self._bulk.leave(victim)
                 self._preempt(victim, step)
                 if victim is request:
                     break
@@ -336,6 +383,36 @@ class Scheduler:
             )
             step.budget -= num_new
             i += 1
+        # Every bulk decode got its token: the budget holds max_num_seqs decodes, and only the last
+        # request admitted can be part-way through its prompt (anyone admitted after it found budget
+        # left, so it had finished). schedule() checks that no bulk decode was missed.
+
+    def _bulk_event(self, request: Request) -> bool:
+        """A bulk decode's event in this step: its next block (or a full one to register), taken here in
+        its place, keeps it in bulk (True); its last token, or a pool without a free block, hands it
+        back to one-by-one handling (False)."""
+        bulk = self._bulk
+        bulk.sync(request)
+        if request.num_output_tokens + 1 < request.max_tokens and self.kv_cache_manager.allocate_slots(request, 1) is not None:
+            request.bulk_until = bulk.steps + self._bulk_horizon(request)
+            return True
+        bulk.leave(request)
+        return False
+
+    def _bulk_horizon(self, request: Request) -> int:
+        """Decode steps of `request`, counting from the one its fields are exact for, before its next
+        event: a block to take or register, or its last token."""
+        return min(self.kv_cache_manager.untouched_decode_steps(request), request.max_tokens - request.num_output_tokens - 1)
+
+    def _join_bulk(self, request: Request) -> None:
+        """After a step that sampled for it: into bulk, unless its next decode is an event anyway."""
+        bulk = self._bulk
+        params = request.sampling_params
+        if (bulk.token == request.eos_token_id and not params.ignore_eos) or bulk.token in params.stop_token_ids:
+            return  # the decode token ends it
+        horizon = self._bulk_horizon(request)
+        if horizon > 0:
+            bulk.join(request, bulk.steps + horizon)
 
     def _pick_victim(self) -> int:
         if self.config.policy == "fcfs":
@@ -485,6 +562,14 @@ class Scheduler:
             updates.append(RequestUpdate(s.request_id, tuple(sampled[:num_kept]), stop is not None, request.finish_reason))
         if any_finished:
             self.running = [r for r in self.running if not r.is_finished]
+        bulk = self._bulk
+        if bulk is not None:
+            if output.bulk_decodes.num_requests:
+                self._remaining_outputs -= bulk.num_requests  # less any aborted since schedule()
+                bulk.advance(now)
+            for s, request in live:
+                if s.samples and not request.is_finished:
+                    self._join_bulk(request)
         return self._deliver(updates, now) if in_group else updates
 
     def _deliver(self, updates: list[RequestUpdate], now: float) -> list[RequestUpdate]:
@@ -556,7 +641,10 @@ class Scheduler:
         return bool(self.waiting) or bool(self.running)
 
     def get_request(self, request_id: str) -> Request:
-        return self.requests[request_id]
+        request = self.requests[request_id]
+        if request.bulk_since >= 0:
+            self._bulk.sync(request)
+        return request
 
     @property
     def num_waiting(self) -> int:

@@ -87,6 +87,29 @@ class StepCost(NamedTuple):
 
 
 NO_COST = StepCost(0.0, 0.0, 0.0)
+# Scalar steps' row terms are memoised per (dense rows, sampled rows): decode steps repeat a few
+# batch sizes all run long. Bounded, as prefill chunks can take many sizes.
+_MAX_MEMO_ROWS = 8192
+
+
+class _RowTerms(NamedTuple):
+    """A step's operators that depend on its row counts only (not on attention), and their work."""
+
+    qkv: Number
+    o: Number
+    mlp: Number
+    moe: Number
+    router: Number
+    norms: Number
+    lm_head: Number
+    sampling: Number
+    pp: Number
+    flops: Number  # of the draft and the matmuls before attention, in the order times() adds them
+    bytes: Number
+    lm_head_flops: Number
+    lm_head_bytes: Number
+    norm_sample_bytes: Number
+    graph_launch_s: Number  # the launch wait of a replayed graph: one launch, then LM head and sampling
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, tokens: Number) -> Number:
@@ -128,6 +151,12 @@ class CostModel:
         self.model, self.hw, self.dep = model, hw, dep
         self.params = p = params if params is not None else CostParams.fitted(hw, engine)
         self.ops: Operators = build_operators(model, dep)
+        ops = self.ops
+        # Kernels per step of each device operator, in OPERATORS order: launches an eager step waits for.
+        calls = {op: sum(c.calls for c in ops.comms if c.operator == op) for op in COMM_OPERATORS}
+        self._kernels = (ops.qkv_proj.kernels, ops.o_proj.kernels, ops.attention.kernels, ops.mlp.kernels,
+                         (ops.experts.kernels if ops.experts else 0.0) + ops.shared_experts.kernels, ops.router.kernels,
+                         ops.norm_kernels, ops.lm_head.kernels, ops.sample_kernels, *calls.values(), 2 * ops.pp_handoffs)
         self.graphs = graphs if graphs is not None else _graph_policy(hw, dep, engine)
         self.graph_max = self.graphs.max_batch
         self.reader = ShapeReader(model, p.attention_pairs == "dense", self.graphs)
@@ -154,6 +183,7 @@ class CostModel:
                                "cp_transfer" else 1), _GROUP_FIELD[c.operator]),
                                p.interconnect_efficiency, p.collective_time_scale)) for c in self.ops.comms)
         self._draft = self._draft_model(model, hw, dep)
+        self._row_memo: dict[tuple[float, float], _RowTerms] = {}
 
     # ------------------------------------------------------------------ public API
 
@@ -163,14 +193,14 @@ class CostModel:
 
     def step(self, output: SchedulerOutput) -> StepCost:
         """Seconds, FLOPs and bytes of one engine step, per GPU of the replica."""
-        if not output.scheduled:
+        if output.is_empty:
             return NO_COST
         times, flops, nbytes = self.times(self.reader.read(output), self._draft_cost(output))
         return StepCost(sum(times), flops, nbytes, sum(times[i] for i in _COMM_INDICES))
 
     def breakdown(self, output: SchedulerOutput) -> dict[str, float]:
         """Seconds per operator (keys: OPERATORS); the values sum to step_time(output)."""
-        if not output.scheduled:
+        if output.is_empty:
             return dict.fromkeys(OPERATORS, 0.0)
         return dict(zip(OPERATORS, self.times(self.reader.read(output), self._draft_cost(output))[0], strict=True))
 
@@ -208,31 +238,54 @@ class CostModel:
         """(seconds per operator in OPERATORS order, FLOPs, bytes moved), per GPU, for one step or, with
         array fields, for many; `draft` is the step's draft-model cost, reported as its own operator."""
         p, ops = self.params, self.ops
-        work = [draft.flops, draft.bytes]
         # A replayed graph runs its padded batch through the dense operators; context parallelism gives
         # each GPU 1/cp of the prefill tokens.
         rows = s.dense_rows - (1.0 - ops.prefill_row_share) * s.prefill_tokens
+        r = self._rows(rows, s.sampled_rows, draft)
+        work = [r.flops, r.bytes]
+        attention = self._attention(s.decode_tokens, s.decode_pairs, s.decode_kv, work) + self._attention(
+            s.prefill_tokens * ops.prefill_row_share, s.prefill_pairs, s.prefill_kv * ops.attention.prefill_kv_reads, work)
+        device = (r.qkv, r.o, attention, r.mlp, r.moe, r.router, r.norms, r.lm_head, r.sampling,
+                  *self._communication(s, rows), r.pp)
+        if isinstance(s.graph, np.ndarray) or not s.graph:
+            launch = self._launch_wait(device, s.graph, r.graph_launch_s)
+        else:  # a replayed graph: the same value the blend gives (1 x graph + 0 x eager), without the eager sum
+            launch = r.graph_launch_s
+        busy = sum(device) + launch + draft.seconds
+        host = p.step_overhead_s + p.per_request_overhead_s * s.requests + p.layer_overhead_s * ops.layers
+        if p.overlap_host:  # the host prepared this step while the previous one ran: only its excess shows
+            host = _max(host - busy, 0.0)
+        return (*device, host, launch, draft.seconds), work[0] + r.lm_head_flops, work[1] + r.lm_head_bytes + r.norm_sample_bytes
+
+    def _rows(self, rows: Number, sampled_rows: Number, draft: StepCost) -> _RowTerms:
+        """The row terms of a step, memoised for one step without a draft model."""
+        if isinstance(rows, np.ndarray) or isinstance(sampled_rows, np.ndarray) or draft is not NO_COST:
+            return self._row_terms(rows, sampled_rows, draft)
+        key = (rows, sampled_rows)
+        terms = self._row_memo.get(key)
+        if terms is None:
+            if len(self._row_memo) >= _MAX_MEMO_ROWS:
+                self._row_memo.clear()
+            terms = self._row_memo[key] = self._row_terms(rows, sampled_rows, draft)
+        return terms
+
+    def _row_terms(self, rows: Number, sampled_rows: Number, draft: StepCost) -> _RowTerms:
+        p, ops = self.params, self.ops
+        work = [draft.flops, draft.bytes]
+        # `rows`: the dense operators' rows, as times() works them out.
         qkv = self._gemm(ops.qkv_proj, rows, work)
         o = self._gemm(ops.o_proj, rows, work)
         mlp = self._gemm(ops.mlp, rows, work)
         moe = self._experts(rows, work) + self._gemm(ops.shared_experts, rows, work)
         router = self._gemm(ops.router, rows, work)
-        attention = self._attention(s.decode_tokens, s.decode_pairs, s.decode_kv, work) + self._attention(
-            s.prefill_tokens * ops.prefill_row_share, s.prefill_pairs, s.prefill_kv * ops.attention.prefill_kv_reads, work)
-        lm_head = self._gemm(ops.lm_head, s.sampled_rows, work)
-        norm_bytes, sample_bytes = rows * ops.norm_bytes_per_row, s.sampled_rows * ops.sample_bytes_per_row
-        work[1] += norm_bytes + sample_bytes
+        lm_work = [0.0, 0.0]
+        lm_head = self._gemm(ops.lm_head, sampled_rows, lm_work)
+        norm_bytes, sample_bytes = rows * ops.norm_bytes_per_row, sampled_rows * ops.sample_bytes_per_row
         norms = norm_bytes * self._s_per_byte + ops.norm_kernels * p.kernel_latency_s
-        sampling = (sample_bytes * self._s_per_byte + ops.sample_kernels * p.kernel_latency_s) * _present(s.sampled_rows)
-        comm = self._communication(s, rows)
-        pp = self._pp_transfer(rows)
-        device = (qkv, o, attention, mlp, moe, router, norms, lm_head, sampling, *comm, pp)
-        launch = self._launch_wait(device, s.graph)
-        busy = sum(device) + launch + draft.seconds
-        host = p.step_overhead_s + p.per_request_overhead_s * s.requests + p.layer_overhead_s * ops.layers
-        if p.overlap_host:  # the host prepared this step while the previous one ran: only its excess shows
-            host = _max(host - busy, 0.0)
-        return (*device, host, launch, draft.seconds), work[0], work[1]
+        sampling = (sample_bytes * self._s_per_byte + ops.sample_kernels * p.kernel_latency_s) * _present(sampled_rows)
+        graph_launch = self._after_graph_wait(lm_head, sampling)
+        return _RowTerms(qkv, o, mlp, moe, router, norms, lm_head, sampling, self._pp_transfer(rows),
+                         work[0], work[1], lm_work[0], lm_work[1], norm_bytes + sample_bytes, graph_launch)
 
     def assumptions(self) -> dict[str, object]:
         """Every figure the model uses, for reports."""
@@ -404,21 +457,23 @@ class CostModel:
         return self.ops.pp_handoffs * p.collective_time_scale * (
             size / (link.bandwidth_gb_s * 1e9 * p.interconnect_efficiency) + link.latency_us * 1e-6)
 
-    def _launch_wait(self, device: tuple[Number, ...], graph: Number) -> Number:
+    def _launch_wait(self, device: tuple[Number, ...], graph: Number, after_graph: Number) -> Number:
         """Seconds the device waits on the host issuing kernels: eagerly, each operator takes at least
-        its kernels x kernel_launch_s; a replayed graph is one launch, then the LM head and sampling
-        run eagerly."""
+        its kernels x kernel_launch_s; a replayed graph waits `after_graph` (_after_graph_wait)."""
         launch_s = self.params.kernel_launch_s
         if not launch_s:  # CPUs: nothing to add, keep the simulator's hot path lean
             return 0.0
-        ops = self.ops
-        calls = {op: sum(c.calls for c in ops.comms if c.operator == op) for op in COMM_OPERATORS}
-        kernels = (ops.qkv_proj.kernels, ops.o_proj.kernels, ops.attention.kernels, ops.mlp.kernels,
-                   (ops.experts.kernels if ops.experts else 0.0) + ops.shared_experts.kernels, ops.router.kernels,
-                   ops.norm_kernels, ops.lm_head.kernels, ops.sample_kernels, *calls.values(), 2 * ops.pp_handoffs)
-        waits = [_max(k * launch_s - t, 0.0) for k, t in zip(kernels, device, strict=True)]
-        after_graph = sum(waits[i] for i in _AFTER_GRAPH) + launch_s
+        waits = [_max(k * launch_s - t, 0.0) for k, t in zip(self._kernels, device, strict=True)]
         return graph * after_graph + (1.0 - graph) * sum(waits)
+
+    def _after_graph_wait(self, lm_head: Number, sampling: Number) -> Number:
+        """A replayed graph is one launch, then the LM head and sampling run eagerly."""
+        launch_s = self.params.kernel_launch_s
+        if not launch_s:
+            return 0.0
+        kernels = self._kernels
+        return (0 + _max(kernels[_AFTER_GRAPH[0]] * launch_s - lm_head, 0.0)
+                + _max(kernels[_AFTER_GRAPH[1]] * launch_s - sampling, 0.0)) + launch_s
 
     # ------------------------------------------------------------------ speculative drafts
 

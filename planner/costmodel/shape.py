@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from engine.config import ModelConfig, graph_batch_size
+from engine.core.bulk_decodes import NO_BULK, BulkShape
 from engine.core.scheduler import SchedulerOutput
 
 Number = float | np.ndarray
@@ -75,18 +76,27 @@ class ShapeReader:
         self._dense = dense_attention
         self._graphs = graphs
 
+    @property
+    def reads_bulk_decodes(self) -> bool:
+        """Whether a step's bulk decodes (a count and summed context, engine/core/bulk_decodes.py) are
+        enough: not when sliding windows make each request's attention depend on its own context."""
+        return self._full_only or self._dense
+
     def read(self, output: SchedulerOutput) -> StepShape:
-        return self.of((len(s.token_ids), s.num_computed_tokens, s.is_prefill, 1 + s.num_draft_tokens if s.samples else 0)
-                       for s in output.scheduled)
+        return self.of(((len(s.token_ids), s.num_computed_tokens, s.is_prefill, 1 + s.num_draft_tokens if s.samples else 0)
+                        for s in output.scheduled), output.bulk_decodes)
 
     def of_requests(self, requests: Iterable[tuple[int, int, bool]]) -> StepShape:
         """A step of requests that all sample: (query tokens, cached tokens, is_prefill) each."""
         return self.of((q, c, prefill, 1) for q, c, prefill in requests)
 
-    def of(self, rows: Iterable[tuple[int, int, bool, int]]) -> StepShape:
-        """(query tokens, cached tokens, is_prefill, sampled rows) per request."""
+    def of(self, rows: Iterable[tuple[int, int, bool, int]], bulk: BulkShape = NO_BULK) -> StepShape:
+        """(query tokens, cached tokens, is_prefill, sampled rows) per request, and bulk decodes (one
+        token each, sampling; their summed pairs and KV reads are exact integers, as one by one)."""
+        if bulk.num_requests and not self.reads_bulk_decodes:
+            raise ValueError("bulk decodes cannot be priced with sliding windows: each request's context is needed")
         if self._dense:
-            return self._dense_shape(rows)
+            return self._dense_shape(rows, bulk)
         d_tok = p_tok = d_pairs = d_kv = p_pairs = p_kv = 0.0
         requests = sampled = longest = 0
         for q, c, prefill, samples in rows:
@@ -105,9 +115,13 @@ class ShapeReader:
                 p_tok, p_pairs, p_kv = p_tok + q, p_pairs + pairs, p_kv + kv
             else:
                 d_tok, d_pairs, d_kv = d_tok + q, d_pairs + pairs, d_kv + kv
+        if bulk.num_requests:
+            n, context = bulk.num_requests, float(bulk.context_tokens * self._layers)
+            requests, sampled, longest = requests + n, sampled + n, max(longest, bulk.max_context_len)
+            d_tok, d_pairs, d_kv = d_tok + n, d_pairs + context, d_kv + context
         return self._shape(d_tok, p_tok, requests, sampled, d_pairs, d_kv, p_pairs, p_kv, longest)
 
-    def _dense_shape(self, rows: Iterable[tuple[int, int, bool, int]]) -> StepShape:
+    def _dense_shape(self, rows: Iterable[tuple[int, int, bool, int]], bulk: BulkShape) -> StepShape:
         """Pairs and KV reads of a kernel that neither skips masked pairs nor honours windows: each
         prefill chunk attends to its whole context, every decode to the batch's longest."""
         d_tok = p_tok = p_pairs = p_kv = 0.0
@@ -122,6 +136,9 @@ class ShapeReader:
             else:
                 d_tok += q
                 d_max = max(d_max, c + q)
+        if bulk.num_requests:
+            requests, sampled, d_tok = requests + bulk.num_requests, sampled + bulk.num_requests, d_tok + bulk.num_requests
+            d_max = max(d_max, bulk.max_context_len)
         padded = d_tok * d_max * self._layers
         return self._shape(d_tok, p_tok, requests, sampled, padded, padded, p_pairs * self._layers, p_kv * self._layers,
                            d_max)

@@ -103,16 +103,30 @@ def validate_public(path: str | Path = PUBLIC_FIT_FILE, *, workers: int = 1, run
     folds = {u: {name: Figures(f.families, f.engines) for name, f in table.items()} for u, table in fit.folds.items()}
     results, refused = predict_public(prepared, Figures(fit.model.families, fit.model.engines), folds,
                                       workers=workers, progress=progress)
+    return validation_of(results, skipped + refused, path), fit
+
+
+def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun], fit_file: str | Path) -> PublicValidation:
+    """The errors of predicted figures grouped every way the report shows them, against the targets."""
     by_family = group_errors(results, lambda r: r.family)
     met = {g.group: g.held_out_median_abs_pct <= TARGETS_PCT[g.group] for g in by_family if g.group in TARGETS_PCT}
-    validation = PublicValidation(
-        fit_file=str(path), figures=len(results), sources=len({r.source_key for r in results}),
-        runs=len({r.run_key for r in results}), skipped=skipped + refused,
+    return PublicValidation(
+        fit_file=str(fit_file), figures=len(results), sources=len({r.source_key for r in results}),
+        runs=len({r.run_key for r in results}), skipped=list(skipped),
         by_metric_family=by_family, by_engine=group_errors(results, lambda r: r.engine),
         by_gpu=group_errors(results, lambda r: r.hardware), by_source=group_errors(results, lambda r: r.source_key),
-        bands=bands(results), targets_pct=TARGETS_PCT, met=met, figure_errors=results,
+        bands=bands(results), targets_pct=TARGETS_PCT, met=met, figure_errors=list(results),
     )
-    return validation, fit
+
+
+def write_report(v: PublicValidation, fit: PublicFit, command: str, path: str | Path) -> Path:
+    """The markdown report at `path`, its plot (.png) and the validation as JSON (.json, what the
+    dashboard's Validate page reads) beside it."""
+    out = Path(path)
+    image = plot(v, out.with_suffix(".png"))
+    out.write_text(markdown(v, fit, command, image.name))
+    out.with_suffix(".json").write_text(v.model_dump_json(indent=1))
+    return out
 
 
 def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None) -> str:

@@ -49,12 +49,16 @@ def simulate(
     kv_cache_blocks: int | None = None,
     seed: int = 0,
     trace: bool = False,
+    bulk_decodes: bool = True,
 ) -> SimulationResult:
     """Play `workload` (a spec to draw, or a trace / already drawn Replay) against `dep` until
     every request finishes. `kv_cache_blocks` replaces the memory plan's count per replica (to
     mirror an engine run whose cache size was set by hand). `seed` seeds the simulator's own draws
     (speculative acceptance); the workload carries its own seed. Requests pass the engine's API
-    server first (`CostParams.api_request_s` each, one at a time), as a benchmark client's do."""
+    server first (`CostParams.api_request_s` each, one at a time), as a benchmark client's do.
+    `bulk_decodes`: the schedulers apply decodes where nothing happens in bulk (engine/core/
+    bulk_decodes.py; same results); False handles every request in every step one by one, as the
+    engine does. A traced run is always one by one: its trace records every request's steps."""
     if router not in ROUTERS:
         raise unknown_name_error("router", router, ROUTERS)
     max_len = max_model_len or model.max_position_embeddings
@@ -121,9 +125,12 @@ def simulate(
                 yield env.timeout(sub.due_s - env.now)
             send(sub)
 
+    # The executor samples SYNTHETIC_TOKEN_ID for every decode, so the scheduler may apply them in bulk.
+    decode_token = SYNTHETIC_TOKEN_ID if bulk_decodes and not trace and cost_model.reader.reads_bulk_decodes else None
+
     def replica(index: int) -> Replica:
         scheduler = Scheduler(sched_config, KVCacheManager(memory.kv_cache_blocks, sched_config.block_size,
-                                                           sched_config.enable_prefix_caching))
+                                                           sched_config.enable_prefix_caching), decode_token)
         drafts = None if spec is None or acceptance is None else SyntheticDrafts(
             spec.num_speculative_tokens, acceptance, (seed, index), SYNTHETIC_TOKEN_ID, spec.proposal_rate)
         executor = CostModelExecutor(cost_model, drafts)

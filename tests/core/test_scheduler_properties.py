@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from engine.core import KVCacheManager, Request, SamplingParams, Scheduler, SchedulerConfig
 
-from .testlib import FakeRunner, check_invariants
+from .testlib import FakeRunner, check_invariants, draw_config
 
 VOCAB = 12
 EOS = 0
@@ -34,21 +34,9 @@ class Plan:
 
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[SchedulerConfig, int, list[Plan], int]:
-    block_size = draw(st.sampled_from([1, 2, 4]))
-    max_model_len = draw(st.integers(12, 40))
-    chunked = draw(st.booleans())
-    max_num_seqs = draw(st.integers(1, 6))
-    min_budget = max(max_num_seqs, 1 if chunked else max_model_len)
-    config = SchedulerConfig(
-        max_num_batched_tokens=draw(st.integers(min_budget, min_budget + 24)),
-        max_num_seqs=max_num_seqs,
-        max_model_len=max_model_len,
-        block_size=block_size,
-        enable_chunked_prefill=chunked,
-        enable_prefix_caching=draw(st.booleans()),
-        policy=draw(st.sampled_from(["fcfs", "priority"])),
-        num_speculative_tokens=draw(st.integers(0, 3)),
-    )
+    config = draw_config(draw, [1, 2, 4], st.integers(12, 40), st.integers(1, 6),
+                         num_speculative_tokens=draw(st.integers(0, 3)))
+    block_size = config.block_size
     # Small pools force preemption; some requests will not fit at all and must be refused.
     num_blocks = draw(st.integers(12 // block_size, 24 // block_size) | st.integers(12 // block_size, 64 // block_size))
     seed = draw(st.integers(0, 2**32 - 1))

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
+from hypothesis import strategies as st
+
 from engine.core import (
     KVCacheManager,
     Request,
@@ -16,6 +18,26 @@ from engine.core import (
 )
 
 _prompt_counter = itertools.count(1)
+
+
+def draw_config(draw: st.DrawFn, block_sizes: list[int], max_model_len: st.SearchStrategy[int],
+                max_num_seqs: st.SearchStrategy[int], **settings: object) -> SchedulerConfig:
+    """A random SchedulerConfig whose token budget holds a decode per sequence, and a whole prompt
+    when prefills are not chunked; `settings` fixes the rest."""
+    block_size = draw(st.sampled_from(block_sizes))
+    chunked = draw(st.booleans())
+    model_len, num_seqs = draw(max_model_len), draw(max_num_seqs)
+    min_budget = max(num_seqs, 1 if chunked else model_len)
+    return SchedulerConfig(
+        max_num_batched_tokens=draw(st.integers(min_budget, min_budget + 24)),
+        max_num_seqs=num_seqs,
+        max_model_len=model_len,
+        block_size=block_size,
+        enable_chunked_prefill=chunked,
+        enable_prefix_caching=draw(st.booleans()),
+        policy=draw(st.sampled_from(["fcfs", "priority"])),
+        **settings,
+    )
 
 
 def make_scheduler(

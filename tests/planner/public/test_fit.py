@@ -16,7 +16,7 @@ from planner.public.calibration import calibrate_public, write_fit
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import Figures, Space, fit, simulate_runs, surrogate, trace_run
 from planner.public.replay import ReplayRun, prepare
-from planner.public.report import validate_public
+from planner.public.report import PublicValidation, validate_public, validation_of, write_report
 from planner.specs import SLO
 
 # Four runs of at most ten requests: Qwen2.5-7B on one or two A100s under vLLM 0.11.
@@ -106,6 +106,12 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path) -> No
         assert again[f.id].held_out_publisher == pytest.approx(f.held_out_publisher, rel=1e-9)
     assert {g.group for g in report.by_metric_family} == {f.family for f in result.figures}
     assert report.bands.keys() == result.model.bands.keys()
+    # `calibrate --public --report` reports the fit's own predictions: the same groups as re-simulating.
+    own = validation_of(result.figures, result.skipped, path)
+    assert own.model_dump(exclude={"figure_errors"}) == report.model_dump(exclude={"figure_errors"})
+    out = write_report(own, result, "test", tmp_path / "report.md")
+    assert PublicValidation.model_validate_json(out.with_suffix(".json").read_text()) == own
+    assert out.with_suffix(".png").stat().st_size > 0 and "Held out" in out.read_text()
 
 
 def test_validate_refuses_a_fit_without_the_sources_it_must_hold_out(tmp_path) -> None:
@@ -172,6 +178,9 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     (["validate"], "--calibration is required"),
     (["validate", "--memory", "--public"], "two different validations"),
     (["validate", "--memory", "--quick"], "--quick does not apply to --memory"),
+    (["calibrate", "--report", "r.md"], "--report does not apply to a CPU calibration"),
+    (["calibrate", "--public", "--report", "/no/such/folder/r.md"], "must be a file in an existing folder"),
+    (["calibrate", "--public", "--out", "/no/such/folder/fit.json"], "must be a file in an existing folder"),
 ])
 def test_public_and_cpu_flags_do_not_mix(argv: list[str], message: str, capsys) -> None:
     assert main(argv) == 2

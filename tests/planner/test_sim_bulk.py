@@ -1,0 +1,73 @@
+"""The simulator's fast path: decodes applied in bulk give exactly what stepping every request one by
+one gives, over random deployments and workloads (engine/core/bulk_decodes.py).
+
+Identical means identical: every request's timestamps, every step sample and the whole summary,
+compared with ==, no tolerance."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from engine.catalog import resolve_model
+from engine.errors import InputError
+from planner.costmodel import CostParams
+from planner.hardware import get_hardware
+from planner.sim import simulate
+from planner.specs import Deployment, EngineKnobs
+from planner.workload import (ClosedLoopArrivals, Conversation, GammaArrivals, LognormalLength, OfflineArrivals,
+                              PoissonArrivals, SharedPrefix, Workload)
+
+H100 = get_hardware("h100-sxm")
+MODELS = {name: resolve_model(name) for name in ("llama-3.1-8b", "qwen3-30b-a3b", "gemma-2-9b")}
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> dict[str, object]:
+    arrival = draw(st.sampled_from([
+        PoissonArrivals(rate_per_s=8.0), PoissonArrivals(rate_per_s=40.0), GammaArrivals(rate_per_s=20.0, cv=3.0),
+        ClosedLoopArrivals(concurrency=12), OfflineArrivals(max_concurrency=24),
+    ]))
+    extra: dict[str, object] = {}
+    if draw(st.booleans()):
+        extra["shared_prefix"] = SharedPrefix(num_prefixes=3, prefix_tokens=draw(st.sampled_from([40, 300])), share=0.7)
+    if draw(st.booleans()) and not isinstance(arrival, OfflineArrivals):
+        extra["conversation"] = Conversation(min_turns=1, max_turns=3, think_time_s=0.5)
+    workload = Workload(
+        name="t", arrival=arrival, num_requests=draw(st.integers(10, 60)), seed=draw(st.integers(0, 10_000)),
+        input_tokens=LognormalLength(median_tokens=draw(st.sampled_from([30, 200, 900])), sigma=1.0, max_tokens=3000),
+        output_tokens=LognormalLength(median_tokens=draw(st.sampled_from([8, 60, 200])), sigma=0.9, max_tokens=800),
+        **extra)
+    engine = draw(st.sampled_from(["vllm-0.11", "trtllm-1.2", "sglang-0.5", "vllm-0.6"]))
+    # TensorRT-LLM and vLLM 0.6 prefill a prompt in one step: their budget must hold the longest request.
+    budget = 16384 if engine in ("trtllm-1.2", "vllm-0.6") else draw(st.sampled_from([256, 2048]))
+    knobs = EngineKnobs(max_num_seqs=draw(st.sampled_from([4, 16, 64])), max_num_batched_tokens=budget,
+                        enable_prefix_caching=draw(st.booleans()))
+    dep = Deployment(hardware="h100-sxm", replicas=draw(st.integers(1, 3)), knobs=knobs, engine=engine)
+    model = draw(st.sampled_from(sorted(MODELS)))
+    params = CostParams.defaults(H100)
+    if draw(st.booleans()):  # the CPU engine's torch attention: decodes padded to the batch's longest
+        params = replace(params, attention_pairs="dense")
+    return {"model": MODELS[model], "dep": dep, "workload": workload, "calibration": params,
+            "router": draw(st.sampled_from(["round_robin", "least_outstanding_tokens", "prefix_affinity"])),
+            # A pool of 5,000 tokens holds a few requests: preemptions beside bulk decodes.
+            "kv_cache_blocks": draw(st.sampled_from([None, 5000 // (1 if engine.startswith("sglang") else 16)]))}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs())
+def test_bulk_decodes_simulate_exactly_what_one_by_one_simulates(run: dict[str, object]) -> None:
+    model, dep, workload = run.pop("model"), run.pop("dep"), run.pop("workload")
+    try:
+        one = simulate(model, H100, dep, workload, bulk_decodes=False, **run)
+    except InputError:  # a drawn request beyond the context or the small pool: refused before anything runs
+        event("refused")
+        return
+    bulk = simulate(model, H100, dep, workload, bulk_decodes=True, **run)
+    if one.summary.preemptions:
+        event("preemptions")
+    assert bulk.record.requests == one.record.requests
+    assert bulk.record.samples == one.record.samples
+    assert bulk.summary == one.summary
