@@ -118,24 +118,28 @@ def test_settings_a_parallel_engine_cannot_run_are_refused(tiny_model: Callable[
         LLM(model_dir, random_weights=True, tensor_parallel=2, weight_dtype="int8")
 
 
-@pytest.fixture(scope="module")
-def text_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A random-weight Qwen3 that reads and writes text: SmolLM2's tokenizer beside its config."""
+@pytest.fixture(scope="module", params=[(DENSE, ["--tp", "2"]), (MOE, ["--ep", "2"])], ids=["dense-tp2", "moe-ep2"])
+def text_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """A random-weight Qwen3 (dense, or MoE for expert parallelism) that reads and writes text:
+    SmolLM2's tokenizer beside its config; with the flags that split it over two processes."""
     from engine.model.loader import load_model
 
-    folder = tmp_path_factory.mktemp("tp-text")
+    config, flags = request.param
+    folder = tmp_path_factory.mktemp("parallel-text")
     tokenizer = load_model("smollm2-135m").tokenizer
     assert tokenizer is not None
     tokenizer.save_pretrained(folder)
-    (folder / "config.json").write_text(json.dumps({**DENSE, "num_hidden_layers": 2, "max_position_embeddings": 256,
+    (folder / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2, "max_position_embeddings": 256,
                                                     "vocab_size": len(tokenizer)}))
-    return folder
+    return folder, flags
 
 
-@pytest.mark.parametrize("flags", [["--tp", "2"]])
-def test_cli_generate_tp2_prints_the_text_of_one_process(text_model: Path, flags: list[str]) -> None:
+def test_cli_generate_over_two_processes_prints_the_text_of_one(text_model: tuple[Path, list[str]]) -> None:
+    """`engine generate --tp 2` (dense) and `--ep 2` (MoE) against one process."""
+    folder, flags = text_model
+
     def generate(*extra: str) -> list[dict]:
-        cmd = [sys.executable, "-m", "planner.cli", "engine", "generate", "--model", str(text_model), "--random-weights",
+        cmd = [sys.executable, "-m", "planner.cli", "engine", "generate", "--model", str(folder), "--random-weights",
                "--raw", "--max-tokens", "12", "--threads", "1", "--json", *extra, "The capital of France is", "Hello"]
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
