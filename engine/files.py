@@ -16,13 +16,13 @@ short excerpt of a parser's complaint. The limits live in engine/limits.py.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 import json
 import os
 from pathlib import Path
 import stat
-from typing import BinaryIO
+from typing import BinaryIO, Protocol, TypeVar
 
 import yaml
 
@@ -207,3 +207,22 @@ def load_json(path: str | Path, field: str, max_bytes_limit: str = "MAX_JSON_BYT
     """A JSON file within engine.limits.`max_bytes_limit` and MAX_NESTING_DEPTH."""
     path = Path(path)
     return parse_json(read_text(path, field, max_bytes_limit), field, str(path))
+
+
+class _Named(Protocol):
+    name: str
+
+
+Profile = TypeVar("Profile", bound=_Named)
+
+
+def profile_folder(folder: Path, load: Callable[[Path], Profile]) -> dict[str, Profile]:
+    """Every `*.yaml` profile of a catalog folder by name; a profile is named after its file, so a
+    name on the command line finds one file and two files cannot claim one name."""
+    profiles: dict[str, Profile] = {}
+    for path in sorted(folder.glob("*.yaml")):
+        profile = load(path)
+        if profile.name != path.stem:
+            raise InputError(f"{path.name}: name", profile.name, f"must equal the file name {path.stem!r}")
+        profiles[profile.name] = profile
+    return profiles

@@ -201,14 +201,24 @@ def cmd_engines_show(args: argparse.Namespace) -> None:
     if args.json:
         print_json(profile)
         return
-    t = Table(title=f"{profile.display_name} ({profile.name}, releases {profile.versions})", show_header=False)
+    _print_fields(f"{profile.display_name} ({profile.name}, releases {profile.versions})",
+                  profile.model_dump(mode="json", exclude={"notes"}), "Notes", profile.notes)
+
+
+def _print_fields(title: str, data: dict, list_title: str, items: Sequence[str],
+                  provenance: dict[str, str] | None = None) -> None:
+    """A profile as one row per field (with its provenance where the profile keeps one), then a list."""
+    t = Table(title=title, show_header=False)
     t.add_column("field")
     t.add_column("value")
-    for field, value in _flatten(profile.model_dump(mode="json", exclude={"notes"})):
-        t.add_row(field, str(value))
+    if provenance is not None:
+        t.add_column("provenance", style="dim")
+    for field, value in _flatten(data):
+        t.add_row(field, str(value), *([provenance.get(field, "")] if provenance is not None else []))
     console.print(t)
-    for note in profile.notes:
-        console.print(f"  - {note}")
+    console.print(f"{list_title}:", style="bold")
+    for item in items:
+        console.print(f"  - {item}")
 
 
 def _fmt(p: HardwareProfile, field: str, value: float | None) -> str:
@@ -223,16 +233,8 @@ def cmd_hw_show(args: argparse.Namespace) -> None:
     if args.json:
         print_json(profile)
         return
-    t = Table(title=f"{profile.display_name} ({profile.name})", show_header=False)
-    t.add_column("field")
-    t.add_column("value")
-    t.add_column("provenance", style="dim")
-    for field, value in _flatten(profile.model_dump(exclude={"provenance", "sources"})):
-        t.add_row(field, str(value), profile.provenance.get(field, ""))
-    console.print(t)
-    console.print("Sources:", style="bold")
-    for src in profile.sources:
-        console.print(f"  - {src}")
+    _print_fields(f"{profile.display_name} ({profile.name})", profile.model_dump(exclude={"provenance", "sources"}),
+                  "Sources", profile.sources, profile.provenance)
 
 
 def _flatten(data: dict, prefix: str = "") -> list[tuple[str, object]]:

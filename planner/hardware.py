@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from engine.errors import InputError, from_validation_error, unknown_name_error
-from engine.files import load_yaml
+from engine.files import load_yaml, profile_folder
 from hwprofiles import PROFILE_DIR
 from planner.specs import HardwareProfile
 
@@ -27,13 +27,7 @@ def load_profile_file(path: str | Path) -> HardwareProfile:
 
 @cache
 def hardware_catalog() -> dict[str, HardwareProfile]:
-    profiles = {}
-    for path in sorted(PROFILE_DIR.glob("*.yaml")):
-        profile = load_profile_file(path)
-        if profile.name != path.stem:
-            raise InputError(f"{path.name}: name", profile.name, f"must equal the file name {path.stem!r}")
-        profiles[profile.name] = profile
-    return profiles
+    return profile_folder(PROFILE_DIR, load_profile_file)
 
 
 def get_hardware(name_or_path: str) -> HardwareProfile:

@@ -21,6 +21,7 @@ import yaml
 
 from engine.core.scheduler import Batching, OutputReservation
 from engine.errors import InputError, unknown_name_error
+from engine.files import profile_folder
 from planner.specs import DEFAULT_ENGINE, Deployment, HardwareProfile
 
 PROFILE_DIR = Path(__file__).parent
@@ -445,13 +446,7 @@ def load_engine_profile(path: Path) -> EngineProfile:
 
 @cache
 def engine_catalog() -> dict[str, EngineProfile]:
-    profiles = {}
-    for path in sorted(PROFILE_DIR.glob("*.yaml")):
-        profile = load_engine_profile(path)
-        if profile.name != path.stem:
-            raise InputError(f"{path.name}: name", profile.name, f"must equal the file name {path.stem!r}")
-        profiles[profile.name] = profile
-    return profiles
+    return profile_folder(PROFILE_DIR, load_engine_profile)
 
 
 def engine_for_release(engine: EngineName, version: str) -> tuple[EngineProfile, str | None]:
