@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import math
 from pathlib import Path
 import tempfile
+from typing import TypeVar
 
 import pandas as pd
 from pydantic import BaseModel, ValidationError
@@ -263,19 +264,23 @@ def project_report(name: str) -> bytes:
     return path.read_bytes()
 
 
+Report = TypeVar("Report", bound=BaseModel)
+
+
+def _report(model: type[Report], text: bytes) -> Report:
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
+
+
 @st.cache_data(show_spinner=False, max_entries=4)
 def public_validation(text: bytes) -> PublicValidation:
     """A PublicValidation (`serveplan validate --public --json`) from the bytes of a file under docs/."""
-    try:
-        return PublicValidation.model_validate_json(text)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
+    return _report(PublicValidation, text)
 
 
 @st.cache_data(show_spinner=False, max_entries=8)
 def validation_report(text: bytes) -> ValidationReport:
     """A ValidationReport from the bytes of a file under docs/ or an upload (never a path from a URL)."""
-    try:
-        return ValidationReport.model_validate_json(text)
-    except ValidationError as exc:
-        raise from_validation_error(exc) from None
+    return _report(ValidationReport, text)
