@@ -30,6 +30,7 @@ from engine.errors import InputError, from_validation_error
 from engine.knobs import add_flags, command, read_flags, settings, values
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
+from planner.validate_memory import MemoryValidation, validate_startup_logs
 from planner.metrics import RunSummary
 from planner.playback import Replay
 from planner.sim import ROUTERS, simulate
@@ -91,24 +92,24 @@ def cmd_memory(args: argparse.Namespace) -> None:
 
 def render_memory(plan: MemoryPlan) -> None:
     title = (
-        f"{plan.model} on {plan.hardware}  tp={plan.tensor_parallel} pp={plan.pipeline_parallel} "
+        f"{plan.model} on {plan.hardware} with {plan.engine}  tp={plan.tensor_parallel} pp={plan.pipeline_parallel} "
         f"ep={plan.expert_parallel}  weights {plan.weight_dtype}, KV {plan.kv_dtype}, context {plan.context_tokens:,} tokens"
     )
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("per GPU (worst pipeline stage)")
     t.add_column("GiB", justify="right")
-    rows = [
-        ("device memory", plan.device_memory_gib),
-        ("usable (x gpu_memory_utilization)", plan.usable_memory_gib),
-        ("weights: transformer layers", plan.weights.transformer_layers_gib),
-        ("weights: embedding", plan.weights.embedding_gib),
-        ("weights: LM head", plan.weights.lm_head_gib),
-        ("activation reserve", plan.activation_reserve_gib),
-        ("runtime overhead", plan.runtime_overhead_gib),
-        ("KV cache", plan.kv_cache_gib),
-    ]
-    for label, gib in rows:
-        t.add_row(label, f"{gib:,.2f}")
+    t.add_column("rule")
+    t.add_column("source", style="dim", overflow="fold")
+    outside = False
+    for line in plan.lines:
+        if line.key == "kv":
+            t.add_section()
+        elif not line.in_budget and not outside and line.key not in ("device.reported", "budget"):
+            t.add_section()
+            t.add_row("[italic]outside the budget: must fit in what the engine leaves[/italic]", "", "", "")
+            outside = True
+        label = f"[bold]{line.label}[/bold]" if line.key == "kv" else line.label
+        t.add_row(label, f"{line.gib:,.2f}", line.rule, line.source)
     console.print(t)
     kv = Table(show_header=False)
     kv.add_column("KV cache")
@@ -129,6 +130,30 @@ def render_memory(plan: MemoryPlan) -> None:
         console.print(f"  - {note}", style="dim")
 
 
+def render_memory_validation(report: MemoryValidation, as_json: bool) -> None:
+    if as_json:
+        print_json(report)
+        return
+    t = Table(title=f"Memory model vs {len(report.logs)} published engine start-up logs (GiB per GPU; "
+                    "signed error of the prediction)")
+    for col in ("log", "profile", "KV pred", "KV log", "KV err", "weights pred", "weights log", "weights err"):
+        t.add_column(col, justify="left" if col in ("log", "profile") else "right", overflow="fold")
+
+    def num(value: float | None, pct: bool = False) -> str:
+        return "-" if value is None else (f"{value:+.1f} %" if pct else f"{value:,.2f}")
+
+    for c in report.logs:
+        name = c.id if c.counted else f"[dim]{c.id} (low confidence, not counted)[/dim]"
+        t.add_row(name, c.engine_profile, num(c.kv_predicted_gib), num(c.kv_reported_gib), num(c.kv_error_pct, True),
+                  num(c.weights_predicted_gib), num(c.weights_reported_gib), num(c.weights_error_pct, True))
+    console.print(t)
+    sources = ", ".join(f"{k} ({v} logs, KV {report.kv_median_abs_error_pct_by_source.get(k, 0):.1f} %)"
+                        for k, v in report.sources.items())
+    console.print(f"KV cache: median |error| {report.kv_median_abs_error_pct:.1f} % over {report.kv_logs} logs; "
+                  f"weights: {report.weights_median_abs_error_pct:.2f} % over {report.weights_logs} logs; engines that "
+                  f"refused to start and plans that do not fit: {report.refused_logs_agreeing}. Sources: {sources}.")
+
+
 # --------------------------------------------------------------------------- catalogs
 
 
@@ -138,13 +163,15 @@ def cmd_hw_list(args: argparse.Namespace) -> None:
         print_json([p.model_dump(mode="json") for p in profiles.values()])
         return
     t = Table(title=f"{len(profiles)} hardware profiles (dense peaks; * = derived or estimated, see `hw show`)")
-    for col in ("name", "device", "memory GiB", "bandwidth GB/s", "bf16 TFLOPS", "fp8 TFLOPS", "scale-up GB/s", "US$/hour"):
+    for col in ("name", "device", "memory GiB", "reported GiB", "bandwidth GB/s", "bf16 TFLOPS", "fp8 TFLOPS",
+                "scale-up GB/s", "US$/hour"):
         t.add_column(col, justify="left" if col in ("name", "device") else "right", no_wrap=True)
     for p in profiles.values():
         t.add_row(
             p.name,
             p.display_name,
             _fmt(p, "memory_gib", p.memory_gib),
+            _fmt(p, "memory_reported_gib", p.memory_reported_gib),
             _fmt(p, "memory_bandwidth_gb_s", p.memory_bandwidth_gb_s),
             _fmt(p, "peak_tflops.bf16", p.peak_tflops.bf16),
             _fmt(p, "peak_tflops.fp8", p.peak_tflops.fp8),
@@ -488,10 +515,11 @@ _PUBLIC_ONLY = ("rounds", "workers")
 
 def _check_mode(args: argparse.Namespace) -> None:
     """--public and the CPU flags do not mix: a flag the chosen mode ignores is refused, not dropped."""
-    ignored = _CPU_ONLY if args.public else _PUBLIC_ONLY
+    memory = getattr(args, "memory", False)
+    ignored = _CPU_ONLY if args.public or memory else _PUBLIC_ONLY
     for name in ignored:
         if name in args.mode_defaults and getattr(args, name) != args.mode_defaults[name]:
-            mode = "--public" if args.public else "a CPU calibration (without --public)"
+            mode = "--public" if args.public else "--memory" if memory else "a CPU calibration (without --public)"
             raise UsageError(f"{args.flags.get(name, name)} does not apply to {mode}")
 
 
@@ -604,6 +632,11 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
                       f"TTFT P50 {v.ttft_ms.p50:,.0f} / P99 {v.ttft_ms.p99:,.0f} ms, "
                       f"TPOT P50 {v.tpot_ms.p50:,.1f} / P99 {v.tpot_ms.p99:,.1f} ms, "
                       f"goodput {v.goodput.share:.1%}, SLO {'MET' if v.goodput.slo_met else 'MISSED'}")
+        if (band := v.prediction_interval) is not None:
+            shown = [(label, band.ranges[key]) for label, key in (("TTFT P99", "ttft_ms.p99"), ("TPOT P99", "tpot_ms.p99"))
+                     if key in band.ranges]
+            console.print(f"  if measured ({band.coverage:.0%} band of held-out published errors): "
+                          + ", ".join(f"{label} {low:,.1f}-{high:,.1f} ms" for label, (low, high) in shown))
     else:
         console.print(f"[bold red]no recommendation:[/bold red] {r.nearest_miss}")
 
@@ -646,12 +679,17 @@ def cmd_compare(args: argparse.Namespace) -> None:
         print_json(result)
         return
     t = Table(title=f"A = {a.path} ({a.model}, {a.workload}) vs B = {b.path} ({b.model}, {b.workload})")
-    for col in ("metric", "A", "B", "B - A", "%"):
+    banded = any(m.a_range or m.b_range for m in result.metrics)
+    for col in ("metric", "A", "B", "B - A", "%", *(("A if measured", "B if measured") if banded else ())):
         t.add_column(col, justify="left" if col == "metric" else "right")
     for m in result.metrics:
+        ranges = [f"{r[0]:,.1f}-{r[1]:,.1f}" if r else "-" for r in (m.a_range, m.b_range)] if banded else []
         t.add_row(m.metric, *(f"{v:,.3f}" if v is not None else "-" for v in (m.a, m.b, m.delta)),
-                  f"{m.delta_pct:+.1f}%" if m.delta_pct is not None else "-")
+                  f"{m.delta_pct:+.1f}%" if m.delta_pct is not None else "-", *ranges)
     console.print(t)
+    if banded:
+        console.print("'if measured': the P10-P90 band of held-out published errors around each prediction (both sides "
+                      "share the simulator's biases, so their difference is surer than either band suggests)")
 
 
 def cmd_validate_public(args: argparse.Namespace) -> None:
@@ -688,12 +726,17 @@ def cmd_validate_public(args: argparse.Namespace) -> None:
 def cmd_validate(args: argparse.Namespace) -> None:
     from planner.validate import markdown, validate
 
+    if args.public and args.memory:
+        raise UsageError("--public and --memory are two different validations: give one")
     _check_mode(args)
+    if args.memory:
+        render_memory_validation(validate_startup_logs(), args.json)
+        return
     if args.public:
         cmd_validate_public(args)
         return
     if args.calibration is None:
-        raise UsageError("--calibration is required without --public (a file written by `serveplan calibrate`)")
+        raise UsageError("--calibration is required (a file written by `serveplan calibrate`), or give --public or --memory")
     report = validate(args.model, args.calibration, random_weights=args.random_weights, quick=args.quick,
                       only=args.workloads, force=args.force)
     if args.report:
@@ -756,23 +799,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     command(p, cmd_memory)
 
-    hw = sub.add_parser("hw", help="hardware profile catalog").add_subparsers(dest="hw_command", required=True, metavar="ACTION")
-    p = hw.add_parser("list", help="all profiles")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_hw_list)
-    p = hw.add_parser("show", help="one profile with the provenance of each figure")
-    p.add_argument("name", metavar="hardware", help="profile name or YAML file")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_hw_show)
-
-    models = sub.add_parser("models", help="model catalog").add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    p = models.add_parser("list", help="all catalog models")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_models_list)
-    p = models.add_parser("show", help="one model's architecture and derived sizes")
-    p.add_argument("name", metavar="model", help="catalog name or path to a config.json / checkpoint folder")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_models_show)
+    for catalog, what, shown, metavar, name_help, list_cmd, show_cmd in (
+        ("hw", "hardware profile", "one profile with the provenance of each figure", "hardware",
+         "profile name or YAML file", cmd_hw_list, cmd_hw_show),
+        ("models", "model", "one model's architecture and derived sizes", "model",
+         "catalog name or path to a config.json / checkpoint folder", cmd_models_list, cmd_models_show),
+    ):
+        actions = sub.add_parser(catalog, help=f"{what} catalog").add_subparsers(
+            dest=f"{catalog}_command", required=True, metavar="ACTION")
+        p = actions.add_parser("list", help=f"every {what} in the catalog")
+        p.add_argument("--json", action="store_true")
+        command(p, list_cmd)
+        p = actions.add_parser("show", help=shown)
+        p.add_argument("name", metavar=metavar, help=name_help)
+        p.add_argument("--json", action="store_true")
+        command(p, show_cmd)
 
     p = sub.add_parser("simulate", help="predict latency, throughput, goodput and cost of a deployment under a workload")
     add_deployment_args(p)
@@ -841,6 +882,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p, [engine_flags["random_weights"]])
     p.add_argument("--calibration", help="a file written by `serveplan calibrate` (its thread count is used); with "
                                          "--public, a public fit (default: hwprofiles/calibrations/public-gpu.json)")
+    p.add_argument("--memory", action="store_true",
+                   help="instead: the memory model against published engine start-up logs (KV cache and weights GiB)")
     p.add_argument("--workloads", nargs="+", help="validate only these scenarios (default: all)")
     p.add_argument("--quick", action="store_true", help="fewer requests per workload")
     p.add_argument("--force", action="store_true", help="apply a calibration made for another model or device")

@@ -195,6 +195,14 @@ class RunSummary(_Out):
     prediction_interval: PredictionInterval | None = Field(
         None, description="Simulated GPU runs with a public fit: the likely range of each figure if measured")
 
+    def figure(self, path: str) -> float | None:
+        """The figure at a dotted path, e.g. 'ttft_ms.p99', 'throughput.output_tokens_per_s',
+        'preemptions': the one way reports, comparisons and validations read a summary."""
+        value: object = self
+        for part in path.split("."):
+            value = getattr(value, part)
+        return None if value is None else float(value)  # type: ignore[arg-type]
+
 
 def latency_stats_ms(values_s: Sequence[float] | np.ndarray) -> LatencyStats:
     v = np.asarray(values_s, dtype=float) * 1e3

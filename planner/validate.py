@@ -119,18 +119,11 @@ class ValidationReport(BaseModel):
     passed: bool
 
 
-def _get(summary: RunSummary, path: str) -> float:
-    value: object = summary
-    for part in path.split("."):
-        value = getattr(value, part)
-    return float(value)  # type: ignore[arg-type]
-
-
 def compare(engine: RunSummary, sim: RunSummary) -> dict[str, float | None]:
     errors: dict[str, float | None] = {}
     for metric in COMPARED:
-        e, s = _get(engine, metric), _get(sim, metric)
-        errors[metric] = (s - e) / e * 100 if e else None
+        e, s = engine.figure(metric), sim.figure(metric)
+        errors[metric] = (s - e) / e * 100 if e and s is not None else None
     return errors
 
 
@@ -204,7 +197,7 @@ def markdown(report: ValidationReport, command: str) -> str:
     ]
     for row in report.rows:
         for metric in COMPARED:
-            e, s, err = _get(row.engine, metric), _get(row.simulator, metric), row.error_pct[metric]
+            e, s, err = row.engine.figure(metric), row.simulator.figure(metric), row.error_pct[metric]
             lines.append(f"| {row.scenario} | {metric} | {e:,.2f} | {s:,.2f} | {'n/a' if err is None else f'{err:+.1f}'} |")
     lines += ["", "| headline metric | median \\|error\\| % across workloads | bound % | |", "|---|---:|---:|---|"]
     for metric, bound in report.bounds_pct.items():

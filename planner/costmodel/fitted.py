@@ -101,8 +101,8 @@ def prediction_interval(summary: RunSummary, hw: HardwareProfile, engine: str,
     for family, band in model.bands.items():
         low, high = band.interval()
         for name in BANDED_FIGURES[family]:
-            group, stat = name.split(".")
-            value = float(getattr(getattr(summary, group), stat))
+            value = summary.figure(name)
+            assert value is not None  # latencies and rates are always set
             ranges[name] = (value * low, value * high)
     coverage = ", ".join(f"{f} {b.held_out_coverage:.0%}" for f, b in model.bands.items())
     caveats = []

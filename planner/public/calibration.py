@@ -28,17 +28,28 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.costmodel.fitted import BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band, FittedModel
 from planner.metrics import MetricFamily
 from planner.public.data import MEASUREMENTS_FILE, PublicRun, public_runs
-from planner.public.fit import Figures, Progress, Space, fit, fit_rounds, no_progress, simulate_runs
+from planner.public.fit import Figures, Progress, Space, fit_folds, fit_rounds, no_progress, simulate_runs
 from planner.public.replay import ReplayRun, prepare
 
 class _Rec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# The units a held-out prediction leaves out: one publication (the headline, as issue 16 asks), or
+# everything one publisher put out (stricter: a lab's pages share its harness and engine builds).
+Unit = Literal["source", "publisher"]
+UNITS: tuple[Unit, ...] = ("source", "publisher")
+
+
+def unit_of(run: PublicRun, unit: Unit) -> str:
+    return run.source_key if unit == "source" else run.publisher
+
+
 class FigureResult(_Rec):
     id: str
     run_key: str
     source_key: str
+    publisher: str
     metric: str
     family: MetricFamily
     engine: str = Field(description="Engine profile the run was replayed with")
@@ -48,6 +59,7 @@ class FigureResult(_Rec):
     measured: float
     in_sample: float = Field(description="Predicted with the all-data fit")
     held_out: float = Field(description="Predicted with the fit that left this figure's source out")
+    held_out_publisher: float = Field(description="Predicted with the fit that left this figure's publisher out")
 
 
 class SkippedRun(_Rec):
@@ -71,7 +83,8 @@ class PublicFit(_Rec):
     data_sha256: str = Field(description="Digest of planner/data/public_measurements.json the fit read")
     rounds: int
     model: FittedModel
-    folds: dict[str, FoldFigures] = Field(description="source_key -> the figures fitted without it")
+    folds: dict[Unit, dict[str, FoldFigures]] = Field(
+        description="source or publisher -> its name -> the figures fitted without it")
     figures: list[FigureResult]
     skipped: list[SkippedRun]
     notes: list[str]
@@ -97,52 +110,54 @@ def calibrate_public(*, command: str, rounds: int = 3, workers: int = 1, runs: S
                                        progress=progress)
     skipped += [_skipped(r.run, refused[r.run.run_key]) for r in prepared if r.run.run_key in refused]
     fitted_runs = [t.run for t in traced]
-    folds: dict[str, Figures] = {}
-    sources = sorted({r.run.source_key for r in fitted_runs})
-    advance = progress(f"leaving each of {len(sources)} sources out: fitting", len(sources))
-    for source in sources:
-        keep = [t for t in traced if t.run.run.source_key != source]
-        # A family or engine only this source has keeps the profiles' estimates, never figures
-        # fitted on this very source.
-        folds[source] = fit(keep, Space.of(t.run for t in keep), figs, max_nfev=max_nfev)
-        advance()
+    folds: dict[Unit, dict[str, Figures]] = {}
+    for unit in UNITS:
+        names = {unit_of(t.run.run, unit) for t in traced}
+        folds[unit] = fit_folds(traced, lambda t, u=unit: unit_of(t.run.run, u), figs, workers=workers,
+                                max_nfev=max_nfev, progress=progress(f"fitting with each {unit} left out", len(names)))
     results, refused_later = predict_public(fitted_runs, figs, folds, workers=workers, progress=progress)
     skipped += refused_later
     model = FittedModel(families=figs.families, engines=figs.engines, bands=bands(results),
                         source=f"{command} on {dt.date.today().isoformat()}: {len(results)} figures, "
-                               f"{len(sources)} sources")
+                               f"{len(folds['source'])} sources, {len(folds['publisher'])} publishers")
     return PublicFit(
         created_utc=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
         command=command, data_sha256=data_digest(), rounds=rounds, model=model,
-        folds={s: FoldFigures(families=f.families, engines=f.engines) for s, f in folds.items()},
+        folds={u: {name: FoldFigures(families=f.families, engines=f.engines) for name, f in table.items()}
+               for u, table in folds.items()},
         figures=results, skipped=skipped,
         notes=[
             "residuals: log(predicted / measured), each source weighted alike (1/sqrt(its figures)), high/medium/low "
             "confidence 1/0.7/0.4; a weak prior at the profiles' estimates",
-            "held_out: the figures fitted without the figure's source (on the all-data traces), then its runs simulated",
+            "held_out: the figures fitted without the figure's source (on the all-data traces), then its runs simulated; "
+            "held_out_publisher: the same without everything its publisher put out",
             "bands: quantiles of measured / held-out predicted per metric family; held_out_coverage builds each "
             f"source's P{50 * (1 - BAND_COVERAGE):g}..P{50 * (1 + BAND_COVERAGE):g} band from the other sources",
         ],
     )
 
 
-def predict_public(runs: Sequence[ReplayRun], figs: Figures, folds: dict[str, Figures], *, workers: int = 1,
-                   progress: Progress = no_progress) -> tuple[list[FigureResult], list[SkippedRun]]:
-    """Every figure of `runs` simulated twice: with the all-data figures (in sample) and with the
-    figures fitted without its source (held out); and the runs the simulator refused, with why."""
-    in_sample = simulate_runs(runs, figs, workers=workers, catch=True,
-                              progress=progress("predicting in sample", len(runs)))
-    held_out = simulate_runs(runs, lambda r: folds[r.run.source_key], workers=workers, catch=True,
-                             progress=progress("predicting each source held out", len(runs)))
+def predict_public(runs: Sequence[ReplayRun], figs: Figures, folds: dict[Unit, dict[str, Figures]], *,
+                   workers: int = 1, progress: Progress = no_progress) -> tuple[list[FigureResult], list[SkippedRun]]:
+    """Every figure of `runs` simulated with the all-data figures (in sample) and with the figures
+    fitted without its source, then without its publisher (held out); and the runs the simulator
+    refused, with why."""
+    in_sample = simulate_runs(runs, figs, workers=workers, catch=True, progress=progress("predicting in sample", len(runs)))
+    held = {unit: simulate_runs(runs, lambda r, u=unit: folds[u][unit_of(r.run, u)], workers=workers, catch=True,
+                                progress=progress(f"predicting each {unit} held out", len(runs)))
+            for unit in UNITS}
     results, refused = [], []
-    for r, inside, held in zip(runs, in_sample, held_out, strict=True):
-        if not isinstance(inside, dict) or not isinstance(held, dict):
-            refused.append(_skipped(r.run, inside if isinstance(inside, str) else str(held)))
+    for r, inside, by_source, by_publisher in zip(runs, in_sample, held["source"], held["publisher"], strict=True):
+        problem = next((o for o in (inside, by_source, by_publisher) if isinstance(o, str)), None)
+        if problem is not None:
+            refused.append(_skipped(r.run, problem))
             continue
-        results += [FigureResult(id=f.id, run_key=r.run.run_key, source_key=r.run.source_key, metric=f.metric,
-                                 family=f.family, engine=r.engine.name, hardware=r.hw.name, gpu_family=r.hw.family,
-                                 confidence=r.run.confidence, measured=f.value, in_sample=inside[f.id],
-                                 held_out=held[f.id]) for f in r.figures]
+        assert isinstance(inside, dict) and isinstance(by_source, dict) and isinstance(by_publisher, dict)
+        results += [FigureResult(id=f.id, run_key=r.run.run_key, source_key=r.run.source_key, publisher=r.run.publisher,
+                                 metric=f.metric, family=f.family, engine=r.engine.name, hardware=r.hw.name,
+                                 gpu_family=r.hw.family, confidence=r.run.confidence, measured=f.value,
+                                 in_sample=inside[f.id], held_out=by_source[f.id],
+                                 held_out_publisher=by_publisher[f.id]) for f in r.figures]
     return results, refused
 
 

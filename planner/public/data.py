@@ -182,6 +182,13 @@ class PublicRun(_Data):
     notes: str = ""
     figures: tuple[Figure, ...] = Field(min_length=1)
 
+    @property
+    def publisher(self) -> str:
+        """Who published it (the GitHub owner of its URL): a stricter unit to leave out than the
+        source, since one lab's pages share its harness, engine builds and habits."""
+        parts = self.source_url.split("://", 1)[-1].split("/")
+        return parts[1] if parts[0] == "github.com" and len(parts) > 1 else parts[0]
+
     @model_validator(mode="after")
     def _one_figure_per_metric(self) -> PublicRun:
         metrics = [f.metric for f in self.figures]

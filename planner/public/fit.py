@@ -236,6 +236,37 @@ def fit(traced: Sequence[Traced], space: Space, start: Figures | None = None, *,
     return space.figures(result.x)
 
 
+def fit_folds(traced: Sequence[Traced], group: Callable[[Traced], str], start: Figures, *, workers: int = 1,
+              max_nfev: int = 400, progress: Callable[[], None] = lambda: None) -> dict[str, Figures]:
+    """For each group (a source, a publisher), the figures fitted on every other group's traces,
+    from `start`. A family or engine only the left-out group has keeps the profiles' estimates:
+    never figures fitted on the group itself."""
+    names = sorted({group(t) for t in traced})
+    tasks = [[t for t in traced if group(t) != name] for name in names]
+    if workers <= 1:
+        folds = []
+        for keep in tasks:
+            folds.append(_fit_fold(keep, start, max_nfev))
+            progress()
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            futures = [pool.submit(_fit_fold, keep, start, max_nfev) for keep in tasks]
+            folds = []
+            for future in futures:
+                folds.append(future.result())
+                progress()
+    return dict(zip(names, folds, strict=True))
+
+
+def _fit_fold(keep: list[Traced], start: Figures, max_nfev: int) -> Figures:
+    space = Space.of(t.run for t in keep)
+    return fit(keep, space, _restrict(start, space), max_nfev=max_nfev) if keep else Figures()
+
+
+def _restrict(figs: Figures, space: Space) -> Figures:
+    return Figures({f: figs.families.get(f, {}) for f in space.families}, {e: figs.engines.get(e, {}) for e in space.engines})
+
+
 def fit_rounds(runs: Sequence[ReplayRun], space: Space, *, start: Figures | None = None, rounds: int = 3,
                workers: int = 1, max_nfev: int = 400, progress: Progress = no_progress,
                ) -> tuple[Figures, list[Traced], dict[str, str]]:

@@ -28,8 +28,9 @@ SMALL = ("dennislee22-vllm-benchmarking/test4-qwen2.5-7b-tp1-random1024x1024-n1"
 
 def _small_runs() -> list[PublicRun]:
     runs = {r.run_key: r for r in public_runs()}
-    # Two "sources", so that each can be held out: the TP1 runs and the TP2 runs.
-    return [runs[k].model_copy(update={"source_key": "tp1" if "tp1" in k else "tp2"}) for k in SMALL]
+    # Two "sources" of two "publishers", so that each can be held out: the TP1 runs and the TP2 runs.
+    return [runs[k].model_copy(update={"source_key": "tp1" if "tp1" in k else "tp2",
+                                       "source_url": f"https://github.com/{'a' if 'tp1' in k else 'b'}/x"}) for k in SMALL]
 
 
 def _prepared(runs: list[PublicRun]) -> list[ReplayRun]:
@@ -87,10 +88,11 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path) -> No
     runs = _small_runs()
     result = calibrate_public(command="test", rounds=1, runs=runs)
     assert {f.source_key for f in result.figures} == {"tp1", "tp2"}
-    assert set(result.folds) == {"tp1", "tp2"}
+    assert set(result.folds["source"]) == {"tp1", "tp2"} and set(result.folds["publisher"]) == {"a", "b"}
     assert len(result.figures) == sum(len(r.figures) for r in runs)
     # Each source's held-out prediction comes from figures fitted on the other source only.
-    assert result.folds["tp1"] != result.folds["tp2"]
+    assert result.folds["source"]["tp1"] != result.folds["source"]["tp2"]
+    assert result.folds["source"]["tp1"] == result.folds["publisher"]["a"]  # here a publisher is one source
     assert any(f.held_out != pytest.approx(f.in_sample) for f in result.figures)
     path = write_fit(result, tmp_path / "fit.json")
 
@@ -99,6 +101,7 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path) -> No
     for f in result.figures:
         assert again[f.id].held_out == pytest.approx(f.held_out, rel=1e-9)
         assert again[f.id].in_sample == pytest.approx(f.in_sample, rel=1e-9)
+        assert again[f.id].held_out_publisher == pytest.approx(f.held_out_publisher, rel=1e-9)
     assert {g.group for g in report.by_metric_family} == {f.family for f in result.figures}
     assert report.bands.keys() == result.model.bands.keys()
 
@@ -164,7 +167,9 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     (["calibrate", "--rounds", "2"], "--rounds does not apply to a CPU calibration"),
     (["validate", "--public", "--workloads", "chat"], "--workloads does not apply to --public"),
     (["validate", "--public", "--workers", "0"], "a whole number >= 1"),
-    (["validate"], "--calibration is required without --public"),
+    (["validate"], "--calibration is required"),
+    (["validate", "--memory", "--public"], "two different validations"),
+    (["validate", "--memory", "--quick"], "--quick does not apply to --memory"),
 ])
 def test_public_and_cpu_flags_do_not_mix(argv: list[str], message: str, capsys) -> None:
     assert main(argv) == 2
