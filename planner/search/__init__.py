@@ -72,7 +72,8 @@ def plan(
     headroom: float = 0.1,
     confidence: float | None = None,
     max_quality_loss_pct: float = DEFAULT_MAX_QUALITY_LOSS_PCT,
-    widen: bool = True,
+    prefix_caching: bool | None = None,
+    widen: bool = False,
     requests_per_probe: int = 300,
     executor: Executor = "process",
     workers: int | None = None,
@@ -88,7 +89,10 @@ def plan(
     (planner/costmodel/fitted.py: tighter latency targets, a higher rate). Weight and KV formats
     whose published quality loss together exceeds `max_quality_loss_pct` (planner/quality.py; 100:
     no limit) are left out, and the result says which. When nothing is recommended and the space is
-    narrower than the default one, `widen` searches the default space too and says what to widen.
+    narrower than the default one, `widen` searches the default space too and says what to widen
+    (the front ends ask for it; it can cost a whole default search).
+    `prefix_caching` switches the engine's prefix cache on or off in every candidate (None: the
+    engine profile's default).
     `on_progress(done, total)` is called as each candidate is settled (simulated or
     pruned), for front ends that draw their own progress bar (the dashboard). Every input and
     limit is checked before any work; bad input raises InputError naming the field as front ends
@@ -131,7 +135,9 @@ def plan(
         raise InputError("workload", base.name, f"its longest request ({shape.longest_tokens} tokens) exceeds "
                          f"{cfg.name}'s context of {cfg.max_position_embeddings}")
     q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs, margin)
-    candidates = enumerate_candidates(cfg, profiles, max_gpus_per_replica, weights, kvs, knobs, shape.longest_tokens, engine,
+    tried = knobs if prefix_caching is None else [k.model_copy(update={"enable_prefix_caching": prefix_caching})
+                                                  for k in knobs]
+    candidates = enumerate_candidates(cfg, profiles, max_gpus_per_replica, weights, kvs, tried, shape.longest_tokens, engine,
                                       lambda w, k: (w, k) in kept)
     found = [Searched(c, screen_candidate(c, cfg, shape, q.sizing_slo, q.sized_rate_per_s)) for c in candidates]
     live = sum(s.screen.capacity_bound_per_s is not None for s in found)
@@ -165,14 +171,14 @@ def plan(
     space = SearchSpace(
         hardware=[hw.name for hw in profiles], max_gpus_per_replica=max_gpus_per_replica,
         weight_dtypes=sorted({w for w, _ in kept}), kv_dtypes=sorted({k for _, k in kept}),
-        knobs=[knobs_label(k) for k in knobs], engine=engine, max_quality_loss_pct=max_quality_loss_pct,
+        knobs=[knobs_label(k) for k in tried], engine=engine, max_quality_loss_pct=max_quality_loss_pct,
         excluded_for_quality=[f"{w} weights with {k} KV cache: {_loss_text(w, k)}" for w, k in sorted(pairs - kept)],
         narrower_than_default=narrower_than_default(profiles, max_gpus_per_replica, weights, kvs, knobs), outcomes={})
     result = assemble(q, shape, found, space, verify, capacity)
     if result.recommended is None and widen and space.narrower_than_default:
         wider = plan(cfg, base, rate_per_s, slo, **wider_space(profiles, max_gpus_per_replica, weights, kvs, knobs),
                      budget_usd_per_hour=budget_usd_per_hour, engine=engine, headroom=headroom, confidence=confidence,
-                     max_quality_loss_pct=max_quality_loss_pct, widen=False, requests_per_probe=requests_per_probe,
+                     max_quality_loss_pct=max_quality_loss_pct, prefix_caching=prefix_caching, widen=False, requests_per_probe=requests_per_probe,
                      executor=executor, workers=workers, cache_dir=cache_dir, progress=progress, on_progress=on_progress)
         result = result.model_copy(update={"widening": what_to_widen(wider, space)})
     return result

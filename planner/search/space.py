@@ -14,10 +14,10 @@ from engine.errors import InputError
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
 from planner.engines import resolve_deployment
-from planner.specs import Deployment, Dtype, HardwareProfile
+from planner.specs import Deployment, Dtype, HardwareProfile, PlanSettings
 
 DEFAULT_KV_DTYPES: tuple[Dtype, ...] = ("bf16", "fp8")
-DEFAULT_MAX_GPUS_PER_REPLICA = 8
+DEFAULT_MAX_GPUS_PER_REPLICA: int = PlanSettings.model_fields["max_gpus_per_replica"].default
 # The engine's own defaults, then (max_num_batched_tokens, max_num_seqs) variants: a small chunk
 # favours TTFT of queued requests and TPOT of running ones; a large one prefills faster. Everything
 # else (chunked prefill, prefix caching, batching) is the engine's.
