@@ -655,12 +655,8 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
             console.print(f"  {r.quality}")
     else:
         console.print(f"[bold red]no recommendation:[/bold red] {r.nearest_miss}")
-    if (w := r.widening) is not None:
-        if w.recommended is not None:
-            console.print(f"[bold yellow]widen the search:[/bold yellow] {'; '.join(w.changes)}: then "
-                          f"{w.recommended.replicas} x {w.recommended.label} at US${w.recommended.usd_per_hour:,.2f}/h")
-        else:
-            console.print(f"[bold yellow]the default search space has no answer either:[/bold yellow] {w.nearest_miss}")
+    if r.widening is not None:
+        console.print(f"[bold yellow]{r.widening.summary}[/bold yellow]")
 
     def table(title: str, plans: list[CandidatePlan]) -> None:
         t = Table(title=title)

@@ -56,12 +56,9 @@ def _show_space(result: PlanResult) -> None:
         st.caption(f"Left out for quality (max quality loss {space.max_quality_loss_pct:g} %): {line}")
     if space.narrower_than_default:
         st.info("Narrower than the CLI's default search: " + "; ".join(space.narrower_than_default))
-    if (w := result.widening) is not None:
-        if w.recommended is not None:
-            st.warning(f"Widen the search: {'; '.join(w.changes)}. The default search recommends "
-                       f"{w.recommended.replicas} × {w.recommended.label} at US${w.recommended.usd_per_hour:,.2f}/h.")
-        else:
-            st.warning(f"The default search space has no answer either: {w.nearest_miss}")
+    if result.widening is not None:
+        line = result.widening.summary
+        st.warning(line[0].upper() + line[1:])
 
 
 def _why_not(plans: list[CandidatePlan]) -> pd.DataFrame:

@@ -91,6 +91,14 @@ class Widening(_Out):
     recommended: CandidatePlan | None = Field(description="The answer in the wider space")
     nearest_miss: str | None = Field(description="When the wider space has no answer either")
 
+    @property
+    def summary(self) -> str:
+        """The one sentence front ends show."""
+        if (r := self.recommended) is None:
+            return f"the default search space has no answer either: {self.nearest_miss}"
+        return (f"widen the search: {'; '.join(self.changes)}; the default search then recommends {r.replicas} x "
+                f"{r.label} at US${r.usd_per_hour:,.2f}/h")
+
 
 class PlanResult(_Out):
     """`serveplan plan --json`: the recommendation, the ranking, the Pareto front and every rejection."""

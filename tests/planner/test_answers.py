@@ -177,6 +177,7 @@ def test_a_narrowed_question_nothing_answers_gets_the_widening(cache_dir, monkey
     assert any(outside)
     assert bool(w.hardware) == outside[0] and bool(w.max_gpus_per_replica) == outside[1]
     assert bool(w.weight_dtypes) == outside[2]
+    assert w.summary.startswith("widen the search: " + w.changes[0]) and w.recommended.label in w.summary
     assert plan(MODEL, get_workload("chat"), RATE_PER_S, slo, cache_dir=cache_dir, **narrow).widening is None
 
 
