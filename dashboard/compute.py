@@ -130,8 +130,9 @@ def simulate_view(model_name: str, dep: Deployment, workload: Workload | None, t
 
 @st.cache_data(show_spinner=False, hash_funcs=SPEC_HASH, max_entries=16)
 def plan_result(model_name: str, workload: Workload, rate_per_s: float, slo_text: str, hardware: tuple[HardwareProfile, ...],
-                max_gpus: int, budget: float | None, weight_dtypes: tuple[str, ...], kv_dtypes: tuple[str, ...],
-                knobs_grid: tuple[EngineKnobs, ...], headroom: float, requests_per_probe: int) -> PlanResult:
+                max_gpus: int, budget: float | None, weight_dtypes: tuple[str, ...] | None, kv_dtypes: tuple[str, ...],
+                knobs_grid: tuple[EngineKnobs, ...], headroom: float, max_quality_loss_pct: float,
+                prefix_caching: bool | None, requests_per_probe: int) -> PlanResult:
     # The bar is created inside the cached function so that Streamlit can replay it on a cache
     # hit (an element created outside could not be replayed); it is emptied once done.
     bar = st.progress(0.0, text="Planning: screening candidates…")
@@ -142,8 +143,10 @@ def plan_result(model_name: str, workload: Workload, rate_per_s: float, slo_text
     # Serial: Streamlit serves from a threaded process, and a fork-based pool there is fragile.
     # The CLI's on-disk cache is shared (read at call time, so tests can point it elsewhere).
     result = search.plan(model_name, workload, rate_per_s, SLO.parse(slo_text), hardware=list(hardware),
-                         max_gpus_per_replica=max_gpus, budget_usd_per_hour=budget, weight_dtypes=list(weight_dtypes),
+                         max_gpus_per_replica=max_gpus, budget_usd_per_hour=budget,
+                         weight_dtypes=None if weight_dtypes is None else list(weight_dtypes),
                          kv_dtypes=list(kv_dtypes), knobs_grid=list(knobs_grid), headroom=headroom,
+                         max_quality_loss_pct=max_quality_loss_pct, prefix_caching=prefix_caching, widen=True,
                          requests_per_probe=requests_per_probe, executor="serial",
                          cache_dir=search.DEFAULT_CACHE_DIR, progress=False, on_progress=on_progress)
     bar.empty()

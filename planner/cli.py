@@ -3,7 +3,8 @@
 Flags of declared settings (engine knobs, deployment, workload overrides) are generated from
 their fields (engine/knobs.py). Bad input never produces a traceback: `main` is the one handler
 that turns an InputError (whose field it names by the flag that sets it), an unreadable file or a
-Ctrl-C into one line on stderr and exit status 2 (130 for Ctrl-C).
+Ctrl-C into one line on stderr and exit status 2 (130 for Ctrl-C). Exit status 1 is an answer that
+is "no": `memory` for a model that does not fit, `plan` when nothing is recommended.
 """
 
 from __future__ import annotations
@@ -646,14 +647,16 @@ def cmd_plan(args: argparse.Namespace) -> None:
         args.model, workload, args.rate_per_s, slo, hardware=_csv(args.hardware),
         max_gpus_per_replica=args.max_gpus_per_replica, budget_usd_per_hour=args.budget_usd_per_hour,
         weight_dtypes=_csv(args.weight_dtypes), kv_dtypes=_csv(args.kv_dtypes), engine=args.engine, headroom=args.headroom,
-        confidence=args.confidence,
-        requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
+        confidence=args.confidence, max_quality_loss_pct=args.max_quality_loss_pct,
+        prefix_caching=args.enable_prefix_caching, widen=True, requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
         cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
     )
     if args.json:
         print_json(result)
     else:
         render_plan(result, time.perf_counter() - started)
+    if result.recommended is None:  # an answer that is "no", as `memory` gives for a model that does not fit
+        raise SystemExit(1)
 
 
 def render_plan(r: PlanResult, wall_s: float) -> None:
@@ -677,8 +680,23 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
                      if key in band.ranges]
             console.print(f"  if measured ({band.coverage:.0%} band of held-out published errors): "
                           + ", ".join(f"{label} {low:,.1f}-{high:,.1f} ms" for label, (low, high) in shown))
+        if (steady := v.steady_state) is not None:
+            console.print(f"  steady state ({steady.window_start_s:,.1f}-{steady.window_end_s:,.1f} s; warm-up "
+                          f"{steady.warmup_s:,.1f} s and drain {steady.drain_s:,.1f} s left out): "
+                          f"{steady.requests_per_s:,.2f} req/s, {steady.output_tokens_per_s:,.0f} output tokens/s, "
+                          f"mean batch {_number(steady.mean_batch_requests, '.1f')} requests"
+                          + ("" if steady.kept_up else " (its queue grew: this is its capacity)"))
+        if (cap := r.capacity) is not None:
+            console.print(f"  capacity within the SLO: {_number(cap.rate_per_s, ',.2f')} req/s "
+                          f"({_number(cap.output_tokens_per_s, ',.0f')} output tokens/s, US$"
+                          f"{_number(cap.usd_per_million_output_tokens, ',.3f')} per 1M output tokens at capacity); "
+                          f"{cap.basis}")
+        if r.quality is not None:
+            console.print(f"  {r.quality}")
     else:
         console.print(f"[bold red]no recommendation:[/bold red] {r.nearest_miss}")
+    if r.widening is not None:
+        console.print(f"[bold yellow]{r.widening.summary}[/bold yellow]")
 
     def table(title: str, plans: list[CandidatePlan]) -> None:
         t = Table(title=title)
@@ -695,17 +713,31 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
         table(f"top {min(10, len(r.ranked))} of {len(r.ranked)} candidates that meet the SLO (latency ms at the "
               "per-replica load sized with headroom)", r.ranked[:10])
         table(f"cost vs {r.pareto_metric} Pareto front", r.pareto)
-    t = Table(title="why not: the closest candidate of each other hardware (all in --json)")
-    t.add_column("hardware")
-    t.add_column("closest candidate")
-    t.add_column("why it lost")
-    for p in r.why_not:
-        t.add_row(p.deployment.hardware, p.label, p.reason)
+    t = Table(title="each hardware's answer: its cheapest candidate that meets the SLO, else its closest (all in --json)")
+    for col in ("hardware", "candidate", "US$/h", "verdict"):
+        t.add_column(col, justify="right" if col == "US$/h" else "left")
+    for p in r.per_hardware:
+        cost = p.usd_per_hour if p.usd_per_hour is not None else p.cost_bound_usd_per_hour
+        t.add_row(p.deployment.hardware, p.label, "-" if cost is None else f"{cost:,.2f}",
+                  "recommended" if p.verdict == "recommended" else p.reason)
     console.print(t)
+    if (space := r.space) is not None:
+        console.print(f"searched: {', '.join(space.hardware)}; up to {space.max_gpus_per_replica} GPUs per replica; "
+                      f"weights {', '.join(space.weight_dtypes)}; KV cache {', '.join(space.kv_dtypes)}; engine "
+                      f"{space.engine} with {'; '.join(space.knobs)}")
+        for line in space.excluded_for_quality:
+            console.print(f"left out for quality (--max-quality-loss {space.max_quality_loss_pct:g} %): {line}")
+        for line in space.narrower_than_default:
+            console.print(f"narrower than the default search: {line}")
+        console.print("settled: " + ", ".join(f"{n:,} {what}" for what, n in space.outcomes.items()))
     console.print(f"searched {r.candidates:,} candidates: {r.simulated_candidates} simulated in {r.probes} probes, "
                   f"the rest pruned by memory, the analytic screen or cost; {wall_s:,.1f} s")
     for line in r.assumptions:
         console.print(f"assumed: {line}")
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def cmd_compare(args: argparse.Namespace) -> None:
@@ -881,6 +913,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hw", dest="hardware", help="comma-separated profiles or YAML files (default: every catalog profile with a price)")
     add_flags(p, settings(PlanSettings))
     add_flags(p, [s for s in DEPLOYMENT if s.name == "engine"])
+    add_flags(p, [s for s in settings(EngineKnobs) if s.name == "enable_prefix_caching"])
     p.add_argument("--weight-dtypes", help="comma-separated weight formats (default: bf16, fp8 where native, int8, int4)")
     p.add_argument("--kv-dtypes", help="comma-separated KV-cache formats (default: bf16,fp8)")
     p.add_argument("--requests-per-probe", type=int, default=300, help="requests per simulation (at least 3 x max_num_seqs)")

@@ -6,8 +6,11 @@ Both runs drive the same `engine.core` scheduler, which stamps the same Request 
 engine-vs-simulator comparisons meaningful.
 
 Conventions: latencies in ms from seconds; percentiles interpolate linearly between order
-statistics (numpy's default, as vLLM's benchmark does); a run lasts from its first arrival to
-its last finish; rates divide by that duration.
+statistics (numpy's default, as vLLM's benchmark does). Rates come twice: `throughput` is the
+benchmark client's definition (completed requests and tokens over the run, first arrival to last
+finish), which published figures use; `steady_state` excludes the warm-up (the batch filling)
+and the drain (after the last request was admitted, when no work waits), so that a short run's
+tail does not pass for a slow server.
 """
 
 from __future__ import annotations
@@ -79,6 +82,8 @@ class LatencyStats(_Out):
 
 
 class Throughput(_Out):
+    """The benchmark client's definition (vllm bench serve's): completed over first arrival to last finish."""
+
     requests_per_s: float
     input_tokens_per_s: float = Field(description="Prompt tokens of finished requests per second")
     output_tokens_per_s: float
@@ -90,6 +95,28 @@ class SLOCheck(_Out):
     limit_ms: float
     observed_ms: float
     met: bool
+
+
+class SteadyState(_Out):
+    """Rates over the run's steady window: after the warm-up (the median service time, while the
+    batch fills) and before the drain (after the last request was admitted, the batch only
+    empties). A deployment that keeps up serves what arrives, so its rates are the arrivals'; one
+    whose queue grows serves its capacity, so its rates are what finished in the window."""
+
+    window_start_s: float = Field(description="Start of the window, seconds after the first arrival (= warm-up)")
+    window_end_s: float = Field(description="End of the window, seconds after the first arrival (the last admission)")
+    warmup_s: float = Field(description="Excluded at the start: the median service time (admission to finish)")
+    drain_s: float = Field(description="Excluded at the end: the last admission to the last finish")
+    kept_up: bool = Field(description="The queue did not grow over the window (waiting time rose by less than 0.1 s per "
+                                      "second of arrivals): it served what arrived")
+    requests_per_s: float = Field(description="Served requests per second: arrivals in the window if it kept up, else "
+                                              "finishes in the window")
+    input_tokens_per_s: float = Field(description="Prompt tokens per second, on the same basis")
+    output_tokens_per_s: float = Field(description="Output tokens per second: of the window's arrivals if it kept up, "
+                                                   "else delivered in the window")
+    mean_batch_requests: float | None = Field(description="Mean requests per engine step inside the window (None: steps unseen)")
+    usd_per_million_output_tokens: float | None = Field(description="Hourly cost over the steady output-token rate")
+    basis: str = Field(description="How the window was found and which rates it used")
 
 
 class Goodput(_Out):
@@ -158,7 +185,11 @@ class RunSummary(_Out):
     tpot_ms: LatencyStats
     e2e_ms: LatencyStats
     queueing_ms: LatencyStats = Field(description="Arrival to first scheduled step")
-    throughput: Throughput
+    throughput: Throughput = Field(description="Benchmark-client definition: completed over first arrival to last finish")
+    steady_state: SteadyState | None = Field(
+        None, description="Rates without warm-up and drain; None when the run is too short to have a steady window")
+    mean_batch_requests: float | None = Field(
+        None, description="Mean requests per engine step over all steps of all replicas (None: steps unseen, a client's view)")
     goodput: Goodput
     prefix_cache_hit_rate: float = Field(description="Prompt tokens served from the prefix cache / prompt tokens looked up")
     prefix_cache_hit_tokens: int
@@ -238,6 +269,8 @@ def summarize(
         duration_s=duration,
         **stats,
         throughput=throughput,
+        steady_state=steady_state(reqs, record.samples, pricing),
+        mean_batch_requests=float(np.mean([s.num_running for s in record.samples])) if record.samples else None,
         goodput=_goodput(reqs, stats, slo, duration),
         prefix_cache_hit_rate=record.prefix_cache.hit_rate,
         prefix_cache_hit_tokens=record.prefix_cache.hit_tokens,
@@ -248,6 +281,63 @@ def summarize(
         cost=_cost(pricing, throughput),
         timeseries=_timeseries(record.samples, record.num_replicas, start, end),
         assumptions=assumptions,
+    )
+
+
+# A window with fewer finished requests than this says little; the summary then has no steady state.
+MIN_STEADY_REQUESTS = 10
+# Seconds of waiting added per second of arrivals beyond which the queue is growing: the
+# deployment serves less than 90 % of what arrives.
+MAX_BACKLOG_SLOPE = 0.1
+
+
+def steady_state(reqs: Sequence[RequestMetrics], samples: Sequence[StepSample], pricing: PricingBasis) -> SteadyState | None:
+    """Rates over [first arrival + warm-up, last admission], or None when that window holds fewer
+    than MIN_STEADY_REQUESTS requests. Admission is the first scheduled step (a client, which cannot
+    see it, uses the arrival); the warm-up is the median time from admission to finish."""
+    arrival = np.array([r.arrival_time for r in reqs])
+    admitted = arrival + np.array([r.queueing_s or 0.0 for r in reqs])
+    finish = arrival + np.array([r.e2e_s for r in reqs])
+    first = arrival + np.array([r.ttft_s for r in reqs])
+    prompt = np.array([r.prompt_tokens for r in reqs])
+    output = np.array([r.output_tokens for r in reqs])
+    t0 = float(arrival.min())
+    warmup = float(np.median(finish - admitted))
+    start, end = t0 + warmup, float(admitted.max())
+    arrived = (arrival >= start) & (arrival <= end)
+    done = (finish >= start) & (finish <= end)
+    if end <= start or min(int(arrived.sum()), int(done.sum())) < MIN_STEADY_REQUESTS:
+        return None
+    window = end - start
+    # Kept up: the queue did not grow over the window. Waiting (for admission; a client sees only
+    # TTFT) that rises with arrival time at MAX_BACKLOG_SLOPE seconds per second or more means at
+    # least that share of the arrivals was left waiting.
+    waited = np.array([r.ttft_s if r.queueing_s is None else r.queueing_s for r in reqs])
+    kept_up = float(np.polyfit(arrival[arrived], waited[arrived], 1)[0]) < MAX_BACKLOG_SLOPE
+    if kept_up:
+        requests, input_tokens, output_tokens = int(arrived.sum()), int(prompt[arrived].sum()), float(output[arrived].sum())
+        rule = "it kept up, so these are the rates of the requests that arrived in it"
+    else:
+        # Output tokens by delivery: the first at its TTFT, the rest at each later delivery, shared
+        # evenly among the deliveries (tokens delivered together, e.g. accepted drafts, count at once).
+        output_tokens = 0.0
+        for r, t_first in zip(reqs, first, strict=True):
+            times = t_first + np.concatenate(([0.0], np.cumsum(r.itl_s)))
+            output_tokens += r.output_tokens / times.size * int(((times >= start) & (times <= end)).sum())
+        prefilled = (first >= start) & (first <= end)
+        requests, input_tokens = int(done.sum()), int(prompt[prefilled].sum())
+        rule = "its queue grew, so these are what it finished and delivered in it: its capacity"
+    in_window = [s.num_running for s in samples if start <= s.start_s <= end]
+    output_per_s = output_tokens / window
+    per_hour = pricing.gpus * pricing.price_usd_per_gpu_hour if pricing.price_usd_per_gpu_hour is not None else None
+    return SteadyState(
+        window_start_s=warmup, window_end_s=end - t0, warmup_s=warmup, drain_s=float(finish.max()) - end, kept_up=kept_up,
+        requests_per_s=requests / window, input_tokens_per_s=input_tokens / window, output_tokens_per_s=output_per_s,
+        mean_batch_requests=float(np.mean(in_window)) if in_window else None,
+        usd_per_million_output_tokens=per_hour / (output_per_s * 3600) * 1e6 if per_hour is not None and output_per_s > 0
+        else None,
+        basis=f"window {warmup:,.1f}-{end - t0:,.1f} s after the first arrival: the warm-up (median service time, "
+              f"admission to finish) and the drain (after the last admission) left out; {rule}",
     )
 
 

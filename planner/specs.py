@@ -15,6 +15,7 @@ from engine.config import MAX_CONTEXT, EngineKnobs
 from engine.dtypes import Dtype, KVDtype
 from engine.errors import InputError, from_validation_error
 from engine.knobs import Knob
+from planner.quality import DEFAULT_MAX_QUALITY_LOSS_PCT, NO_QUALITY_LIMIT_PCT
 
 __all__ = ["SLO", "Deployment", "Dtype", "EngineKnobs", "HardwareProfile", "MemoryQuery", "PlanSettings", "Spec", "WorkloadOverrides"]
 
@@ -337,6 +338,10 @@ class PlanSettings(Spec):
     confidence: Annotated[float | None, Knob("--confidence", "Confidence", "probability")] = Field(
         None, ge=0.5, le=0.95, description="Size against the pessimistic bound that measurements stay within this "
         "often (from the public fit's held-out errors) instead of the prediction itself (default: the prediction)")
+    max_quality_loss_pct: Annotated[float, Knob("--max-quality-loss", "Max quality loss", "%")] = Field(
+        DEFAULT_MAX_QUALITY_LOSS_PCT, ge=0, le=NO_QUALITY_LIMIT_PCT, description=(
+            "Leave out weight/KV formats whose published quality loss (weights + KV cache, % of the 16-bit score; "
+            "planner/data/quality.yaml) exceeds this; 100 admits every format, even one without a published figure"))
 
 
 # --------------------------------------------------------------------------- SLO

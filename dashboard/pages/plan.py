@@ -14,16 +14,17 @@ from engine.config import EngineKnobs
 from engine.knobs import Setting, settings
 from planner.hardware import hardware_catalog
 from planner.search import CandidatePlan, PlanResult
+from planner.search.space import DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, DEFAULT_WEIGHT_DTYPES, knobs_label
 from planner.specs import HardwareProfile, PlanSettings
 
-# Small enough that the default plan finishes in well under a minute on a laptop CPU.
-DEFAULT_CANDIDATES = ["h100-sxm", "l40s", "a100-80gb-sxm"]
 PRICE = Setting.of(HardwareProfile, "price_usd_per_hour")
 PLAN = {s.name: s for s in settings(PlanSettings)}
 KNOB = {s.name: s for s in settings(EngineKnobs)}
-# Engine knob values the Plan page offers to try (any other value is for the CLI or a spec file).
-TOKEN_BUDGETS = [2048, 4096, 8192, 16384]
-MAX_SEQS = [32, 64, 128, 256, 512]
+# The engine settings the page offers to try: the CLI's default grid (its default here too), then
+# other token budget x max running requests pairs (any other value is for the CLI or a spec file).
+KNOBS_OFFERED = {knobs_label(k): k for k in (*DEFAULT_KNOBS_GRID, *(
+    EngineKnobs(max_num_batched_tokens=t, max_num_seqs=n) for t, n in itertools.product([2048, 4096, 8192, 16384],
+                                                                                          [32, 64, 128, 256, 512])))}
 
 
 def _candidates_frame(plans: list[CandidatePlan]) -> pd.DataFrame:
@@ -33,6 +34,31 @@ def _candidates_frame(plans: list[CandidatePlan]) -> pd.DataFrame:
         "TTFT P99 (ms)": p.ttft_p99_ms, "TPOT P99 (ms)": p.tpot_p99_ms,
         "sustained (req/s per replica)": p.sustained_rate_per_s, "simulations": p.probes, "reason": p.reason,
     } for p in plans])
+
+
+def _per_hardware(plans: list[CandidatePlan]) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "hardware": p.deployment.hardware, "candidate": p.label, "replicas": p.replicas,
+        "US$/h": p.usd_per_hour if p.usd_per_hour is not None else p.cost_bound_usd_per_hour,
+        "verdict": p.verdict, "reason": p.reason or "the cheapest that meets the SLO",
+    } for p in plans])
+
+
+def _show_space(result: PlanResult) -> None:
+    space = result.space
+    if space is None:
+        return
+    st.caption(f"Searched: {', '.join(space.hardware)}; up to {space.max_gpus_per_replica} GPUs per replica; weights "
+               f"{', '.join(space.weight_dtypes)}; KV cache {', '.join(space.kv_dtypes)}; engine {space.engine} with "
+               f"{'; '.join(space.knobs)}. Settled: " + ", ".join(f"{n:,} {what}" for what, n in space.outcomes.items())
+               + ".")
+    for line in space.excluded_for_quality:
+        st.caption(f"Left out for quality (max quality loss {space.max_quality_loss_pct:g} %): {line}")
+    if space.narrower_than_default:
+        st.info("Narrower than the CLI's default search: " + "; ".join(space.narrower_than_default))
+    if result.widening is not None:
+        line = result.widening.summary
+        st.warning(line[0].upper() + line[1:])
 
 
 def _why_not(plans: list[CandidatePlan]) -> pd.DataFrame:
@@ -59,7 +85,20 @@ def _show(result: PlanResult) -> None:
             st.caption(f"Verification: all {rec.replicas} replicas behind round robin at {result.rate_per_s:g} req/s "
                        f"(no headroom), {v.num_requests} requests; SLO met: {v.goodput.slo_met}, goodput "
                        f"{v.goodput.share:.1%}. Cost basis: {v.cost.basis}.")
-    st.caption(f"{result.candidates} candidates, {result.simulated_candidates} simulated, {result.probes} simulations.")
+            if (steady := v.steady_state) is not None:
+                st.caption(f"Steady state: {steady.requests_per_s:,.2f} req/s, {steady.output_tokens_per_s:,.0f} output "
+                           f"tokens/s, mean batch {steady.mean_batch_requests or 0:,.1f} requests ({steady.basis}).")
+        if (cap := result.capacity) is not None and cap.rate_per_s is not None:
+            st.caption(f"Capacity within the SLO: {cap.rate_per_s:,.2f} req/s"
+                       + (f", US${cap.usd_per_million_output_tokens:,.3f} per 1M output tokens there"
+                          if cap.usd_per_million_output_tokens is not None else "") + f" ({cap.basis}).")
+        if result.quality is not None:
+            st.caption(f"Quality: {result.quality}.")
+    st.caption(f"{result.candidates:,} candidates, {result.simulated_candidates:,} simulated, {result.probes:,} simulations.")
+    _show_space(result)
+    ui.table(_per_hardware(result.per_hardware), "Each hardware's answer", key="plan.per_hardware",
+             caption="Its cheapest candidate that meets the SLO, else its closest (lowest cost bound, least SLO miss, "
+                     "least memory shortfall).")
 
     if result.ranked:
         st.markdown("**Cost vs latency of the candidates that meet the SLO**")
@@ -86,22 +125,26 @@ def render() -> None:
             state, allow_trace=False, default_requests=100,
             requests_help="Requests per simulated probe (at least 3 × max running requests are used)"))
         slo = slo_input(state)
-        hardware = choices_input(state, "hw", "Candidate hardware", priced, DEFAULT_CANDIDATES, field="hardware",
-                                 help="Profiles with a price; each is tried at every TP size that fits")
+        hardware = choices_input(state, "hw", "Candidate hardware", priced, priced, field="hardware",
+                                 help="Profiles with a price (default: all, as the CLI); each is tried at every TP "
+                                      "size that fits")
         with st.expander(f"Prices ({PRICE.knob.unit})"):
             prices = {name: setting_input(state, PRICE, name=f"price.{name}", label=name,
                                           default=catalog[name].price_usd_per_hour,
                                           help=f"Profile price: US${catalog[name].price_usd_per_hour:.2f}")
                       for name in hardware}
-        max_gpus = setting_input(state, PLAN["max_gpus_per_replica"], default=1)
-        weights = choices_input(state, "weight_dtypes", "Weight dtypes", DEPLOYMENT["weight_dtype"].choices, ["bf16"],
-                                field="weight_dtypes")
-        kvs = choices_input(state, "kv_dtypes", "KV-cache dtypes", DEPLOYMENT["kv_dtype"].choices, ["bf16"],
-                            field="kv_dtypes")
-        mbts = choices_input(state, "max_num_batched_tokens", f"{KNOB['max_num_batched_tokens'].label} to try",
-                             TOKEN_BUDGETS, [8192], help=KNOB["max_num_batched_tokens"].help)
-        seqs = choices_input(state, "max_num_seqs", f"{KNOB['max_num_seqs'].label} to try", MAX_SEQS, [64],
-                             help=KNOB["max_num_seqs"].help + "; a probe has at least 3 × this many requests")
+        max_gpus = setting_input(state, PLAN["max_gpus_per_replica"])
+        weights = choices_input(state, "weight_dtypes", "Weight dtypes", DEPLOYMENT["weight_dtype"].choices,
+                                list(DEFAULT_WEIGHT_DTYPES), field="weight_dtypes",
+                                help="fp8 is tried only where the hardware has it natively")
+        kvs = choices_input(state, "kv_dtypes", "KV-cache dtypes", DEPLOYMENT["kv_dtype"].choices,
+                            list(DEFAULT_KV_DTYPES), field="kv_dtypes")
+        quality_loss = setting_input(state, PLAN["max_quality_loss_pct"], step=0.5)
+        knob_labels = choices_input(state, "knobs", "Engine settings to try", list(KNOBS_OFFERED),
+                                    [knobs_label(k) for k in DEFAULT_KNOBS_GRID], field="knobs_grid",
+                                    help="mbt: max tokens per step; seqs: max running requests (a probe has at least "
+                                         "3 × this many requests); 'engine defaults': the engine profile's own")
+        prefix_caching = setting_input(state, KNOB["enable_prefix_caching"])
         budget = setting_input(state, PLAN["budget_usd_per_hour"])
         headroom = setting_input(state, PLAN["headroom"], step=0.05)
         submitted = st.form_submit_button("Run plan", type="primary", icon=":material/play_arrow:")
@@ -118,12 +161,14 @@ def render() -> None:
             ui.stop_with(f"{WORKLOAD[name].label}: a plan needs a value")
     workload = state.attempt(work.workload)
     profiles = tuple(catalog[name].model_copy(update={"price_usd_per_hour": prices[name]}) for name in hardware)
-    knobs = tuple(EngineKnobs(max_num_batched_tokens=t, max_num_seqs=s) for t, s in itertools.product(mbts, seqs))
+    knobs = tuple(KNOBS_OFFERED[label] for label in knob_labels)
     if not knobs:
-        ui.stop_with("engine knobs: choose at least one token budget and one max running requests value")
+        ui.stop_with("Engine settings to try: choose at least one")
     result = state.attempt(lambda: compute.plan_result(
         model, workload, work.rate_per_s, slo, profiles, max_gpus, budget,
-        tuple(weights), tuple(kvs), knobs, headroom, work.requests))
+        # The default formats as the CLI's default: fp8 weights only where the hardware has them.
+        None if set(weights) == set(DEFAULT_WEIGHT_DTYPES) else tuple(weights), tuple(kvs), knobs, headroom,
+        quality_loss, prefix_caching, work.requests))
     _show(result)
 
 

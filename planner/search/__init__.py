@@ -1,10 +1,12 @@
 """The planner: the cheapest deployment that serves a workload at a rate within an SLO.
 
-Candidates (`space`: hardware x TP/PP/EP x weight and KV dtypes x engine knobs) pass a memory
-check and an analytic screen (`screen`), then a capacity search with the simulator in
-branch-and-bound order (`capacity`), run in process, on a process pool or on Ray (`executors`),
-every simulation cached on disk (`cache`). The recommendation is verified at the target rate,
-and each candidate gets one verdict in the ranked result (`report`).
+Candidates (`space`: hardware x TP/PP/EP x weight and KV dtypes within a quality budget x engine
+knobs) pass a memory check and an analytic screen (`screen`), then a capacity search with the
+simulator in branch-and-bound order per hardware (`capacity`), run in process, on a process pool
+or on Ray (`executors`), every simulation cached on disk (`cache`). The recommendation is verified
+at the target rate and its capacity found; each candidate gets one verdict and each hardware its
+answer in the result (`report`); a narrowed question nothing answers gets the widening that
+would (`widen`).
 """
 
 from __future__ import annotations
@@ -26,16 +28,20 @@ from planner.search.capacity import (
     Question, Searched, branch_and_bound, capacity_search, probe_requests, probe_workload,
 )
 from planner.search.executors import EXECUTORS, Executor, Runner, progress_bar
-from planner.search.report import CandidatePlan, PlanResult, Verdict, assemble
+from planner.quality import DEFAULT_MAX_QUALITY_LOSS_PCT, NO_QUALITY_LIMIT_PCT, deployment_loss_pct, within_budget
+from planner.search.report import CandidatePlan, PlanResult, SearchSpace, Verdict, Widening, assemble
 from planner.search.screen import Shape, screen_candidate
 from planner.search.space import (
-    DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, check_size, checked_dtypes, enumerate_candidates, priced_profiles,
+    DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, DEFAULT_MAX_GPUS_PER_REPLICA, check_size, checked_dtypes, enumerate_candidates,
+    knobs_label, priced_profiles, weight_dtypes_for,
 )
+from planner.search.widen import narrower_than_default, what_to_widen, wider_space
+from planner.slo_capacity import SLOCapacity, slo_capacity
 from planner.specs import DEFAULT_ENGINE, SLO, Deployment, HardwareProfile
 from planner.workload import Workload, get_workload
 
-__all__ = ["DEFAULT_CACHE_DIR", "EXECUTORS", "CandidatePlan", "Executor", "PlanResult", "Verdict", "plan",
-           "probe_requests", "probe_workload"]
+__all__ = ["DEFAULT_CACHE_DIR", "EXECUTORS", "CandidatePlan", "Executor", "PlanResult", "SearchSpace", "Verdict",
+           "Widening", "plan", "probe_requests", "probe_workload"]
 
 # Each probe simulates this many requests (or 3 x max_num_seqs); P99 needs a tail, and memory and
 # time grow with the count. A limit of the planner, not a setting.
@@ -57,7 +63,7 @@ def plan(
     slo: str | SLO,
     *,
     hardware: Sequence[str | HardwareProfile] | None = None,
-    max_gpus_per_replica: int = 8,
+    max_gpus_per_replica: int = DEFAULT_MAX_GPUS_PER_REPLICA,
     budget_usd_per_hour: float | None = None,
     weight_dtypes: Sequence[str] | None = None,
     kv_dtypes: Sequence[str] | None = None,
@@ -65,6 +71,9 @@ def plan(
     engine: str = DEFAULT_ENGINE,
     headroom: float = 0.1,
     confidence: float | None = None,
+    max_quality_loss_pct: float = DEFAULT_MAX_QUALITY_LOSS_PCT,
+    prefix_caching: bool | None = None,
+    widen: bool = False,
     requests_per_probe: int = 300,
     executor: Executor = "process",
     workers: int | None = None,
@@ -77,7 +86,14 @@ def plan(
     `hardware` defaults to every catalog profile with a price; `engine` is the engine profile every
     candidate runs (its defaults fill the knobs the grid leaves unset). `cache_dir=None` disables the
     cache. `confidence` sizes against the pessimistic bound of the public fit's held-out errors
-    (planner/costmodel/fitted.py: tighter latency targets, a higher rate). `on_progress(done, total)` is called as each candidate is settled (simulated or
+    (planner/costmodel/fitted.py: tighter latency targets, a higher rate). Weight and KV formats
+    whose published quality loss together exceeds `max_quality_loss_pct` (planner/quality.py; 100:
+    no limit) are left out, and the result says which. When nothing is recommended and the space is
+    narrower than the default one, `widen` searches the default space too and says what to widen
+    (the front ends ask for it; it can cost a whole default search).
+    `prefix_caching` switches the engine's prefix cache on or off in every candidate (None: the
+    engine profile's default).
+    `on_progress(done, total)` is called as each candidate is settled (simulated or
     pruned), for front ends that draw their own progress bar (the dashboard). Every input and
     limit is checked before any work; bad input raises InputError naming the field as front ends
     declare it (rate, hw, max_gpus, requests_per_probe, ...), for them to map to a flag or widget.
@@ -94,6 +110,8 @@ def plan(
            f"must be between {MIN_REQUESTS_PER_PROBE} and {MAX_REQUESTS_PER_PROBE} (P99 needs a tail; the upper bound "
            "is a limit of the planner)")
     _check("confidence", confidence, confidence is None or 0.5 <= confidence <= 0.95, "must be between 0.5 and 0.95")
+    _check("max_quality_loss_pct", max_quality_loss_pct, 0 <= max_quality_loss_pct <= NO_QUALITY_LIMIT_PCT,
+           f"must be between 0 and {NO_QUALITY_LIMIT_PCT:g} (% of the 16-bit score; {NO_QUALITY_LIMIT_PCT:g}: no limit)")
     runner = Runner(capacity_search, executor, workers)
     cfg = resolve_model(model) if isinstance(model, str) else model
     slo = SLO.parse(slo) if isinstance(slo, str) else slo
@@ -104,6 +122,12 @@ def plan(
     knobs = list(knobs_grid) if knobs_grid is not None else list(DEFAULT_KNOBS_GRID)
     profiles = priced_profiles(hardware)
     check_size(profiles, weights, kvs, knobs)
+    pairs = {(w, k) for hw in profiles for w in weight_dtypes_for(hw, weights) for k in kvs}
+    kept = {pair for pair in pairs if within_budget(*pair, max_quality_loss_pct)}
+    if not kept:
+        losses = ", ".join(f"{w}/{k} {_loss_text(w, k)}" for w, k in sorted(pairs))
+        raise InputError("max_quality_loss_pct", max_quality_loss_pct,
+                         f"leaves no weight/KV format to try (their quality loss: {losses}); raise it or add formats")
     runs = RunCache.open(cache_dir) if cache_dir is not None else None
 
     shape = Shape.of(Replay.of(probe_workload(base, rate_per_s, requests_per_probe), vocab_size=cfg.vocab_size), base)
@@ -111,7 +135,10 @@ def plan(
         raise InputError("workload", base.name, f"its longest request ({shape.longest_tokens} tokens) exceeds "
                          f"{cfg.name}'s context of {cfg.max_position_embeddings}")
     q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs, margin)
-    candidates = enumerate_candidates(cfg, profiles, max_gpus_per_replica, weights, kvs, knobs, shape.longest_tokens, engine)
+    tried = knobs if prefix_caching is None else [k.model_copy(update={"enable_prefix_caching": prefix_caching})
+                                                  for k in knobs]
+    candidates = enumerate_candidates(cfg, profiles, max_gpus_per_replica, weights, kvs, tried, shape.longest_tokens, engine,
+                                      lambda w, k: (w, k) in kept)
     found = [Searched(c, screen_candidate(c, cfg, shape, q.sizing_slo, q.sized_rate_per_s)) for c in candidates]
     live = sum(s.screen.capacity_bound_per_s is not None for s in found)
     with runner, progress_bar(progress, live, on_progress) as advance:
@@ -127,4 +154,36 @@ def plan(
             _log.warning(note)
         return summary
 
-    return assemble(q, shape, found, verify)
+    def capacity(p: CandidatePlan) -> SLOCapacity:
+        """One replica's capacity (as the search probes it), times the replicas behind round robin."""
+        hw = next(c.hw for c in candidates if c.hw.name == p.deployment.hardware)
+        one = p.deployment.model_copy(update={"replicas": 1})
+        assert p.sustained_rate_per_s is not None and p.replicas is not None
+        c = slo_capacity(cfg, hw, one, base, slo, start_rate_per_s=p.sustained_rate_per_s,
+                         requests_per_probe=requests_per_probe, runs=runs)
+        k = p.replicas
+        return c.model_copy(update={
+            "rate_per_s": None if c.rate_per_s is None else c.rate_per_s * k,
+            "failed_rate_per_s": None if c.failed_rate_per_s is None else c.failed_rate_per_s * k,
+            "output_tokens_per_s": None if c.output_tokens_per_s is None else c.output_tokens_per_s * k,
+            "basis": c.basis + f"; one replica probed alone, times {k} replicas behind round robin"})
+
+    space = SearchSpace(
+        hardware=[hw.name for hw in profiles], max_gpus_per_replica=max_gpus_per_replica,
+        weight_dtypes=sorted({w for w, _ in kept}), kv_dtypes=sorted({k for _, k in kept}),
+        knobs=[knobs_label(k) for k in tried], engine=engine, max_quality_loss_pct=max_quality_loss_pct,
+        excluded_for_quality=[f"{w} weights with {k} KV cache: {_loss_text(w, k)}" for w, k in sorted(pairs - kept)],
+        narrower_than_default=narrower_than_default(profiles, max_gpus_per_replica, weights, kvs, knobs), outcomes={})
+    result = assemble(q, shape, found, space, verify, capacity)
+    if result.recommended is None and widen and space.narrower_than_default:
+        wider = plan(cfg, base, rate_per_s, slo, **wider_space(profiles, max_gpus_per_replica, weights, kvs, knobs),
+                     budget_usd_per_hour=budget_usd_per_hour, engine=engine, headroom=headroom, confidence=confidence,
+                     max_quality_loss_pct=max_quality_loss_pct, prefix_caching=prefix_caching, widen=False, requests_per_probe=requests_per_probe,
+                     executor=executor, workers=workers, cache_dir=cache_dir, progress=progress, on_progress=on_progress)
+        result = result.model_copy(update={"widening": what_to_widen(wider, space)})
+    return result
+
+
+def _loss_text(weight_dtype: str, kv_dtype: str) -> str:
+    loss = deployment_loss_pct(weight_dtype, kv_dtype)
+    return "no published figure" if loss is None else f"{loss:.2f} %"

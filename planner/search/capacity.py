@@ -171,8 +171,10 @@ def _task(q: Question, s: Searched, best: float | None) -> Task:
 
 def branch_and_bound(q: Question, found: list[Searched], runner: Runner, advance: Callable[[], None]) -> list[Searched]:
     """`found` with an outcome for each candidate simulated. Cheapest lower bound first; a candidate
-    whose bound is not below the best cost so far cannot win and is not simulated. The best cost is
-    updated between batches only, so the result does not depend on the workers or their speed."""
+    whose bound is not below the best cost so far on its own hardware cannot change that hardware's
+    answer and is not simulated, so that every hardware gets its cheapest feasible candidate in one
+    run. The best costs are updated between batches only, so the result does not depend on the
+    workers or their speed."""
     found = list(found)
 
     def order(i: int) -> tuple[float, float, str]:
@@ -185,20 +187,23 @@ def branch_and_bound(q: Question, found: list[Searched], runner: Runner, advance
     def bound(i: int) -> float:
         return found[i].candidate.usd_per_hour(found[i].screen.min_replicas)
 
+    def hardware(i: int) -> str:
+        return found[i].candidate.hw.name
+
     pending = deque(sorted((i for i, s in enumerate(found) if s.screen.capacity_bound_per_s is not None), key=order))
-    best: float | None = None
+    best: dict[str, float] = {}  # hardware -> its cheapest feasible cost so far
     while pending:
         batch: list[int] = []
         while pending and len(batch) < BATCH_SIZE:
             i = pending.popleft()
-            if best is not None and bound(i) >= best:
+            if hardware(i) in best and bound(i) >= best[hardware(i)]:
                 advance()
             else:
                 batch.append(i)
-        outcomes = runner.run([_task(q, found[i], best) for i in batch], advance)
+        outcomes = runner.run([_task(q, found[i], best.get(hardware(i))) for i in batch], advance)
         for i, outcome in zip(batch, outcomes, strict=True):
             found[i] = replace(found[i], outcome=outcome)
             if outcome.replicas is not None:
                 cost = found[i].candidate.usd_per_hour(outcome.replicas)
-                best = cost if best is None else min(best, cost)
+                best[hardware(i)] = min(cost, best.get(hardware(i), cost))
     return found

@@ -1,5 +1,6 @@
 """The plan's result: one verdict per candidate from what the search found, the ranking, the
-cost-vs-latency Pareto front, why-not per hardware, the nearest miss and the assumptions."""
+cost-vs-latency Pareto front, the answer per hardware (its cheapest feasible candidate, else its
+closest), what was searched and what was cut, the nearest miss and the assumptions."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.metrics import RunSummary
+from planner.slo_capacity import SLOCapacity
 from planner.search.capacity import LIGHT_LOAD_FACTOR, PROBE_SEQS_MULTIPLE, Question, Searched
 from planner.search.screen import CAPACITY_SLACK, Shape
+from planner.quality import NO_QUALITY_LIMIT_PCT, deployment_loss_pct
+from planner.quality import describe as describe_quality
 from planner.specs import SLO, Deployment
 
 
@@ -52,6 +56,48 @@ class CandidatePlan(_Out):
     slo_miss_ratio: float | None = Field(
         None, description="Worst observed / limit at the lightest load tried (or unloaded, analytically); > 1 is a miss")
     memory_shortfall_gib: float | None = Field(None, description="Per-GPU memory missing for one longest request")
+    quality_loss_pct: float | None = Field(None, description=(
+        "What its weight and KV formats cost in quality, % of the 16-bit score (planner/quality.py); None: no figure"))
+
+
+class SearchSpace(_Out):
+    """What the search tried, what it left out before any simulation, and where it is narrower
+    than the default question (`serveplan plan` without options)."""
+
+    hardware: list[str]
+    max_gpus_per_replica: int
+    weight_dtypes: list[str] = Field(description="Weight formats tried on some hardware (fp8 only where native)")
+    kv_dtypes: list[str]
+    knobs: list[str] = Field(description="Engine settings tried: max_num_batched_tokens x max_num_seqs; "
+                                         "'engine defaults' is the engine profile's own choice per device")
+    engine: str
+    max_quality_loss_pct: float
+    excluded_for_quality: list[str] = Field(description="Format pairs left out by the quality budget, with their loss")
+    narrower_than_default: list[str] = Field(description="Each dimension narrower than the default space, in words")
+    outcomes: dict[str, int] = Field(description=(
+        "Candidates by how the search settled them: out for memory, out at the analytic screen (SLO), pruned on "
+        "cost before simulation, simulated"))
+
+
+class Widening(_Out):
+    """The smallest widening of a narrowed question that makes it feasible: the default space's
+    answer, and what of it lies outside the question's space."""
+
+    changes: list[str] = Field(description="What to widen, in words; empty when the wider space does not help")
+    hardware: list[str] = Field(description="Hardware to add")
+    max_gpus_per_replica: int | None = Field(description="Max GPUs per replica to raise to")
+    weight_dtypes: list[str] = Field(description="Weight formats to add")
+    kv_dtypes: list[str] = Field(description="KV formats to add")
+    recommended: CandidatePlan | None = Field(description="The answer in the wider space")
+    nearest_miss: str | None = Field(description="When the wider space has no answer either")
+
+    @property
+    def summary(self) -> str:
+        """The one sentence front ends show."""
+        if (r := self.recommended) is None:
+            return f"the default search space has no answer either: {self.nearest_miss}"
+        return (f"widen the search: {'; '.join(self.changes)}; the default search then recommends {r.replicas} x "
+                f"{r.label} at US${r.usd_per_hour:,.2f}/h")
 
 
 class PlanResult(_Out):
@@ -71,10 +117,16 @@ class PlanResult(_Out):
     pareto_metric: str = Field(description="Latency of the cost-vs-latency front")
     pareto: list[CandidatePlan] = Field(description="Feasible candidates no other beats on both cost and latency")
     rejected: list[CandidatePlan] = Field(description="Every other candidate with the reason it lost, closest first")
-    why_not: list[CandidatePlan] = Field(description=(
-        "For each hardware but the recommendation's, its closest candidate: the lowest cost bound, else the least "
-        "SLO miss, else the least memory shortfall"))
+    per_hardware: list[CandidatePlan] = Field(description=(
+        "For each hardware: its cheapest candidate that meets the SLO, else its closest: the lowest cost bound, "
+        "else the least SLO miss, else the least memory shortfall"))
+    why_not: list[CandidatePlan] = Field(description="per_hardware without the recommendation's hardware")
     nearest_miss: str | None = Field(description="When nothing is recommended: the closest candidate and by how much")
+    capacity: SLOCapacity | None = Field(None, description=(
+        "The recommendation's capacity: the highest rate one replica serves within the SLO, times its replicas"))
+    quality: str | None = Field(None, description="What the recommendation's formats cost in quality, with sources")
+    space: SearchSpace | None = None
+    widening: Widening | None = Field(None, description="When nothing is recommended in a narrowed space: what to widen")
     candidates: int
     simulated_candidates: int
     probes: int
@@ -89,20 +141,22 @@ def _slo_miss_ratio(summary: RunSummary) -> float:
     return max(ratios, default=0.0)
 
 
-def _verdict(s: Searched, best: Searched | None, budget: float | None) -> tuple[Verdict, str]:
-    """The one place a candidate's verdict is decided, from its screen and capacity search and the
-    best feasible candidate (`best`: the cheapest, ties broken by P99 TTFT)."""
+def _verdict(s: Searched, best: Searched | None, hw_best: Searched | None, budget: float | None) -> tuple[Verdict, str]:
+    """The one place a candidate's verdict is decided, from its screen and capacity search, the
+    best feasible candidate (`best`: the cheapest, ties broken by P99 TTFT) and the best of its
+    own hardware (`hw_best`), against which it was pruned."""
     c, sc, out = s.candidate, s.screen, s.outcome
     best_usd = best.cost_bound_usd_per_hour if best is not None else None
+    hw_usd = hw_best.cost_bound_usd_per_hour if hw_best is not None else None
     if sc.memory_problem is not None:
         return "memory", f"memory: {sc.memory_problem}"
     if sc.slo_problem is not None:
         return "slo", f"SLO: {sc.slo_problem}"
-    if out is None:  # pruned: its bound could not beat the best
-        assert sc.capacity_bound_per_s is not None and best_usd is not None
+    if out is None:  # pruned: its bound could not beat its hardware's best
+        assert sc.capacity_bound_per_s is not None and hw_usd is not None
         return "cost", (f"cost: at least US${s.cost_bound_usd_per_hour:,.2f}/h even at its analytic capacity "
                         f"(≤ {sc.capacity_bound_per_s * CAPACITY_SLACK:,.2f} req/s per replica), "
-                        f"not below the best US${best_usd:,.2f}/h")
+                        f"not below the best on {c.hw.name}, US${hw_usd:,.2f}/h")
     if out.error is not None:
         return "memory", f"memory: {out.error}"
     miss = out.lightest_miss
@@ -110,10 +164,10 @@ def _verdict(s: Searched, best: Searched | None, budget: float | None) -> tuple[
         assert miss is not None  # every search probes at least once
         checks = ", ".join(f"{k.target} {k.observed_ms:,.0f} > {k.limit_ms:g}" for k in miss.summary.goodput.checks
                            if not k.met) or f"goodput {miss.summary.goodput.share:.1%}"
-        if out.cost_capped and best_usd is not None:
+        if out.cost_capped and hw_usd is not None:
             return "cost", (f"cost: misses the SLO at {miss.rate_per_s:,.2f} req/s per replica ({checks}); "
                             f"{miss.replicas + 1}+ replicas = US${s.cost_bound_usd_per_hour:,.2f}/h or more "
-                            f"vs the best US${best_usd:,.2f}/h")
+                            f"vs the best on {c.hw.name}, US${hw_usd:,.2f}/h")
         return "slo", f"SLO: misses it even at {miss.rate_per_s:,.2f} req/s per replica ({checks})"
     cost = c.usd_per_hour(out.replicas)
     if budget is not None and cost > budget:
@@ -146,6 +200,7 @@ def _candidate_plan(s: Searched, verdict: Verdict, reason: str, hours_per_millio
             fields["slo_miss_ratio"] = _slo_miss_ratio(miss.summary)
     return CandidatePlan(label=c.label, deployment=dep, gpus_per_replica=dep.gpus_per_replica,
                          price_usd_per_gpu_hour=c.price_usd_per_gpu_hour, verdict=verdict, reason=reason,
+                         quality_loss_pct=deployment_loss_pct(dep.weight_dtype, dep.kv_dtype),
                          **{k: v for k, v in fields.items() if v is not None})
 
 
@@ -158,20 +213,30 @@ def _closeness(p: CandidatePlan) -> tuple[int, float, str]:
     return 2, p.memory_shortfall_gib if p.memory_shortfall_gib is not None else math.inf, p.label
 
 
-def assemble(q: Question, shape: Shape, found: list[Searched], verify: Callable[[Deployment], RunSummary]) -> PlanResult:
-    """The PlanResult; `verify` simulates the recommended deployment at the target rate."""
-    feasible = sorted((s for s in found if s.outcome is not None and s.outcome.sized is not None),
-                      key=lambda s: (s.cost_bound_usd_per_hour, s.outcome.sized.summary.ttft_ms.p99, s.candidate.label))
+def assemble(q: Question, shape: Shape, found: list[Searched], space: SearchSpace,
+             verify: Callable[[Deployment], RunSummary], capacity: Callable[[CandidatePlan], SLOCapacity]) -> PlanResult:
+    """The PlanResult; `verify` simulates the recommended deployment at the target rate, `capacity`
+    finds its highest rate within the SLO."""
+    def cost_key(s: Searched) -> tuple[float, float, str]:
+        assert s.outcome is not None and s.outcome.sized is not None and s.cost_bound_usd_per_hour is not None
+        return s.cost_bound_usd_per_hour, s.outcome.sized.summary.ttft_ms.p99, s.candidate.label
+
+    feasible = sorted((s for s in found if s.outcome is not None and s.outcome.sized is not None), key=cost_key)
     best = feasible[0] if feasible else None
+    hw_best: dict[str, Searched] = {}
+    for s in feasible:
+        hw_best.setdefault(s.candidate.hw.name, s)
     hours_per_million_tokens = 1e6 / (q.rate_per_s * shape.mean_output_tokens * 3600)
-    plans = {id(s): _candidate_plan(s, *_verdict(s, best, q.budget_usd_per_hour), hours_per_million_tokens) for s in found}
+    plans = {id(s): _candidate_plan(s, *_verdict(s, best, hw_best.get(s.candidate.hw.name), q.budget_usd_per_hour),
+                                    hours_per_million_tokens) for s in found}
     ranked = [plans[id(s)] for s in feasible]
     recommended = ranked[0] if ranked and ranked[0].verdict == "recommended" else None
     rejected = sorted((p for p in plans.values() if p is not recommended), key=_closeness)
-    why_not: dict[str, CandidatePlan] = {}
-    for p in rejected:
-        if recommended is None or p.deployment.hardware != recommended.deployment.hardware:
-            why_not.setdefault(p.deployment.hardware, p)
+    per_hardware = {name: plans[id(s)] for name, s in hw_best.items()}
+    for p in rejected:  # hardware with nothing feasible: its closest candidate
+        per_hardware.setdefault(p.deployment.hardware, p)
+    order = {name: i for i, name in enumerate(space.hardware)}
+    answers = sorted(per_hardware.values(), key=lambda p: order.get(p.deployment.hardware, len(order)))
 
     slo = q.slo
     metric = "ttft_p99_ms" if (slo.ttft_p99_ms or slo.ttft_p50_ms or not (slo.tpot_p99_ms or slo.tpot_p50_ms)) else "tpot_p99_ms"
@@ -181,14 +246,24 @@ def assemble(q: Question, shape: Shape, found: list[Searched], verify: Callable[
             pareto.append(p)
 
     simulated = [s.outcome for s in found if s.outcome is not None]
+    outcomes = {"out for memory": sum(p.verdict == "memory" for p in plans.values()),
+                "out at the analytic screen (SLO)": sum(s.screen.slo_problem is not None for s in found),
+                "pruned on cost before simulation": sum(s.outcome is None and s.screen.capacity_bound_per_s is not None
+                                                        for s in found),
+                "simulated": len(simulated)}
+    rec_dep = recommended.deployment if recommended is not None else None
     return PlanResult(
         model=q.model.name, workload=q.workload.name, rate_per_s=q.rate_per_s, headroom=q.headroom, slo=slo,
         budget_usd_per_hour=q.budget_usd_per_hour, requests_per_probe=q.requests_per_probe, recommended=recommended,
-        verification=verify(recommended.deployment) if recommended is not None else None,
-        ranked=ranked, pareto_metric=metric, pareto=pareto, rejected=rejected, why_not=list(why_not.values()),
+        verification=verify(rec_dep) if rec_dep is not None else None,
+        ranked=ranked, pareto_metric=metric, pareto=pareto, rejected=rejected, per_hardware=answers,
+        why_not=[p for p in answers if rec_dep is None or p.deployment.hardware != rec_dep.hardware],
         nearest_miss=None if recommended is not None else _nearest_miss(ranked, rejected, q.budget_usd_per_hour),
+        capacity=capacity(recommended) if recommended is not None else None,
+        quality=describe_quality(rec_dep.weight_dtype, rec_dep.kv_dtype) if rec_dep is not None else None,
+        space=space.model_copy(update={"outcomes": outcomes}),
         candidates=len(found), simulated_candidates=len(simulated), probes=sum(len(o.probes) for o in simulated),
-        assumptions=_assumptions(q, shape),
+        assumptions=_assumptions(q, shape, space),
     )
 
 
@@ -207,8 +282,11 @@ def _nearest_miss(ranked: list[CandidatePlan], rejected: list[CandidatePlan], bu
     return "no candidate deployment: the hardware list and parallelism limits leave nothing to try"
 
 
-def _assumptions(q: Question, shape: Shape) -> list[str]:
+def _assumptions(q: Question, shape: Shape, space: SearchSpace) -> list[str]:
     margin = f" x {q.pessimism.rate_factor:.2f} (confidence)" if q.pessimism else ""
+    quality = ("no quality limit" if space.max_quality_loss_pct >= NO_QUALITY_LIMIT_PCT else
+               f"formats whose published quality loss (weights + KV cache) exceeds {space.max_quality_loss_pct:g} % of "
+               "the 16-bit score are left out (planner/data/quality.yaml; mean of published evaluations)")
     return [
         f"Poisson arrivals; replicas sized for {q.rate_per_s:g} x (1 + {q.headroom:g}){margin} = {q.sized_rate_per_s:g} "
         "req/s, each replica probed alone at its share of that rate",
@@ -223,4 +301,7 @@ def _assumptions(q: Question, shape: Shape) -> list[str]:
         f"1/{LIGHT_LOAD_FACTOR} of its first probe's load is not probed further",
         "latencies of candidates are at the per-replica load they were sized for (with headroom); the "
         "verification run is the recommended deployment at the target rate behind round robin",
+        quality,
+        "each hardware's candidates are pruned against that hardware's best cost only, so every hardware gets its "
+        "cheapest feasible candidate",
     ]

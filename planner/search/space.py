@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 import itertools
 import math
@@ -14,9 +14,10 @@ from engine.errors import InputError
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
 from planner.engines import resolve_deployment
-from planner.specs import Deployment, Dtype, HardwareProfile
+from planner.specs import Deployment, Dtype, HardwareProfile, PlanSettings
 
 DEFAULT_KV_DTYPES: tuple[Dtype, ...] = ("bf16", "fp8")
+DEFAULT_MAX_GPUS_PER_REPLICA: int = PlanSettings.model_fields["max_gpus_per_replica"].default
 # The engine's own defaults, then (max_num_batched_tokens, max_num_seqs) variants: a small chunk
 # favours TTFT of queued requests and TPOT of running ones; a large one prefills faster. Everything
 # else (chunked prefill, prefix caching, batching) is the engine's.
@@ -53,6 +54,18 @@ class Candidate:
         return replicas * self.dep.gpus_per_replica * self.price_usd_per_gpu_hour
 
 
+_SHORT = {"max_num_batched_tokens": "mbt", "max_num_seqs": "seqs"}
+
+
+def knobs_label(knobs: EngineKnobs) -> str:
+    """How one setting of the knob grid reads: 'engine defaults', 'mbt2048 seqs64, enable_prefix_caching=False'."""
+    set_ = knobs.model_dump(exclude_defaults=True)
+    if not set_:
+        return "engine defaults"
+    short = " ".join(f"{_SHORT[name]}{set_.pop(name)}" for name in list(set_) if name in _SHORT)
+    return ", ".join(filter(None, [short, *(f"{name}={value}" for name, value in set_.items())]))
+
+
 def priced_profiles(hardware: Sequence[str | HardwareProfile] | None) -> list[HardwareProfile]:
     """The named profiles (default: every catalog profile with a price), each once; all need a price."""
     if hardware is None:
@@ -78,11 +91,14 @@ def checked_dtypes(field: str, spec_field: str, dtypes: Sequence[str]) -> list[s
     return list(dict.fromkeys(dtypes))
 
 
+DEFAULT_WEIGHT_DTYPES: tuple[Dtype, ...] = ("bf16", "fp8", "int8", "int4")
+
+
 def weight_dtypes_for(hw: HardwareProfile, requested: Sequence[str] | None) -> list[str]:
     if requested is not None:
         return list(requested)
     # fp8 only where the tensor units have it: elsewhere it is int8's bytes with extra dequantisation.
-    return ["bf16", *(["fp8"] if hw.peak_tflops.fp8 else []), "int8", "int4"]
+    return [d for d in DEFAULT_WEIGHT_DTYPES if d != "fp8" or hw.peak_tflops.fp8]
 
 
 def check_size(profiles: Sequence[HardwareProfile], weight_dtypes: Sequence[str] | None, kv_dtypes: Sequence[str],
@@ -112,8 +128,10 @@ def make_deployment(model: ModelConfig, hw: HardwareProfile, tp: int, pp: int, w
 
 def enumerate_candidates(model: ModelConfig, profiles: Sequence[HardwareProfile], max_gpus: int,
                          weight_dtypes: Sequence[str] | None, kv_dtypes: Sequence[str],
-                         knobs_grid: Sequence[EngineKnobs], context_tokens: int, engine: str) -> list[Candidate]:
-    """Every candidate with its memory plan; pipeline stages only where tensor parallelism alone does not fit."""
+                         knobs_grid: Sequence[EngineKnobs], context_tokens: int, engine: str,
+                         formats_allowed: Callable[[str, str], bool] = lambda weight, kv: True) -> list[Candidate]:
+    """Every candidate with its memory plan, for each (weight, KV) format pair `formats_allowed`;
+    pipeline stages only where tensor parallelism alone does not fit."""
     out: list[Candidate] = []
     for hw in profiles:
         domain = min(max_gpus, scale_up_domain(hw))
@@ -132,6 +150,8 @@ def enumerate_candidates(model: ModelConfig, profiles: Sequence[HardwareProfile]
             return Candidate(hw, dep, plan_memory(model, hw, dep, context_tokens))
 
         for weight, kv, knobs in itertools.product(weight_dtypes_for(hw, weight_dtypes), kv_dtypes, knobs_grid):
+            if not formats_allowed(weight, kv):
+                continue
             tried = [candidate(tp, 1, weight, kv, knobs) for tp in tps]
             for pp in PIPELINE_STAGES if tps and not any(c.memory.fits for c in tried) else ():
                 fitting = [t for t in tps if t * pp <= max_gpus]

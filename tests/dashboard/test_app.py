@@ -37,8 +37,13 @@ def metric(at: AppTest, label: str) -> str:
 # --------------------------------------------------------------------------- Plan
 
 
+# The page's defaults are the CLI's whole search; one narrowed through the URL keeps the test short.
+NARROW_PLAN = {"hw": "h100-sxm", "requests": "40", "max_gpus": "1", "weight_dtypes": "bf16", "kv_dtypes": "bf16",
+               "knobs": "mbt2048 seqs64"}
+
+
 def test_plan_waits_for_the_button_then_recommends_from_the_url():
-    at = open_page("plan", hw="h100-sxm", requests="40")
+    at = open_page("plan", **NARROW_PLAN)
     assert not at.exception
     assert "Run plan" in at.info[0].value
     at.button[0].click().run()
@@ -47,6 +52,10 @@ def test_plan_waits_for_the_button_then_recommends_from_the_url():
     assert float(metric(at, "Cost (US$/h)")) > 0
     assert at.query_params["run"] == "true"  # a shared link re-runs the plan
     assert any("Why not" in m.value for m in at.markdown)
+    assert any("Each hardware's answer" in m.value for m in at.markdown)
+    # The page says where its search is narrower than the CLI's default one.
+    assert any("Narrower than the CLI's default search" in i.value and "max GPUs per replica: 1" in i.value
+               for i in at.info)
 
 
 def test_plan_bad_slo_is_an_in_page_error():

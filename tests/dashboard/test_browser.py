@@ -123,7 +123,8 @@ def _screenshot(driver: webdriver.Chrome, folder: Path, name: str) -> Path:
 
 
 def test_plan_in_the_browser(server: str, browser: webdriver.Chrome, screenshots: Path) -> None:
-    browser.get(f"{server}/?hw=h100-sxm,l40s&requests=40")
+    browser.get(f"{server}/?hw=h100-sxm,l40s&requests=40&max_gpus=2&weight_dtypes=bf16,fp8&kv_dtypes=bf16"
+                "&knobs=mbt2048%20seqs64")
     button = WebDriverWait(browser, PAGE_TIMEOUT_S).until(
         ec.element_to_be_clickable((By.XPATH, "//button[.//*[contains(text(), 'Run plan')]]")))
     button.click()

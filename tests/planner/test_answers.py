@@ -1,0 +1,204 @@
+"""Answers that must not mislead (issue 21): steady-state rates without warm-up and drain, a
+capacity figure, a quality budget on precision, every hardware's cheapest feasible candidate in one
+run, the widening a narrowed question needs, prefix caching in plan and plan's exit status."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.config import EngineKnobs
+from engine.core.metrics import RequestMetrics, StepSample
+from engine.errors import InputError
+from planner import quality
+from planner.cli import main
+from planner.hardware import get_hardware
+from planner.metrics import PricingBasis, steady_state
+from planner.search import PlanResult, plan, probe_requests, probe_workload, widen
+from planner.sim import simulate
+from planner.specs import SLO, Deployment
+from planner.workload import get_workload
+from tests.planner.test_search import KNOBS, MODEL, RATE_PER_S, SLO_TEXT, SPACE
+
+PRICING = PricingBasis(gpus=1, price_usd_per_gpu_hour=2.0, peak_flops_per_gpu=None, bandwidth_bytes_per_s_per_gpu=None,
+                       description="test")
+
+
+def _request(i: int, arrival: float, admitted: float, service_s: float, output_tokens: int = 20) -> RequestMetrics:
+    wait = admitted - arrival
+    gap = (service_s - 0.1) / (output_tokens - 1)
+    return RequestMetrics(request_id=str(i), arrival_time=arrival, prompt_tokens=100, output_tokens=output_tokens,
+                          cached_prompt_tokens=0, queueing_s=wait, ttft_s=wait + 0.1, itl_s=(gap,) * (output_tokens - 1),
+                          tpot_s=gap, e2e_s=wait + service_s, finish_reason="length", num_preemptions=0)
+
+
+def test_steady_state_of_a_server_that_keeps_up_is_the_arrival_rate() -> None:
+    """200 requests at 10/s, each served in 2 s with no wait: the benchmark client's figure divides
+    by 19.9 s of arrivals plus the 2 s drain (9.1 req/s); the steady window serves 10/s."""
+    reqs = [_request(i, 0.1 * i, 0.1 * i, 2.0) for i in range(200)]
+    samples = [StepSample(0, 0.1 * i, 0.1 * i + 0.05, 0.5, 20, 0, 20) for i in range(220)]
+    s = steady_state(reqs, samples, PRICING)
+    assert s is not None and s.kept_up
+    assert s.warmup_s == pytest.approx(2.0) and s.drain_s == pytest.approx(2.0)
+    assert s.requests_per_s == pytest.approx(10.0, rel=0.02)
+    assert s.output_tokens_per_s == pytest.approx(200.0, rel=0.02)
+    assert 200 / (19.9 + 2.0) < 9.2  # what the whole-run definition reports
+    assert s.mean_batch_requests == 20
+    assert s.usd_per_million_output_tokens == pytest.approx(2.0 / (s.output_tokens_per_s * 3600) * 1e6)
+
+
+def test_steady_state_of_an_overloaded_server_is_its_capacity() -> None:
+    """Arrivals at 10/s, admissions at 5/s (the queue grows): the window's rate is the 5/s served."""
+    reqs = [_request(i, 0.1 * i, 0.2 * i, 1.0) for i in range(300)]
+    s = steady_state(reqs, [], PRICING)
+    assert s is not None and not s.kept_up
+    assert s.requests_per_s == pytest.approx(5.0, rel=0.03)
+    assert s.mean_batch_requests is None
+
+
+def test_a_run_too_short_for_a_window_has_no_steady_state() -> None:
+    assert steady_state([_request(i, 0.1 * i, 0.1 * i, 5.0) for i in range(20)], [], PRICING) is None
+
+
+def test_simulated_run_reports_steady_rates_near_the_offered_rate() -> None:
+    """The issue's case: a deployment that keeps up with 20 req/s over a 300-request run; the
+    whole-run figure (~12 req/s) is pulled down by the drain, the steady one is the offered rate."""
+    dep = Deployment(hardware="h100-sxm", tensor_parallel=1, weight_dtype="bf16", kv_dtype="bf16", knobs=EngineKnobs())
+    w = probe_workload(get_workload("chat"), 20.0, 300)
+    summary = simulate(get_hardware_model(), get_hardware("h100-sxm"), dep, w).summary
+    steady = summary.steady_state
+    assert steady is not None and steady.kept_up
+    assert steady.requests_per_s == pytest.approx(20.0, rel=0.15)
+    assert summary.throughput.requests_per_s < 0.7 * steady.requests_per_s
+    assert summary.mean_batch_requests is not None and summary.mean_batch_requests > 1
+
+
+def get_hardware_model():
+    from engine.catalog import resolve_model
+
+    return resolve_model(MODEL)
+
+
+# --------------------------------------------------------------------------- quality budget
+
+
+def test_published_quality_figures_put_int4_beyond_the_default_budget() -> None:
+    assert quality.part_loss_pct("weights", "bf16") == 0.0
+    assert quality.deployment_loss_pct("int4", "bf16") > quality.DEFAULT_MAX_QUALITY_LOSS_PCT
+    assert quality.within_budget("fp8", "fp8", quality.DEFAULT_MAX_QUALITY_LOSS_PCT)
+    assert not quality.within_budget("int4", "bf16", quality.DEFAULT_MAX_QUALITY_LOSS_PCT)
+    assert quality.within_budget("int4", "bf16", quality.NO_QUALITY_LIMIT_PCT)
+    assert not quality.within_budget("fp4", "bf16", 50)  # no published figure: only without a limit
+    assert "2 published evaluations" in quality.describe("int4", "bf16")
+    for part in ("weights", "kv"):
+        for record in getattr(quality.quality_table(), part).values():
+            assert all(e.source.startswith("https://") for e in record.published)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory):
+    return tmp_path_factory.mktemp("answers-cache")
+
+
+def _impossible(cache_dir, **kw) -> PlanResult:
+    """A plan whose SLO the analytic screen rules out everywhere: every candidate, no simulation."""
+    return plan(MODEL, get_workload("chat"), RATE_PER_S, "ttft_p99_ms<=5", cache_dir=cache_dir,
+                **{**SPACE, "weight_dtypes": ["bf16", "int4"], **kw})
+
+
+def test_plan_leaves_out_formats_beyond_the_quality_budget_and_says_so(cache_dir) -> None:
+    r = _impossible(cache_dir)
+    assert {p.deployment.weight_dtype for p in r.rejected} == {"bf16"}
+    assert r.space is not None and r.space.weight_dtypes == ["bf16"]
+    assert any(line.startswith("int4 weights with bf16 KV cache") for line in r.space.excluded_for_quality)
+    assert any("quality loss" in line for line in r.assumptions)
+    asked = _impossible(cache_dir, max_quality_loss_pct=100)
+    assert {p.deployment.weight_dtype for p in asked.rejected} == {"bf16", "int4"}
+    assert all(p.quality_loss_pct is not None for p in asked.rejected)
+
+
+def test_a_quality_budget_that_leaves_nothing_is_one_clear_error(cache_dir) -> None:
+    with pytest.raises(InputError) as exc:
+        _impossible(cache_dir, weight_dtypes=["int4"])
+    assert exc.value.field == "max_quality_loss_pct" and "int4/bf16" in exc.value.allowed
+
+
+def test_recommendation_states_its_quality_cost_and_capacity(cache_dir) -> None:
+    r = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **SPACE)
+    rec = r.recommended
+    assert rec is not None and r.quality is not None
+    assert rec.deployment.weight_dtype in r.quality or "16-bit reference" in r.quality
+    cap = r.capacity
+    assert cap is not None and cap.rate_per_s is not None and cap.failed_rate_per_s is not None
+    # The deployment serves the target rate, and its capacity was bracketed within the tolerance.
+    assert cap.rate_per_s >= RATE_PER_S * 0.9
+    assert cap.failed_rate_per_s / cap.rate_per_s <= 1 + cap.tolerance + 1e-9
+    assert cap.usd_per_million_output_tokens is not None
+
+
+# --------------------------------------------------------------------------- every hardware, one run
+
+
+def test_every_hardware_gets_its_cheapest_feasible_candidate_in_one_run(cache_dir) -> None:
+    """At 15 req/s L4 wins; L40S's answer used to be a lower bound only (its candidates pruned
+    against L4's cost). Now L40S's own cheapest candidate that meets the SLO is found too."""
+    r = plan(MODEL, get_workload("chat"), 15.0, SLO_TEXT, cache_dir=cache_dir, **SPACE)
+    answers = {p.deployment.hardware: p for p in r.per_hardware}
+    assert set(answers) == {"l4", "l40s"} and answers["l4"] == r.recommended
+    l40s = answers["l40s"]
+    assert l40s.replicas is not None and l40s.usd_per_hour is not None  # simulated and feasible, not a bound
+    assert l40s.usd_per_hour == min(p.usd_per_hour for p in r.ranked if p.deployment.hardware == "l40s")
+    dep = l40s.deployment
+    w = probe_workload(get_workload("chat"), 15.0 / dep.replicas, probe_requests(100, dep))
+    one = dep.model_copy(update={"replicas": 1})
+    assert simulate(get_hardware_model(), get_hardware("l40s"), one, w, slo=SLO.parse(SLO_TEXT)).summary.goodput.slo_met
+
+
+# --------------------------------------------------------------------------- widening
+
+
+def test_a_narrowed_question_nothing_answers_gets_the_widening(cache_dir, monkeypatch: pytest.MonkeyPatch) -> None:
+    """L4 alone, one GPU, bf16 weights: too slow for the TPOT target. The default space (shrunk
+    here to L4 and L40S, two GPUs, one knob setting, to stay fast) answers; the widening names
+    what of that answer the question left out."""
+    monkeypatch.setattr(widen, "_default_hardware", lambda: ["l4", "l40s"])
+    monkeypatch.setattr(widen, "DEFAULT_MAX_GPUS_PER_REPLICA", 2)
+    monkeypatch.setattr(widen, "DEFAULT_WEIGHT_DTYPES", ("bf16", "fp8"))
+    monkeypatch.setattr(widen, "DEFAULT_KV_DTYPES", ("bf16",))
+    monkeypatch.setattr(widen, "DEFAULT_KNOBS_GRID", (KNOBS,))
+    slo = "ttft_p99_ms<=1500,tpot_p99_ms<=40"
+    narrow = {**SPACE, "hardware": ["l4"], "max_gpus_per_replica": 1, "weight_dtypes": ["bf16"]}
+    r = plan(MODEL, get_workload("chat"), RATE_PER_S, slo, cache_dir=cache_dir, widen=True, **narrow)
+    assert r.recommended is None
+    assert r.space is not None and len(r.space.narrower_than_default) == 3  # hardware, GPUs, weights
+    w = r.widening
+    assert w is not None and w.recommended is not None and w.changes
+    d = w.recommended.deployment
+    outside = [d.hardware != "l4", d.gpus_per_replica > 1, d.weight_dtype != "bf16"]
+    assert any(outside)
+    assert bool(w.hardware) == outside[0] and bool(w.max_gpus_per_replica) == outside[1]
+    assert bool(w.weight_dtypes) == outside[2]
+    assert w.summary.startswith("widen the search: " + w.changes[0]) and w.recommended.label in w.summary
+    assert plan(MODEL, get_workload("chat"), RATE_PER_S, slo, cache_dir=cache_dir, **narrow).widening is None
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+def test_cli_plan_without_a_recommendation_exits_1(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    argv = ["plan", "--rate", "2", "--slo", "ttft_p99_ms<=5", "--hw", "l4", "--max-gpus", "1", "--weight-dtypes", "bf16",
+            "--kv-dtypes", "bf16", "--requests-per-probe", "50", "--executor", "serial", "--cache-dir", str(tmp_path)]
+    assert main(argv) == 1
+    out = capsys.readouterr().out
+    assert "no recommendation" in out and "narrower than the default search" in out
+
+
+def test_cli_plan_switches_prefix_caching_in_every_candidate(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    import json
+
+    argv = ["plan", "--rate", "2", "--slo", "ttft_p99_ms<=5", "--hw", "l4", "--max-gpus", "1", "--weight-dtypes", "bf16",
+            "--kv-dtypes", "bf16", "--requests-per-probe", "50", "--executor", "serial", "--cache-dir", str(tmp_path),
+            "--no-prefix-caching", "--json"]
+    assert main(argv) == 1
+    r = json.loads(capsys.readouterr().out)
+    assert r["rejected"] and all(p["deployment"]["knobs"]["enable_prefix_caching"] is False for p in r["rejected"])
+    assert all("enable_prefix_caching=False" in k for k in r["space"]["knobs"])
