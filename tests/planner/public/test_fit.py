@@ -168,7 +168,7 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     (["validate", "--public", "--workloads", "chat"], "--workloads does not apply to --public"),
     (["validate", "--public", "--workers", "0"], "a whole number >= 1"),
     (["validate"], "--calibration is required"),
-    (["validate", "--memory", "--public"], "two different validations"),
+    (["validate", "--memory", "--public"], "two different modes"),
     (["validate", "--memory", "--quick"], "--quick does not apply to --memory"),
 ])
 def test_public_and_cpu_flags_do_not_mix(argv: list[str], message: str, capsys) -> None:
