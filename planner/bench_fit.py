@@ -38,9 +38,8 @@ from hwprofiles import PROFILE_DIR
 from planner.costmodel.fitted import FittedModel
 from planner.endpoint_bench import BENCH_FILE_VERSION, BenchReport, BenchRun
 from planner.engines import EngineProfile
-from planner.metrics import MetricFamily
 from planner.playback import Replay
-from planner.public.calibration import bands
+from planner.public.calibration import HeldOutFigure, bands
 from planner.public.data import Figure, Metric, metric_family
 from planner.public.fit import Progress, Space, fit_folds, fit_rounds, no_progress, simulate_runs
 from planner.public.replay import ReplayRun
@@ -74,17 +73,6 @@ class _Rec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class BenchFigure(_Rec):
-    id: str
-    run_key: str
-    source_key: str = Field(description="The run (the unit held out)")
-    metric: Metric
-    family: MetricFamily
-    measured: float
-    in_sample: float = Field(description="Predicted with the figures fitted on every run")
-    held_out: float = Field(description="Predicted with the figures fitted on the other runs")
-
-
 class BenchFit(_Rec):
     """What `calibrate --from-bench` writes; `simulate --calibration FILE` reads its `model`."""
 
@@ -98,7 +86,7 @@ class BenchFit(_Rec):
     hold_out: Literal["leave-one-run-out"] = "leave-one-run-out"
     rounds: int
     model: FittedModel
-    figures: list[BenchFigure]
+    figures: list[HeldOutFigure]
     held_out_median_abs_error_pct: float
     in_sample_median_abs_error_pct: float
     notes: list[str]
@@ -199,7 +187,7 @@ def calibrate_from_bench(runs: Sequence[ReplayRun], *, command: str, model_name:
     in_sample = simulate_runs(runs, figs, workers=workers, progress=progress("predicting in sample", len(runs)))
     held = simulate_runs(runs, lambda r: folds[r.run.run_key], workers=workers,
                          progress=progress("predicting each run held out", len(runs)))
-    results = [BenchFigure(id=f.id, run_key=r.run.run_key, source_key=r.run.run_key, metric=f.metric,
+    results = [HeldOutFigure(id=f.id, run_key=r.run.run_key, source_key=r.run.run_key, metric=f.metric,
                            family=metric_family(f.metric), measured=f.value, in_sample=inside[f.id], held_out=out[f.id])  # type: ignore[index]
                for r, inside, out in zip(runs, in_sample, held, strict=True) for f in r.figures]
     hw, engine = runs[0].hw, runs[0].engine
@@ -225,7 +213,7 @@ def calibrate_from_bench(runs: Sequence[ReplayRun], *, command: str, model_name:
     )
 
 
-def median_abs_error_pct(results: Sequence[BenchFigure], which: Literal["held_out", "in_sample"]) -> float:
+def median_abs_error_pct(results: Sequence[HeldOutFigure], which: Literal["held_out", "in_sample"]) -> float:
     return statistics.median(abs(getattr(r, which) / r.measured - 1) * 100 for r in results)
 
 
@@ -239,4 +227,4 @@ def write_bench_fit(fit: BenchFit, path: Path) -> Path:
     return path
 
 
-__all__ = ["BenchFit", "BenchFigure", "calibrate_from_bench", "load_bench", "prepare_bench", "write_bench_fit"]
+__all__ = ["BenchFit", "calibrate_from_bench", "load_bench", "prepare_bench", "write_bench_fit"]
