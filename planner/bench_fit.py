@@ -104,9 +104,12 @@ def load_bench(path: str | Path) -> BenchReport:
         raise InputError(f"{path}: version", data.get("version"), f"this ServePlan reads bench files of version "
                          f"{BENCH_FILE_VERSION}")
     try:
-        return BenchReport.model_validate(data)
+        report = BenchReport.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(exc, str(path)) from None
+    if not report.runs:
+        raise InputError(f"{path}: runs", "0 runs", "a bench file to fit on needs at least one run")
+    return report
 
 
 def bench_replay(run: BenchRun, vocab_size: int, where: str) -> Replay:

@@ -145,6 +145,8 @@ def _one_line(capsys: pytest.CaptureFixture[str], *needles: str) -> None:
     (json.dumps({"name": "h100", "memory_gib": 80}), ("not a bench file",)),
     (json.dumps({"version": 7, "runs": []}), ("version", "7")),
     (json.dumps({"version": 1, "sweep": None, "slo": None, "max_goodput_requests_per_s": 0, "max_goodput_point": None,
+                 "runs": []}), ("bad.json: runs", "at least one run")),
+    (json.dumps({"version": 1, "sweep": None, "slo": None, "max_goodput_requests_per_s": 0, "max_goodput_point": None,
                  "runs": [{"url": 5}]}), ("bad.json: runs.0.url", "valid string")),
 ])
 def test_not_a_bench_file(tmp_path: Path, byte_model: Path, capsys: pytest.CaptureFixture[str], content: str,
