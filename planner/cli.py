@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 import json
 import os
 from pathlib import Path
@@ -360,7 +361,19 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     dep = deployment_from_args(args)
     slo = SLO.parse(args.slo) if args.slo else None
     replay = replay_from_args(args, model.vocab_size, args.max_model_len or model.max_position_embeddings)
-    result = simulate(model, hw, dep, replay, slo=slo, router=args.router, max_model_len=args.max_model_len)
+    params, fit = None, None
+    if args.calibration:
+        from planner.costmodel import CostParams
+        from planner.costmodel.fitted import load_fitted_model, prediction_interval
+        from planner.engines import get_engine
+
+        fit = load_fitted_model(args.calibration)
+        params = CostParams.fitted(hw, get_engine(dep.engine), fit)
+    result = simulate(model, hw, dep, replay, slo=slo, router=args.router, calibration=params,
+                      max_model_len=args.max_model_len)
+    if fit is not None:  # the band of the fit that was used, not the public one
+        result = replace(result, summary=result.summary.model_copy(update={
+            "prediction_interval": prediction_interval(result.summary, hw, dep.engine, fit)}))
     if args.json:
         print_json(result.summary)
     else:
@@ -541,20 +554,28 @@ def render_sweep(result: BenchReport) -> None:
 # --------------------------------------------------------------------------- calibrate
 
 
-# Flags of a CPU calibration or validation that mean nothing with --public, and back.
-_CPU_ONLY = ("model", "device", "dtype", "threads", "random_weights", "quick", "workloads", "force", "tensor_parallel",
-             "expert_parallel")
-_PUBLIC_ONLY = ("rounds", "workers", "public_report")
+# The flags each mode of calibrate and validate reads: a flag the chosen mode does not read is
+# refused when given, not dropped.
+_MODE_FLAGS: dict[str, tuple[str, ...]] = {
+    "cpu": ("model", "device", "dtype", "threads", "random_weights", "quick", "workloads", "force", "tensor_parallel",
+            "expert_parallel"),
+    "public": ("rounds", "workers", "public_report"),
+    "memory": ("rounds", "workers"),
+    "from_bench": ("model", "rounds", "workers", "hardware", "max_model_len", *(s.name for s in (*DEPLOYMENT, *KNOBS))),
+}
+_MODE_NAMES = {"cpu": "a CPU calibration (without --public)", "public": "--public", "memory": "--memory",
+               "from_bench": "--from-bench"}
 
 
 def _check_mode(args: argparse.Namespace) -> None:
-    """--public and the CPU flags do not mix: a flag the chosen mode ignores is refused, not dropped."""
-    memory = getattr(args, "memory", False)
-    ignored = _CPU_ONLY if args.public or memory else _PUBLIC_ONLY
-    for name in ignored:
-        if name in args.mode_defaults and getattr(args, name) != args.mode_defaults[name]:
-            mode = "--public" if args.public else "--memory" if memory else "a CPU calibration (without --public)"
-            raise UsageError(f"{args.flags.get(name, name)} does not apply to {mode}")
+    chosen = [m for m, on in (("public", args.public), ("memory", getattr(args, "memory", False)),
+                              ("from_bench", getattr(args, "from_bench", None))) if on]
+    if len(chosen) > 1:
+        raise UsageError(f"{' and '.join(_MODE_NAMES[m] for m in chosen)} are two different modes: give one")
+    mode = chosen[0] if chosen else "cpu"
+    for name, default in args.mode_defaults.items():
+        if name not in _MODE_FLAGS[mode] and getattr(args, name) != default:
+            raise UsageError(f"{args.flags.get(name, name)} does not apply to {_MODE_NAMES[mode]}")
 
 
 @contextmanager
@@ -603,6 +624,36 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
     console.print(f"wrote {path}; `serveplan validate --public` reports it in full")
 
 
+def cmd_calibrate_from_bench(args: argparse.Namespace) -> None:
+    from planner.bench_fit import calibrate_from_bench, default_path, load_bench, prepare_bench, write_bench_fit
+    from planner.engines import get_engine
+
+    if args.hardware is None:
+        raise UsageError("--from-bench needs --hw: the hardware profile the endpoint runs on")
+    model_name = args.model or load_bench(args.from_bench[0]).runs[0].model
+    model, hw, engine = resolve_model(model_name), get_hardware(args.hardware), get_engine(args.engine)
+    dep = deployment_from_args(args)
+    max_model_len = args.max_model_len or model.max_position_embeddings
+    runs = prepare_bench(args.from_bench, model, hw, engine, dep, max_model_len)
+    with stages() as progress:
+        fit = calibrate_from_bench(runs, command="serveplan calibrate " + " ".join(sys.argv[2:]), model_name=model_name,
+                                   rounds=args.rounds, workers=args.workers or 1, progress=progress)
+    path = write_bench_fit(fit, Path(args.out) if args.out else default_path(hw, engine))
+    t = Table(title=f"{len(fit.runs)} bench runs on {hw.name} with {engine.name}: measured vs predicted "
+                    "(held out: fitted on the other runs)")
+    for col in ("run", "figure", "measured", "in sample", "held out", "held-out error %"):
+        t.add_column(col, justify="left" if col in ("run", "figure") else "right")
+    for f in fit.figures:
+        t.add_row(f.run_key, f.metric, f"{f.measured:,.2f}", f"{f.in_sample:,.2f}", f"{f.held_out:,.2f}",
+                  f"{(f.held_out / f.measured - 1) * 100:+.1f}")
+    console.print(t)
+    console.print(f"held-out median |error| {fit.held_out_median_abs_error_pct:.1f} % (leave-one-run-out), in sample "
+                  f"{fit.in_sample_median_abs_error_pct:.1f} %")
+    console.print("fitted: " + ", ".join(f"{k}={v:.4g}" for table in (fit.model.families, fit.model.engines)
+                                         for values in table.values() for k, v in values.items()))
+    console.print(f"wrote {path}; use it with `serveplan simulate --calibration {path}`")
+
+
 def cmd_calibrate(args: argparse.Namespace) -> None:
     from planner.calibrate import calibrate
 
@@ -610,8 +661,11 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     if args.public:
         cmd_calibrate_public(args)
         return
+    if args.from_bench:
+        cmd_calibrate_from_bench(args)
+        return
 
-    cal, path = calibrate(args.model, device=args.device, dtype=args.dtype, quick=args.quick, out=args.out,
+    cal, path = calibrate(args.model or "smollm2-135m", device=args.device, dtype=args.dtype, quick=args.quick, out=args.out,
                           random_weights=args.random_weights, threads=args.threads or default_threads())
     t = Table(title=f"{cal.model} on {cal.device.name} ({cal.hardware_profile}): "
                     f"fit median |error| {cal.fit_median_abs_error_pct:.1f} %, max {cal.fit_max_abs_error_pct:.1f} %")
@@ -800,8 +854,6 @@ def _pct(share: float | None) -> str:
 def cmd_validate(args: argparse.Namespace) -> None:
     from planner.validate import markdown, validate
 
-    if args.public and args.memory:
-        raise UsageError("--public and --memory are two different validations: give one")
     _check_mode(args)
     if args.memory:
         render_memory_validation(validate_startup_logs(), args.json)
@@ -865,7 +917,8 @@ def _add_public_flags(p: argparse.ArgumentParser, what: str) -> None:
     """--public and its flags; called last, it records the command's defaults for _check_mode."""
     p.add_argument("--public", action="store_true", help=what)
     p.add_argument("--workers", type=_at_least_one, help="--public: simulation processes (default: CPU count)")
-    p.set_defaults(mode_defaults={a.dest: a.default for a in p._actions if a.dest in _CPU_ONLY + _PUBLIC_ONLY})
+    moded = {name for flags in _MODE_FLAGS.values() for name in flags}
+    p.set_defaults(mode_defaults={a.dest: a.default for a in p._actions if a.dest in moded})
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -902,6 +955,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo", help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=50' (goodput_share>=0.99 by default)")
     p.add_argument("--router", default="round_robin", choices=list(ROUTERS), help="how replicas share requests")
     p.add_argument("--max-model-len", type=int, help="longest prompt + output per request (default: the model's context)")
+    p.add_argument("--calibration", help="a fit file (`serveplan calibrate --from-bench` or `--public`): its GPU-family "
+                                         "and engine figures replace the profiles' (default: the public fit, if made)")
     p.add_argument("--json", action="store_true", help="the full result in the stable schema of docs/simulate.md")
     command(p, cmd_simulate)
 
@@ -948,13 +1003,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     # The engine settings that decide a calibration or a validation: the same declarations.
     engine_flags = {s.name: s for s in settings(EngineConfig)}
-    p = sub.add_parser("calibrate", help="measure this machine and real engine steps; fit the cost model")
-    p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
+    p = sub.add_parser("calibrate", help="measure this machine and real engine steps; fit the cost model "
+                                         "(or fit it to bench --url runs: --from-bench)")
+    p.add_argument("--model", help="catalog name, checkpoint folder or .gguf file (default: smollm2-135m; with "
+                                   "--from-bench, the model name the first bench file records)")
     add_flags(p, [engine_flags[n] for n in ("random_weights", "device", "dtype", "threads")])
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats")
     p.add_argument("--out", help="calibration file (default: hwprofiles/calibrations/<device>__<model>__<dtype>.json; "
                                  "with --public, hwprofiles/calibrations/public-gpu.json)")
-    p.add_argument("--rounds", type=_at_least_one, default=3, help="--public: trace-and-fit rounds (default: 3)")
+    p.add_argument("--rounds", type=_at_least_one, default=3,
+                   help="--public, --from-bench: trace-and-fit rounds (default: 3)")
+    p.add_argument("--from-bench", nargs="+", metavar="RUN.json",
+                   help="instead, fit the GPU-family and engine figures to files of `serveplan bench --url --json` "
+                        "(each run held out in turn; docs/serving.md); with --hw, --engine and the deployment's flags")
+    p.add_argument("--hw", dest="hardware", help="--from-bench: the hardware profile the endpoint runs on")
+    p.add_argument("--max-model-len", type=int, help="--from-bench: the endpoint's longest prompt + output "
+                                                     "(default: the model's context)")
+    add_flags(p, [*DEPLOYMENT, *KNOBS])
     p.add_argument("--report", dest="public_report",
                    help="--public: also write the validation of the fit's own predictions (markdown, with a plot and "
                         "the JSON the dashboard reads beside it), as `serveplan validate --public --report` would")

@@ -251,6 +251,10 @@ class Deployment(Spec):
     engine: Annotated[str, Knob("--engine", "Serving engine")] = Field(
         DEFAULT_ENGINE, pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64,
         description="Engine profile (`serveplan engines list`): its defaults, scheduling and overheads apply")
+    api_server: Annotated[bool, Knob("--api-server", "Served over HTTP")] = Field(
+        True, description="Requests pass the engine's HTTP API server, and the engine profile's API figures "
+        "(overheads api_request_ms, api_step_us, api_token_us) are priced; off for in-process runs (the LLM class, "
+        "`engine bench`)")
     knobs: EngineKnobs = Field(default_factory=EngineKnobs)
 
     @model_validator(mode="after")

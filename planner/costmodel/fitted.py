@@ -15,9 +15,10 @@ import json
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from engine.errors import InputError
+from engine.errors import InputError, from_validation_error
+from engine.files import load_json
 from hwprofiles import PROFILE_DIR
 from planner.metrics import MetricFamily, PredictionInterval, RunSummary
 from planner.specs import SLO, HardwareProfile
@@ -78,6 +79,19 @@ def fitted_model(path: Path = PUBLIC_FIT_FILE) -> FittedModel | None:
     if not path.exists():
         return None
     return FittedModel.model_validate(json.loads(path.read_text())["model"])
+
+
+def load_fitted_model(path: str | Path) -> FittedModel:
+    """The fitted figures of a file `serveplan calibrate --public` or `--from-bench` wrote, or one
+    InputError saying why the file is not one."""
+    data = load_json(path, "calibration")
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise InputError("calibration", str(path), "is not a fit file (`serveplan calibrate --public` or "
+                         "`--from-bench` writes one)")
+    try:
+        return FittedModel.model_validate(data["model"])
+    except ValidationError as exc:
+        raise from_validation_error(exc, f"{path}: model") from None
 
 
 # The RunSummary figures each metric family's band applies to.

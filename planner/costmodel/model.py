@@ -149,7 +149,8 @@ class CostModel:
         dep = resolve_deployment(dep, hw, max_model_len=model.max_position_embeddings)
         engine = get_engine(dep.engine)
         self.model, self.hw, self.dep = model, hw, dep
-        self.params = p = params if params is not None else CostParams.fitted(hw, engine)
+        p = params if params is not None else CostParams.fitted(hw, engine)
+        self.params = p = p if dep.api_server else p.in_process()
         self.ops: Operators = build_operators(model, dep)
         ops = self.ops
         # Kernels per step of each device operator, in OPERATORS order: launches an eager step waits for.
@@ -253,6 +254,8 @@ class CostModel:
             launch = r.graph_launch_s
         busy = sum(device) + launch + draft.seconds
         host = p.step_overhead_s + p.per_request_overhead_s * s.requests + p.layer_overhead_s * ops.layers
+        # Streaming the step's tokens (one per sampled row) through an API server in the engine's process.
+        host = host + (p.api_step_s + p.api_token_s * s.sampled_rows) * _present(s.sampled_rows)
         if p.overlap_host:  # the host prepared this step while the previous one ran: only its excess shows
             host = _max(host - busy, 0.0)
         return (*device, host, launch, draft.seconds), work[0] + r.lm_head_flops, work[1] + r.lm_head_bytes + r.norm_sample_bytes
@@ -313,6 +316,8 @@ class CostModel:
             "overlap of micro-batches in flight is not modelled",
             f"norms: residual add fused, {NORM_TRAFFIC} x hidden x activation bytes per norm per token",
             "host work per step: step_overhead_s + per_request_overhead_s x requests"
+            + (" + api_step_s + api_token_s x sampled rows when the step streams tokens (API server in the engine's "
+               "process)" if self.params.api_step_s or self.params.api_token_s else "")
             + (", overlapped with the previous step's device work" if self.params.overlap_host else ", after the device work"),
             "an empty step costs 0 s",
             (f"decode-only steps of <= {self.graph_max} requests replay a captured graph: batch padded to the captured "

@@ -13,7 +13,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 from engine.errors import InputError
-from planner.costmodel.fitted import fitted_model
+from planner.costmodel.fitted import FittedModel, fitted_model
 from planner.engines import EngineProfile
 from planner.specs import HardwareProfile
 
@@ -50,6 +50,11 @@ class CostParams:
     # Time the engine's API server spends on a request before the engine sees it (HTTP, chat
     # template, tokeniser), one request at a time. Not part of a step: the simulator's front end.
     api_request_s: float = 0.0
+    # Host time the API server takes from the step loop to stream a step's tokens: once per step
+    # that delivers tokens (the hand-off of the step's outputs) plus once per delivered token (its
+    # SSE event). Not zero where the server shares the engine's process and GIL (ServePlan's own).
+    api_step_s: float = 0.0
+    api_token_s: float = 0.0
     # "causal": the kernel skips masked (query, key) pairs and keys outside windows (FlashAttention,
     # the Triton kernels). "dense": it computes the whole masked score matrix of each prefill chunk
     # and pads a decode batch to its longest context (the engine's torch reference path on CPU).
@@ -67,7 +72,7 @@ class CostParams:
             if not 0.0 < value <= 1.0:
                 raise InputError(name, value, "must be in (0, 1]")
         for name in ("step_overhead_s", "per_request_overhead_s", "layer_overhead_s", "gemm_half_size_tokens",
-                     "kernel_launch_s", "kernel_latency_s", "api_request_s"):
+                     "kernel_launch_s", "kernel_latency_s", "api_request_s", "api_step_s", "api_token_s"):
             value = getattr(self, name)
             if not 0.0 <= value < float("inf"):  # also rejects NaN
                 raise InputError(name, value, "must be a finite number >= 0")
@@ -95,14 +100,19 @@ class CostParams:
             return params
         o = engine.overheads
         return replace(params, step_overhead_s=o.step_us * 1e-6, per_request_overhead_s=o.per_request_us * 1e-6,
-                       api_request_s=o.api_request_ms * 1e-3, overlap_host=engine.execution.overlap_host)
+                       api_request_s=o.api_request_ms * 1e-3, api_step_s=o.api_step_us * 1e-6,
+                       api_token_s=o.api_token_us * 1e-6, overlap_host=engine.execution.overlap_host)
+
+    def in_process(self) -> CostParams:
+        """These figures for requests that do not pass the API server (the LLM class, `engine bench`)."""
+        return replace(self, api_request_s=0.0, api_step_s=0.0, api_token_s=0.0)
 
     @classmethod
-    def fitted(cls, hw: HardwareProfile, engine: EngineProfile) -> CostParams:
-        """The profiles' estimates with what the public GPU fit learnt of hw's family and the engine
-        (planner/costmodel/fitted.py); the estimates alone where the fit saw neither."""
+    def fitted(cls, hw: HardwareProfile, engine: EngineProfile, model: FittedModel | None = None) -> CostParams:
+        """The profiles' estimates with what a fit (`model`, else the public GPU fit) learnt of hw's
+        family and the engine (planner/costmodel/fitted.py); the estimates alone where it saw neither."""
         params = cls.defaults(hw, engine)
-        model = fitted_model()
+        model = model or fitted_model()
         if model is None:
             return params
         values = {**model.families.get(hw.family, {}), **model.engines.get(engine.name, {})}

@@ -225,6 +225,12 @@ class Overheads(_Spec):
         ge=0, description="API server time per request before it reaches the engine (HTTP, chat template, tokeniser); "
         "requests pass the server one at a time, so a burst queues here"
     )
+    api_step_us: float = Field(
+        0.0, ge=0, description="Host time the API server takes from the step loop per step that streams tokens "
+        "(handing the step's outputs to the server); 0 where the server runs beside the engine, not in its process")
+    api_token_us: float = Field(
+        0.0, ge=0, description="Host time the API server takes from the step loop per streamed token (its SSE event); "
+        "0 where the server runs beside the engine, not in its process")
     provenance: str
 
 

@@ -45,20 +45,25 @@ def unit_of(run: PublicRun, unit: Unit) -> str:
     return run.source_key if unit == "source" else run.publisher
 
 
-class FigureResult(_Rec):
+class HeldOutFigure(_Rec):
+    """A measured figure with its in-sample and held-out predictions (what the bands are made of)."""
+
     id: str
     run_key: str
-    source_key: str
-    publisher: str
+    source_key: str = Field(description="The unit held out: a publication, or (from bench) a run")
     metric: str
     family: MetricFamily
+    measured: float
+    in_sample: float = Field(description="Predicted with the all-data fit")
+    held_out: float = Field(description="Predicted with the fit that left this figure's source out")
+
+
+class FigureResult(HeldOutFigure):
+    publisher: str
     engine: str = Field(description="Engine profile the run was replayed with")
     hardware: str
     gpu_family: str
     confidence: Literal["high", "medium", "low"]
-    measured: float
-    in_sample: float = Field(description="Predicted with the all-data fit")
-    held_out: float = Field(description="Predicted with the fit that left this figure's source out")
     held_out_publisher: float = Field(description="Predicted with the fit that left this figure's publisher out")
 
 
@@ -175,7 +180,7 @@ def write_fit(result: PublicFit, path: Path = PUBLIC_FIT_FILE) -> Path:
     return path
 
 
-def bands(results: Sequence[FigureResult]) -> dict[MetricFamily, Band]:
+def bands(results: Sequence[HeldOutFigure]) -> dict[MetricFamily, Band]:
     """Per metric family, quantiles of measured / held-out predicted, and the share of each source's
     figures inside the P10..P90 band built from the other sources only."""
     out: dict[MetricFamily, Band] = {}
@@ -197,4 +202,4 @@ def bands(results: Sequence[FigureResult]) -> dict[MetricFamily, Band]:
     return out
 
 
-__all__ = ["PublicFit", "FigureResult", "SkippedRun", "bands", "calibrate_public", "predict_public", "write_fit"]
+__all__ = ["PublicFit", "FigureResult", "HeldOutFigure", "SkippedRun", "bands", "calibrate_public", "predict_public", "write_fit"]

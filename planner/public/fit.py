@@ -188,9 +188,9 @@ def _simulate_one(task: tuple[ReplayRun, Figures, bool, bool]) -> Traced | dict[
 def surrogate(traced: Traced, figs: Figures) -> dict[str, float]:
     """figure id -> value, re-timing the traced schedule at `figs` instead of simulating again."""
     run = traced.run
-    params = run.params(figs.params(run))
-    step_s = sum(CostModel(run.model, run.hw, run.dep, params).times(traced.trace.shapes)[0])
-    timeline = retime(traced.trace, np.asarray(step_s, dtype=float), params.api_request_s)
+    cost_model = CostModel(run.model, run.hw, run.dep, run.params(figs.params(run)))
+    step_s = sum(cost_model.times(traced.trace.shapes)[0])
+    timeline = retime(traced.trace, np.asarray(step_s, dtype=float), cost_model.params.api_request_s)
     values = figures(traced.trace, timeline, [f.metric for f in run.figures])
     return {f.id: values[f.metric] for f in run.figures}
 

@@ -9,6 +9,7 @@ everything the replay assumes is listed in `ReplayRun.assumptions`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, Protocol
 
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs, ModelConfig
@@ -66,16 +67,28 @@ _SGLANG_DP_ATTENTION_OFF = ("--enable-dp-attention without --dp: SGLang turns DP
                             "(server_args.py _handle_data_parallelism); replayed as tensor-parallel attention")
 
 
+class Measured(Protocol):
+    """What the fit reads of a measured run: a published run, or a run of `serveplan bench --url`."""
+
+    @property
+    def run_key(self) -> str: ...
+    @property
+    def source_key(self) -> str: ...  # the unit weighed alike and held out together
+    @property
+    def confidence(self) -> Literal["high", "medium", "low"]: ...
+    @property
+    def figures(self) -> tuple[Figure, ...]: ...
+
+
 @dataclass(frozen=True)
 class ReplayRun:
-    run: PublicRun
+    run: Measured
     model: ModelConfig
     hw: HardwareProfile
     engine: EngineProfile
     dep: Deployment
-    workload: Workload
+    workload: Workload | Replay  # drawn again, or (a bench run) the very requests measured
     max_model_len: int
-    through_api: bool  # requests pass the engine's HTTP server (the client's clock includes it)
     overlap_host: bool | None  # a flag of the run that changes host overlap (vLLM --async-scheduling)
     assumptions: tuple[str, ...]
 
@@ -86,15 +99,10 @@ class ReplayRun:
     def params(self, base: CostParams) -> CostParams:
         """`base` (the fitted figures of this GPU family and engine) with what this run's flags change."""
         changes: dict[str, object] = {}
-        if self.overlap_host is not None:
-            changes["overlap_host"] = self.overlap_host
-        if not self.through_api:
-            changes["api_request_s"] = 0.0
-        return base.with_values(changes) if changes else base
+        return base if self.overlap_host is None else base.with_values({"overlap_host": self.overlap_host})
 
     def simulate(self, params: CostParams, *, trace: bool = False) -> SimulationResult:
-        replay = Replay.of(self.workload, vocab_size=self.model.vocab_size, max_model_len=self.max_model_len)
-        return simulate(self.model, self.hw, self.dep, replay, calibration=self.params(params),
+        return simulate(self.model, self.hw, self.dep, self.workload, calibration=self.params(params),
                         max_model_len=self.max_model_len, trace=trace)
 
 
@@ -133,13 +141,13 @@ def prepare(run: PublicRun) -> ReplayRun | str:
         knobs = knobs.model_copy(update={"enable_prefix_caching": False})
     dep = Deployment(hardware=hw.name, tensor_parallel=d.tensor_parallel, pipeline_parallel=d.pipeline_parallel,
                      expert_parallel=d.expert_parallel, attention_data_parallel=attention_dp,
-                     weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype, engine=engine.name, knobs=knobs)
+                     weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype, engine=engine.name,
+                     api_server=run.client.endpoint != "in-process", knobs=knobs)
     overlap = True if args.get("async_scheduling") else None
     if d.expert_parallel > 1 and not dispatches_by_all_to_all(dep):
         assumptions.append(f"expert parallelism as {engine.name} runs it without DP attention: each rank's experts "
                            "on every token, summed by the layer's all-reduce (no all-to-all)")
-    return ReplayRun(run, model, hw, engine, dep, _workload(run), max_model_len, run.client.endpoint != "in-process",
-                     overlap, tuple(assumptions))
+    return ReplayRun(run, model, hw, engine, dep, _workload(run), max_model_len, overlap, tuple(assumptions))
 
 
 def _workload(run: PublicRun) -> Workload:

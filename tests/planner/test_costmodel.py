@@ -313,3 +313,20 @@ def test_devices_without_graph_capture_ignore_the_knob() -> None:
     on_cpu = cost(hw="epyc-9654-2s").breakdown(out)
     assert on_cpu == cost(hw="epyc-9654-2s", knobs=EngineKnobs(enforce_eager=True)).breakdown(out)
     assert on_cpu["kernel_launch"] == 0.0  # CPU per-op costs live in the calibrated overheads
+
+
+def test_api_server_figures_are_priced_only_when_served_over_http() -> None:
+    """The serveplan profile's streaming cost: api_step_s + api_token_s per token, once per step that
+    samples, and nothing for an in-process deployment."""
+    from planner.engines import get_engine
+
+    model, hw = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
+    engine = get_engine("serveplan")
+    params = CostParams.defaults(hw, engine)
+    assert params.api_step_s > 0 and params.api_token_s > 0 and params.api_request_s > 0
+    served = CostModel(model, hw, Deployment(hardware=hw.name, engine="serveplan"), params)
+    local = CostModel(model, hw, Deployment(hardware=hw.name, engine="serveplan", api_server=False), params)
+    assert local.params == params.in_process()
+    for batch in (1, 8):
+        extra = served.decode_cost(batch, 512).seconds - local.decode_cost(batch, 512).seconds
+        assert extra == pytest.approx(params.api_step_s + batch * params.api_token_s)

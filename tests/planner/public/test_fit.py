@@ -176,7 +176,7 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     (["validate", "--public", "--workloads", "chat"], "--workloads does not apply to --public"),
     (["validate", "--public", "--workers", "0"], "a whole number >= 1"),
     (["validate"], "--calibration is required"),
-    (["validate", "--memory", "--public"], "two different validations"),
+    (["validate", "--memory", "--public"], "two different modes"),
     (["validate", "--memory", "--quick"], "--quick does not apply to --memory"),
     (["calibrate", "--report", "r.md"], "--report does not apply to a CPU calibration"),
     (["calibrate", "--public", "--report", "/no/such/folder/r.md"], "must be a file in an existing folder"),
