@@ -146,7 +146,8 @@ def render() -> None:
                         width="stretch")
     for c in results:
         detail = pd.DataFrame([m.model_dump() for m in c.metrics]).rename(
-            columns={"a": base.path, "b": c.b.path, "delta": "B − A", "delta_pct": "B − A (%)"})
+            columns={"a": base.path, "b": c.b.path, "delta": "B − A", "delta_pct": "B − A (%)",
+                     "a_range": f"{base.path}: likely if measured (P10-P90)", "b_range": f"{c.b.path}: likely if measured"})
         ui.table(detail, f"{c.b.path} vs {base.path}", key=f"compare.{c.b.path}")
     ui.json_download("Comparisons (JSON, as serveplan compare --json)", [c.model_dump(mode="json") for c in results],
                      "comparisons.json", key="compare.json")
