@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from engine.core.scheduler import Batching, Policy, SchedulerConfig
+from engine.core.scheduler import Batching, Policy, PreemptionMode, SchedulerConfig
 from engine.dtypes import KV_DTYPE_BYTES, KV_SCALED_DTYPES, EngineDtype, QuantKVDtype, QuantWeightDtype
 from engine.errors import InputError, from_validation_error
 from engine.files import load_json
@@ -445,6 +445,7 @@ class SpeculativeSettings(BaseModel):
 # simulated or real step is sized by a typo (docs/security.md lists every limit).
 MAX_BATCHED_TOKENS = 1 << 20
 MAX_NUM_SEQS = 1 << 16
+MAX_OFFLOAD_GIB = 1 << 20  # 1 PiB of host memory or disk per engine instance
 
 
 class EngineKnobs(BaseModel):
@@ -486,6 +487,24 @@ class EngineKnobs(BaseModel):
     max_graph_batch_size: Annotated[int | None, Knob("--max-graph-batch-size", "Largest graph batch", "requests")] = Field(
         None, ge=1, le=4096,
         description="Largest decode batch run as a captured graph; larger batches run eagerly (default: the engine's)")
+    preemption_mode: Annotated[PreemptionMode, Knob("--preemption-mode", "Preemption")] = Field(
+        "recompute", description="What a preempted request loses: recompute drops its KV and prefills again on resume; "
+        "swap copies its blocks to the host KV tier and back (recompute when the tier has no room)")
+    kv_offload_host_gib: Annotated[float, Knob("--kv-offload-host-gib", "Host KV tier", "GiB")] = Field(
+        0.0, ge=0, le=MAX_OFFLOAD_GIB, description="Host memory for KV blocks, per engine instance (all its GPUs): "
+        "prefix-cache blocks evicted from device memory (LRU) and swapped-out requests; 0: none (docs/offload.md)")
+    kv_offload_disk_gib: Annotated[float, Knob("--kv-offload-disk-gib", "Disk KV tier", "GiB")] = Field(
+        0.0, ge=0, le=MAX_OFFLOAD_GIB, description="Local disk for prefix-cache blocks the host tier evicts (LRU), "
+        "per engine instance; needs a host tier; 0: none")
+
+    @model_validator(mode="after")
+    def _tiers_in_order(self) -> EngineKnobs:
+        if self.kv_offload_disk_gib and not self.kv_offload_host_gib:
+            raise InputError("kv_offload_disk_gib", self.kv_offload_disk_gib,
+                             "needs kv_offload_host_gib > 0: blocks reach the disk tier through host memory")
+        if self.preemption_mode == "swap" and not self.kv_offload_host_gib:
+            raise InputError("preemption_mode", "swap", "needs kv_offload_host_gib > 0: swapped blocks live in the host tier")
+        return self
 
     def with_defaults(self, defaults: Mapping[str, object]) -> EngineKnobs:
         """These knobs with every setting left None taken from `defaults` (an engine's)."""
@@ -512,6 +531,7 @@ class EngineKnobs(BaseModel):
             num_speculative_tokens=self.speculative.num_speculative_tokens if self.speculative else 0,
             batching=self.batching,  # type: ignore[arg-type]
             num_scheduler_steps=self.num_scheduler_steps,  # type: ignore[arg-type]
+            preemption_mode=self.preemption_mode,
         )
 
 
@@ -564,6 +584,9 @@ class EngineConfig(EngineKnobs):
         "vectorised, else dequantise then matmul), 'dynamic' = CPU only, fbgemm's W8A8 matmul quantising "
         "each token's activations to 7 bits on each call: the fast int8 path on x86, at a further quality cost"
     )
+    kv_offload_disk_path: Annotated[str | None, Knob("--kv-offload-disk-path", "Disk KV tier folder")] = Field(
+        None, min_length=1, max_length=4096, description="Existing folder where the disk KV tier keeps its file "
+        "(created and removed by the engine); needed with kv_offload_disk_gib")
     threads: Annotated[int | None, Knob("--threads", "CPU threads", "threads")] = Field(
         None, ge=1, le=4096, description="Threads of torch's CPU pool, set when the engine starts on a CPU; unset: "
         "as this process has it. The CLI defaults to OMP_NUM_THREADS, else the physical cores this process may "
@@ -576,6 +599,12 @@ class EngineConfig(EngineKnobs):
         if isinstance(data, dict):
             data = {**data, **{k: v for k, v in ENGINE_DEFAULTS.items() if data.get(k) is None}}
         return data
+
+    @model_validator(mode="after")
+    def _disk_tier_has_a_folder(self) -> EngineConfig:
+        if self.kv_offload_disk_gib and self.kv_offload_disk_path is None:
+            raise InputError("kv_offload_disk_path", None, "needs a folder for the disk KV tier (kv_offload_disk_gib > 0)")
+        return self
 
     @field_validator("int8_kernel")
     @classmethod

@@ -27,6 +27,7 @@ from engine.dtypes import ENGINE_DTYPES
 from engine.errors import InputError, from_validation_error
 from engine.graphs import compile_recorder, cuda_graph_recorder
 from engine.kernels import triton_available
+from engine.kv_offload import TierStore, tier_blocks
 from engine.model.loader import LoadedModel, load_model
 from engine.quant.kv import is_quantized_kv, kv_cache_torch_dtype, kv_dtype_name
 from engine.runner import ModelRunner
@@ -117,11 +118,15 @@ class LLM:
             raise InputError("max_model_len", self.max_model_len,
                              f"must not exceed the model's max_position_embeddings={self.config.max_position_embeddings}")
         self.num_blocks = cfg.num_kv_blocks or self._blocks_that_fit(device, kv_dtype)
+        self.host_blocks, self.disk_blocks = self._tier_blocks(kv_dtype)
         self.scheduler = Scheduler(
             cfg.scheduler_config(self.max_model_len),
-            KVCacheManager(self.num_blocks, cfg.block_size_tokens, cfg.enable_prefix_caching),
+            KVCacheManager(self.num_blocks, cfg.block_size_tokens, cfg.enable_prefix_caching,
+                           self.host_blocks, self.disk_blocks),
         )
         self.runner = ModelRunner(self.model, self.config, self.num_blocks, cfg.block_size_tokens, kv_dtype, device, cfg.seed)
+        if self.host_blocks:
+            self.runner.tiers = TierStore(self.runner.kv_caches, self.host_blocks, self.disk_blocks, cfg.kv_offload_disk_path)
         # Only the Triton kernels are capturable: the torch reference path (quantised KV caches, no
         # triton) syncs on data-dependent shapes, and so does MoE routing (tokens per expert are
         # counted on the host), so those engines stay eager.
@@ -162,6 +167,21 @@ class LLM:
         if blocks < 1:
             raise InputError("kv_cache_gib", cfg.kv_cache_gib, "leaves no room for a single KV block")
         return blocks
+
+    def _tier_blocks(self, kv_dtype: torch.dtype) -> tuple[int, int]:
+        """Blocks of the host and disk tiers; the host tier is checked against this machine's
+        memory before any of it is allocated."""
+        cfg, block_bytes = self.engine_config, self.kv_bytes_per_block(kv_dtype)
+        host, disk = tier_blocks(cfg.kv_offload_host_gib, block_bytes), tier_blocks(cfg.kv_offload_disk_gib, block_bytes)
+        for name, gib, blocks in (("kv_offload_host_gib", cfg.kv_offload_host_gib, host),
+                                  ("kv_offload_disk_gib", cfg.kv_offload_disk_gib, disk)):
+            if gib and not blocks:
+                raise InputError(name, gib, f"holds no KV block of {block_bytes:,} bytes; give at least {block_bytes / GIB:.3g}")
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if host * block_bytes > physical / 2:
+            raise InputError("kv_offload_host_gib", cfg.kv_offload_host_gib,
+                             f"must leave half of this machine's {physical / GIB:.1f} GiB of memory to everything else")
+        return host, disk
 
     def kv_bytes_per_block(self, kv_dtype: torch.dtype) -> int:
         """Real bytes of one KV block across all layers (quantised caches count their scales):
