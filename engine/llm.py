@@ -154,6 +154,14 @@ class LLM:
         """Seconds since the engine started; the scheduler is always handed this clock."""
         return time.perf_counter() - self._t0
 
+    def share_clock(self, origin: float) -> None:
+        """Measure time from `origin`, a time.perf_counter() value, instead of the engine's start:
+        engines in several processes of one machine then stamp requests on one clock
+        (perf_counter is the system-wide monotonic clock). Before any request is added."""
+        if self.scheduler.requests:
+            raise RuntimeError("share_clock() must come before the first request")
+        self._t0 = origin
+
     def _blocks_that_fit(self, device: torch.device, kv_dtype: torch.dtype) -> int:
         cfg = self.engine_config
         if cfg.kv_cache_gib is not None:
