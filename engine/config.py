@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -548,6 +549,13 @@ ENGINE_DEFAULTS: dict[str, object] = {
     "gpu_memory_utilization": 0.9,
     "max_graph_batch_size": 512,
 }
+
+
+def tier_blocks(gib: float, block_bytes: float) -> int:
+    """KV blocks of `block_bytes` that an offload tier of `gib` GiB holds (engine and simulator
+    alike). A size given as a whole number of blocks (blocks x block_bytes / 2^30) gives that
+    number back despite float rounding."""
+    return math.floor(gib * 2**30 / block_bytes + 1e-9)
 
 
 # Largest explicit KV cache: 16 TiB or 16M blocks, beyond any machine, well short of an overflow.

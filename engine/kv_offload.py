@@ -31,12 +31,6 @@ from engine.errors import InputError
 GIB = 2**30
 
 
-def tier_blocks(gib: float, block_bytes: int) -> int:
-    """KV blocks of `block_bytes` that `gib` GiB holds. A size given as a whole number of blocks
-    (blocks x block_bytes / 2^30) gives that number back despite float rounding."""
-    return math.floor(gib * GIB / block_bytes + 1e-9)
-
-
 class ExternalKV(Protocol):
     """Where a request's externally computed KV comes from (the decode side of a transport)."""
 

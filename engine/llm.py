@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, tier_blocks
 from engine.core import KVCacheManager, Request, RequestUpdate, SamplingParams, Scheduler, SpecStats, StepLoop
 from engine.core.metrics import RequestMetrics
 from engine.dtypes import ENGINE_DTYPES
 from engine.errors import InputError, from_validation_error
 from engine.graphs import compile_recorder, cuda_graph_recorder
 from engine.kernels import triton_available
-from engine.kv_offload import TierStore, tier_blocks
+from engine.kv_offload import TierStore
 from engine.model.loader import LoadedModel, load_model
 from engine.quant.kv import is_quantized_kv, kv_cache_torch_dtype, kv_dtype_name
 from engine.runner import ModelRunner

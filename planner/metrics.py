@@ -20,10 +20,22 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.core.kv_cache_manager import PrefixCacheStats
+from engine.core.kv_tiers import TierStats
 from engine.core.metrics import RequestMetrics, StepSample
 from planner.specs import SLO
 
 TIMESERIES_POINTS = 120
+
+
+@dataclass(frozen=True)
+class KVTransferRecord:
+    """One request's prompt KV moved from its prefill to its decode instance (disaggregation)."""
+
+    nbytes: float  # what each GPU of the prefill instance sends (a CPU engine: the whole)
+    num_blocks: int
+    send_s: float  # prefill engine time putting it on its way (0 for DMA/RDMA)
+    wire_s: float  # on its way: from the end of the send to the decode side taking it in
+    load_s: float  # decode engine time copying it into its cache (0 for DMA/RDMA)
 
 
 @dataclass
@@ -41,6 +53,8 @@ class RunRecord:
     flops: float | None = None  # work done by all GPUs, when known (the simulator knows)
     bytes: float | None = None
     finish_reasons: dict[str, int] = field(default_factory=dict)
+    offload: TierStats | None = None  # summed over replicas; None without offload tiers
+    transfers: list[KVTransferRecord] | None = None  # None without disaggregation
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,30 @@ class TimeSeries(_Out):
     batch_tokens: list[float] = Field(description="Tokens per step, summed over replicas")
 
 
+class TransferStats(_Out):
+    """Prompt KV moved from prefill to decode instances, per request."""
+
+    requests: int = Field(description="Transfers (requests with more than one prompt token)")
+    mb_per_request_mean: float = Field(description="Mean MB (1e6 bytes) each GPU of a prefill instance sent per request")
+    total_ms: LatencyStats = Field(description="send + wire + load")
+    send_ms: LatencyStats = Field(description="Prefill engine time putting the KV on its way (0 for DMA/RDMA)")
+    wire_ms: LatencyStats = Field(description="From the end of the send to the decode side taking it in, link queueing included")
+    load_ms: LatencyStats = Field(description="Decode engine time copying it into its cache (0 for DMA/RDMA)")
+
+
+class OffloadStats(_Out):
+    """The offload tiers over the run, all replicas."""
+
+    host_hit_tokens: int = Field(description="Prompt tokens found in the host tier (copied back, not recomputed)")
+    disk_hit_tokens: int = Field(description="Prompt tokens found in the disk tier")
+    stored_blocks: int = Field(description="Blocks copied device -> host: evicted prefix blocks and swap-outs")
+    demoted_blocks: int = Field(description="Blocks the host tier moved on to disk")
+    loaded_host_blocks: int = Field(description="Blocks copied host -> device: prefix hits and swap-ins")
+    loaded_disk_blocks: int
+    swapped_out_requests: int = Field(description="Preemptions by swap")
+    swap_out_refusals: int = Field(description="Preemptions that recomputed because the host tier had no room")
+
+
 class RunSummary(_Out):
     """The stable result schema of `serveplan simulate --json`, `serveplan engine bench --json` and
     `serveplan bench --url` (source 'endpoint': measured by a client from the stream)."""
@@ -140,7 +178,8 @@ class RunSummary(_Out):
     queueing_ms: LatencyStats = Field(description="Arrival to first scheduled step")
     throughput: Throughput
     goodput: Goodput
-    prefix_cache_hit_rate: float = Field(description="Prompt tokens served from the prefix cache / prompt tokens looked up")
+    prefix_cache_hit_rate: float = Field(description="Prompt tokens served from the prefix cache (device memory and "
+                                         "any offload tier) / prompt tokens looked up")
     prefix_cache_hit_tokens: int
     preemptions: int
     num_steps: int
@@ -149,6 +188,8 @@ class RunSummary(_Out):
     cost: Cost
     timeseries: TimeSeries
     assumptions: dict[str, object] = Field(description="Every figure the run's timing model used")
+    offload: OffloadStats | None = Field(None, description="Offload tiers (host, disk, swap); None without them")
+    kv_transfer: TransferStats | None = Field(None, description="Prefill-to-decode KV transfers; None without disaggregation")
 
 
 def latency_stats_ms(values_s: Sequence[float] | np.ndarray) -> LatencyStats:
@@ -210,7 +251,7 @@ def summarize(
         throughput=throughput,
         goodput=_goodput(reqs, stats, slo, duration),
         prefix_cache_hit_rate=record.prefix_cache.hit_rate,
-        prefix_cache_hit_tokens=record.prefix_cache.hit_tokens,
+        prefix_cache_hit_tokens=record.prefix_cache.all_hit_tokens,
         preemptions=record.num_preemptions,
         num_steps=record.num_steps,
         kv_cache_blocks_total=record.kv_cache_blocks_total,
@@ -218,6 +259,27 @@ def summarize(
         cost=_cost(pricing, throughput),
         timeseries=_timeseries(record.samples, record.num_replicas, start, end),
         assumptions=assumptions,
+        offload=_offload(record.offload, record.prefix_cache),
+        kv_transfer=_transfers(record.transfers),
+    )
+
+
+def _offload(tiers: TierStats | None, prefix: PrefixCacheStats) -> OffloadStats | None:
+    if tiers is None:
+        return None
+    return OffloadStats(host_hit_tokens=prefix.host_hit_tokens, disk_hit_tokens=prefix.disk_hit_tokens, **vars(tiers))
+
+
+def _transfers(records: list[KVTransferRecord] | None) -> TransferStats | None:
+    if records is None:
+        return None
+    return TransferStats(
+        requests=len(records),
+        mb_per_request_mean=float(np.mean([r.nbytes for r in records]) / 1e6) if records else 0.0,
+        total_ms=latency_stats_ms([r.send_s + r.wire_s + r.load_s for r in records]),
+        send_ms=latency_stats_ms([r.send_s for r in records]),
+        wire_ms=latency_stats_ms([r.wire_s for r in records]),
+        load_ms=latency_stats_ms([r.load_s for r in records]),
     )
 
 

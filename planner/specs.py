@@ -16,7 +16,8 @@ from engine.dtypes import Dtype, KVDtype
 from engine.errors import InputError, from_validation_error
 from engine.knobs import Knob
 
-__all__ = ["SLO", "Deployment", "Dtype", "EngineKnobs", "HardwareProfile", "MemoryQuery", "PlanSettings", "Spec", "WorkloadOverrides"]
+__all__ = ["SLO", "Deployment", "Disaggregation", "Dtype", "EngineKnobs", "HardwareProfile", "MemoryQuery", "MemoryTier",
+           "PlanSettings", "Spec", "WorkloadOverrides"]
 
 
 class Spec(BaseModel):
@@ -79,6 +80,21 @@ class Link(Spec):
     )
 
 
+MAX_TIER_GIB = 1 << 24  # 16 PiB per device: beyond any host memory or disk
+
+
+class MemoryTier(Spec):
+    """Memory beside a device that the engine copies KV blocks to and back: host DRAM over the host
+    link, or a local NVMe disk. Per device; rates are achieved ones (measured, or a datasheet's
+    sequential rate), used as they are."""
+
+    name: str = Field(max_length=200, description="What it is, e.g. 'DDR5 over PCIe Gen5 x16', 'NVMe U.2 (PCIe Gen4)'")
+    capacity_gib: float = Field(gt=0, le=MAX_TIER_GIB, description="Capacity per device, GiB")
+    write_gb_s: float = _bandwidth("Device to tier, GB/s per device")
+    read_gb_s: float = _bandwidth("Tier to device, GB/s per device")
+    latency_us: float = Field(ge=0, le=MAX_LATENCY_US, description="Fixed cost of one step's batch of copies, microseconds")
+
+
 class Efficiencies(Spec):
     """Achieved fraction of datasheet peaks, used until a calibration overrides them."""
 
@@ -118,6 +134,9 @@ class HardwareProfile(Spec):
     scale_up: Link | None = Field(None, description="Intra-node device-to-device link (NVLink, xGMI, ICI); None if PCIe only")
     scale_out: Link | None = Field(None, description="Inter-node network per device")
     pcie: Link | None = Field(None, description="Host link")
+    host_memory: MemoryTier | None = Field(
+        None, description="Host memory for KV blocks (offload tier, swap space), reached over the host link; None: no figures")
+    local_disk: MemoryTier | None = Field(None, description="Local disk for KV blocks behind host memory; None: no figures")
     graph_capture: bool = Field(
         False, description="The engine can capture a decode step as one graph and replay it (CUDA/HIP graphs)"
     )
@@ -174,6 +193,30 @@ _COMPUTE_FALLBACK: dict[str, tuple[str, ...]] = {
 # The engine a deployment runs when none is named: the most widely used, its current release line.
 DEFAULT_ENGINE = "vllm-0.11"
 
+KVLink = Literal["auto", "scale_up", "scale_out", "pcie"]
+
+
+class Disaggregation(Spec):
+    """Prefill/decode disaggregation, xPyD: each replica is x prefill and y decode instances, each
+    of the deployment's parallelism; a router sends a request to a prefill instance, which computes
+    its prompt, then to a decode instance, which receives the prompt's KV and generates."""
+
+    prefill_instances: Annotated[int, Knob("--prefill-instances", "Prefill instances (x of xPyD)")] = Field(
+        1, ge=1, le=1024, description="Prefill instances per replica")
+    decode_instances: Annotated[int, Knob("--decode-instances", "Decode instances (y of xPyD)")] = Field(
+        1, ge=1, le=1024, description="Decode instances per replica")
+    kv_link: Annotated[KVLink, Knob("--kv-link", "KV transfer link")] = Field(
+        "auto", description="The link prompt KV moves over: auto (the scale-up domain when a replica's instances fit "
+        "in it, else scale-out; a CPU's shared memory), or one of the profile's links")
+
+    @property
+    def label(self) -> str:
+        return f"{self.prefill_instances}P{self.decode_instances}D"
+
+    @property
+    def instances(self) -> int:
+        return self.prefill_instances + self.decode_instances
+
 
 class Deployment(Spec):
     """How one model is served: hardware, parallelism, precision and engine settings."""
@@ -195,6 +238,8 @@ class Deployment(Spec):
         DEFAULT_ENGINE, pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64,
         description="Engine profile (`serveplan engines list`): its defaults, scheduling and overheads apply")
     knobs: EngineKnobs = Field(default_factory=EngineKnobs)
+    disaggregation: Disaggregation | None = Field(
+        None, description="Separate prefill and decode instances (xPyD) per replica; None: every instance does both")
 
     @model_validator(mode="after")
     def _ep_within_replica(self) -> Deployment:
@@ -208,8 +253,18 @@ class Deployment(Spec):
         return self.tensor_parallel * self.pipeline_parallel
 
     @property
+    def instances_per_replica(self) -> int:
+        """Engine instances a replica is made of: x + y when disaggregated, else 1."""
+        return self.disaggregation.instances if self.disaggregation is not None else 1
+
+    @property
+    def gpus_per_group(self) -> int:
+        """GPUs of one replica with all its instances: what a replica costs."""
+        return self.gpus_per_replica * self.instances_per_replica
+
+    @property
     def total_gpus(self) -> int:
-        return self.gpus_per_replica * self.replicas
+        return self.gpus_per_group * self.replicas
 
 
 # --------------------------------------------------------------------------- workload overrides

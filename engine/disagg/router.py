@@ -159,7 +159,8 @@ class DisaggregatedLLM:
         for w in self._role("decode"):
             w.inbox.put(("attach", stagings))  # type: ignore[attr-defined]
         self._staging_slots = min(layout.num_slots for _, layout in stagings)
-        self._limits = {role: (min(int(w.ready["max_model_len"]) for w in self._role(role)),  # type: ignore[index]
+        # role -> (max_model_len, KV blocks) its smallest worker allows
+        self.limits = {role: (min(int(w.ready["max_model_len"]) for w in self._role(role)),  # type: ignore[index]
                                min(int(w.ready["num_kv_blocks"]) for w in self._role(role)))  # type: ignore[index]
                         for role in ("prefill", "decode")}
         sizes = {int(w.ready["block_size"]) for w in self.workers}  # type: ignore[index]
@@ -216,7 +217,7 @@ class DisaggregatedLLM:
         if any(not 0 <= t < vocab for t in prompt):
             raise InputError("prompt", prompt[:8], f"token ids must lie in [0, {vocab})")
         bs = self.block_size
-        for role, (max_len, blocks) in self._limits.items():
+        for role, (max_len, blocks) in self.limits.items():
             total = len(prompt) + (1 if role == "prefill" else params.max_tokens)
             if total > max_len:
                 raise InputError("prompt", f"{len(prompt)} tokens", f"with max_tokens, {total} tokens exceed the "
