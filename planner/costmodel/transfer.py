@@ -98,8 +98,9 @@ class KVCopyModel:
         return (0.0 if link.by_engine else blocks * self.block_bytes * link.s_per_byte) + link.link.latency_us * 1e-6
 
     def _engine_copy_s(self, blocks: int) -> float:
-        link = self._link()
-        return blocks * self.block_bytes * link.s_per_byte if link.by_engine and blocks else 0.0
+        """Without disaggregation the only external KV is calibration's synthetic context: no copy."""
+        link = self.link
+        return blocks * self.block_bytes * link.s_per_byte if link is not None and link.by_engine and blocks else 0.0
 
     def _link(self) -> KVTransferLink:
         if self.link is None:
