@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import simpy
 
-from engine.config import ModelConfig, tier_blocks
+from engine.config import ModelConfig
 from engine.core import KVCacheManager, Request, SamplingParams, Scheduler, StepLoop, TierStats
 from engine.core.metrics import RequestMetrics
 from engine.core.kv_cache_manager import PrefixCacheStats
@@ -25,6 +25,7 @@ from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
 from planner.sim.speculative import SyntheticDrafts
 from planner.sim.trace import RunTrace, TraceRecorder
+from planner.tiers import offload_blocks
 from planner.specs import SLO, Deployment, HardwareProfile
 from planner.workload import Workload
 
@@ -222,30 +223,6 @@ def simulate(
                         slo=slo, pricing=pricing, assumptions=assumptions)
     return SimulationResult(summary=summary, record=record, memory=memory,
                             trace=None if recorder is None else recorder.trace())
-
-
-def offload_blocks(hw: HardwareProfile, dep: Deployment, memory: MemoryPlan) -> tuple[int, int]:
-    """Host and disk tier blocks of one engine instance, from the knobs' GiB (for all its GPUs),
-    checked against what the profile lists per device."""
-    knobs, gpus = dep.knobs, dep.gpus_per_replica
-    block_bytes = memory.kv_bytes_per_block_per_gpu * gpus
-    out = []
-    for name, gib, tier in (("kv_offload_host_gib", knobs.kv_offload_host_gib, hw.host_memory),
-                            ("kv_offload_disk_gib", knobs.kv_offload_disk_gib, hw.local_disk)):
-        if not gib:
-            out.append(0)
-            continue
-        if tier is None:
-            raise InputError(name, gib, f"{hw.name} lists no {'host_memory' if 'host' in name else 'local_disk'} "
-                             "figures to price the tier with; give a profile that does")
-        if gib > tier.capacity_gib * gpus:
-            raise InputError(name, gib, f"exceeds the {tier.capacity_gib * gpus:,.0f} GiB {hw.name} lists for "
-                             f"{gpus} GPU(s) ({tier.name})")
-        blocks = tier_blocks(gib, block_bytes)
-        if blocks < 1:
-            raise InputError(name, gib, f"holds no KV block of {block_bytes:,} bytes")
-        out.append(blocks)
-    return out[0], out[1]
 
 
 def sum_tier_stats(stats: Iterable[TierStats | None]) -> TierStats | None:
