@@ -524,6 +524,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         args.model, workload, args.rate_per_s, slo, hardware=_csv(args.hardware),
         max_gpus_per_replica=args.max_gpus_per_replica, budget_usd_per_hour=args.budget_usd_per_hour,
         weight_dtypes=_csv(args.weight_dtypes), kv_dtypes=_csv(args.kv_dtypes), engine=args.engine, headroom=args.headroom,
+        pd_ratios=args.pd_ratios, offload=args.offload,
         requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
         cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
     )
@@ -567,6 +568,13 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
         table(f"top {min(10, len(r.ranked))} of {len(r.ranked)} candidates that meet the SLO (latency ms at the "
               "per-replica load sized with headroom)", r.ranked[:10])
         table(f"cost vs {r.pareto_metric} Pareto front", r.pareto)
+    if r.pd_comparison:
+        t = Table(title="prefill/decode disaggregation vs colocated, per hardware")
+        for col in ("hardware", "winner", "why"):
+            t.add_column(col)
+        for c in r.pd_comparison:
+            t.add_row(c.hardware, c.winner, c.reason)
+        console.print(t)
     t = Table(title="why not: the closest candidate of each other hardware (all in --json)")
     t.add_column("hardware")
     t.add_column("closest candidate")

@@ -320,6 +320,10 @@ class MemoryQuery(Spec):
 
 # --------------------------------------------------------------------------- plan
 
+# Prompts this long, on average, make a prefill chunk a visible stall in a colocated decode step:
+# the planner's `pd_ratios: auto` tries disaggregated candidates from here on.
+LONG_PROMPT_TOKENS = 1024
+
 
 class PlanSettings(Spec):
     """The search space and sizing of `serveplan plan` that the CLI and the Plan page share."""
@@ -330,6 +334,23 @@ class PlanSettings(Spec):
         None, gt=0, le=1e9, description="Most US$/h to spend on all replicas (default: no budget)")
     headroom: Annotated[float, Knob("--headroom", "Headroom", "share")] = Field(
         0.1, ge=0, le=100, description="Replicas are sized for rate x (1 + headroom)")
+    pd_ratios: Annotated[str, Knob("--pd-ratios", "Prefill:decode ratios")] = Field(
+        "auto", max_length=200, pattern=r"^(auto|none|[1-9]\d?:[1-9]\d?(,[1-9]\d?:[1-9]\d?)*)$",
+        description="Disaggregated candidates to try beside colocated ones, as x:y prefill:decode instances per "
+        "replica, e.g. 1:1,1:2,2:1; auto: those three when the SLO sets a TPOT or ITL target and prompts average "
+        f"{LONG_PROMPT_TOKENS:,}+ tokens (where prefill chunks stretch decode steps); none: colocated only")
+    offload: Annotated[Literal["auto", "always", "none"], Knob("--offload", "Host KV tier candidates")] = Field(
+        "auto", description="Candidates with a host KV tier of half the host memory the profile lists per GPU, beside "
+        "those without: auto when the workload reuses prompts (shared prefixes, conversations), always, or none")
+
+    def ratios(self, slo: SLO, mean_prompt_tokens: float) -> list[tuple[int, int]]:
+        """The (prefill, decode) instance counts to try for this question."""
+        if self.pd_ratios == "none":
+            return []
+        if self.pd_ratios == "auto":
+            tight = slo.tpot_p99_ms or slo.tpot_p50_ms or slo.itl_p99_ms
+            return [(1, 1), (1, 2), (2, 1)] if tight and mean_prompt_tokens >= LONG_PROMPT_TOKENS else []
+        return list(dict.fromkeys(tuple(int(n) for n in pair.split(":")) for pair in self.pd_ratios.split(",")))
 
 
 # --------------------------------------------------------------------------- SLO

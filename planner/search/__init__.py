@@ -14,9 +14,11 @@ import logging
 import math
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs, ModelConfig
-from engine.errors import InputError
+from engine.errors import InputError, from_validation_error
 from planner.engines import get_engine
 from planner.metrics import RunSummary
 from planner.playback import Replay
@@ -25,15 +27,15 @@ from planner.search.capacity import (
     Question, Searched, branch_and_bound, capacity_search, probe_requests, probe_workload,
 )
 from planner.search.executors import EXECUTORS, Executor, Runner, progress_bar
-from planner.search.report import CandidatePlan, PlanResult, Verdict, assemble
+from planner.search.report import CandidatePlan, PDComparison, PlanResult, Verdict, assemble
 from planner.search.screen import Shape, screen_candidate
 from planner.search.space import (
-    DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, check_size, checked_dtypes, enumerate_candidates, priced_profiles,
+    DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, check_size, checked_dtypes, enumerate_candidates, priced_profiles, variants,
 )
-from planner.specs import DEFAULT_ENGINE, SLO, Deployment, HardwareProfile
+from planner.specs import DEFAULT_ENGINE, SLO, Deployment, HardwareProfile, PlanSettings
 from planner.workload import Workload, get_workload
 
-__all__ = ["DEFAULT_CACHE_DIR", "EXECUTORS", "CandidatePlan", "Executor", "PlanResult", "Verdict", "plan",
+__all__ = ["DEFAULT_CACHE_DIR", "EXECUTORS", "CandidatePlan", "Executor", "PDComparison", "PlanResult", "Verdict", "plan",
            "probe_requests", "probe_workload"]
 
 # Each probe simulates this many requests (or 3 x max_num_seqs); P99 needs a tail, and memory and
@@ -63,6 +65,8 @@ def plan(
     knobs_grid: Sequence[EngineKnobs] | None = None,
     engine: str = DEFAULT_ENGINE,
     headroom: float = 0.1,
+    pd_ratios: str = "auto",
+    offload: str = "auto",
     requests_per_probe: int = 300,
     executor: Executor = "process",
     workers: int | None = None,
@@ -73,7 +77,8 @@ def plan(
     """The cheapest deployment of `model` serving `workload` at `rate_per_s` within `slo`.
 
     `hardware` defaults to every catalog profile with a price; `engine` is the engine profile every
-    candidate runs (its defaults fill the knobs the grid leaves unset). `cache_dir=None` disables the
+    candidate runs (its defaults fill the knobs the grid leaves unset). `pd_ratios` and `offload`
+    add disaggregated and host-KV-tier versions of the candidates (PlanSettings says when). `cache_dir=None` disables the
     cache. `on_progress(done, total)` is called as each candidate is settled (simulated or
     pruned), for front ends that draw their own progress bar (the dashboard). Every input and
     limit is checked before any work; bad input raises InputError naming the field as front ends
@@ -90,6 +95,10 @@ def plan(
     _check("requests_per_probe", requests_per_probe, MIN_REQUESTS_PER_PROBE <= requests_per_probe <= MAX_REQUESTS_PER_PROBE,
            f"must be between {MIN_REQUESTS_PER_PROBE} and {MAX_REQUESTS_PER_PROBE} (P99 needs a tail; the upper bound "
            "is a limit of the planner)")
+    try:
+        settings = PlanSettings(pd_ratios=pd_ratios, offload=offload)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
     runner = Runner(capacity_search, executor, workers)
     cfg = resolve_model(model) if isinstance(model, str) else model
     slo = SLO.parse(slo) if isinstance(slo, str) else slo
@@ -107,6 +116,9 @@ def plan(
                          f"{cfg.name}'s context of {cfg.max_position_embeddings}")
     q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs)
     candidates = enumerate_candidates(cfg, profiles, max_gpus_per_replica, weights, kvs, knobs, shape.longest_tokens, engine)
+    reuse = base.shared_prefix is not None or base.conversation is not None
+    candidates += variants(candidates, knobs[0], settings.ratios(slo, shape.mean_prompt_tokens),
+                           settings.offload == "always" or (settings.offload == "auto" and reuse))
     found = [Searched(c, screen_candidate(c, cfg, shape, slo, q.sized_rate_per_s)) for c in candidates]
     live = sum(s.screen.capacity_bound_per_s is not None for s in found)
     with runner, progress_bar(progress, live, on_progress) as advance:

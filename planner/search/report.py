@@ -54,6 +54,17 @@ class CandidatePlan(_Out):
     memory_shortfall_gib: float | None = Field(None, description="Per-GPU memory missing for one longest request")
 
 
+class PDComparison(_Out):
+    """On one hardware: the best colocated candidate against the best disaggregated one, and why
+    the winner won."""
+
+    hardware: str
+    colocated: CandidatePlan | None = Field(description="Cheapest colocated candidate that meets the SLO, else the closest")
+    disaggregated: CandidatePlan | None = Field(description="The same among disaggregated (xPyD) candidates")
+    winner: Literal["colocated", "disaggregated", "neither"]
+    reason: str
+
+
 class PlanResult(_Out):
     """`serveplan plan --json`: the recommendation, the ranking, the Pareto front and every rejection."""
 
@@ -75,6 +86,8 @@ class PlanResult(_Out):
         "For each hardware but the recommendation's, its closest candidate: the lowest cost bound, else the least "
         "SLO miss, else the least memory shortfall"))
     nearest_miss: str | None = Field(description="When nothing is recommended: the closest candidate and by how much")
+    pd_comparison: list[PDComparison] = Field(
+        [], description="Per hardware with disaggregated candidates: colocated vs disaggregated, and why one wins")
     candidates: int
     simulated_candidates: int
     probes: int
@@ -187,9 +200,71 @@ def assemble(q: Question, shape: Shape, found: list[Searched], verify: Callable[
         verification=verify(recommended.deployment) if recommended is not None else None,
         ranked=ranked, pareto_metric=metric, pareto=pareto, rejected=rejected, why_not=list(why_not.values()),
         nearest_miss=None if recommended is not None else _nearest_miss(ranked, rejected, q.budget_usd_per_hour),
+        pd_comparison=pd_comparison(list(plans.values()), slo, shape),
         candidates=len(found), simulated_candidates=len(simulated), probes=sum(len(o.probes) for o in simulated),
         assumptions=_assumptions(q, shape),
     )
+
+
+def _best(plans: list[CandidatePlan]) -> CandidatePlan | None:
+    """The cheapest that meets the SLO, else the closest miss."""
+    feasible = [p for p in plans if p.usd_per_hour is not None]
+    if feasible:
+        return min(feasible, key=lambda p: (p.usd_per_hour, p.ttft_p99_ms or 0.0, p.label))
+    return min(plans, key=_closeness, default=None)
+
+
+def pd_comparison(plans: list[CandidatePlan], slo: SLO, shape: Shape) -> list[PDComparison]:
+    """For each hardware that had disaggregated candidates: which kind wins, and why."""
+    out = []
+    for hw in dict.fromkeys(p.deployment.hardware for p in plans if p.deployment.disaggregation is not None):
+        mine = [p for p in plans if p.deployment.hardware == hw]
+        colocated = _best([p for p in mine if p.deployment.disaggregation is None])
+        split = _best([p for p in mine if p.deployment.disaggregation is not None])
+        winner, reason = _pd_reason(colocated, split, slo, shape)
+        out.append(PDComparison(hardware=hw, colocated=colocated, disaggregated=split, winner=winner, reason=reason))
+    return out
+
+
+def _pd_reason(colocated: CandidatePlan | None, split: CandidatePlan | None, slo: SLO,
+               shape: Shape) -> tuple[Literal["colocated", "disaggregated", "neither"], str]:
+    """The winner by cost, and the facts behind it: requests/s each GPU serves within the SLO, and
+    TPOT P99 at that load (prefill chunks in colocated decode steps are what disaggregation removes)."""
+    def ok(p: CandidatePlan | None) -> bool:
+        return p is not None and p.usd_per_hour is not None
+
+    def served(p: CandidatePlan) -> str:
+        assert p.sustained_rate_per_s is not None
+        per_gpu = p.sustained_rate_per_s / p.deployment.gpus_per_group
+        return (f"{p.replicas} x {p.label}: US${p.usd_per_hour:,.2f}/h, {per_gpu:,.3g} req/s per GPU within the SLO, "
+                f"TPOT P99 {p.tpot_p99_ms:,.1f} ms there")
+
+    prompts = f"prompts average {shape.mean_prompt_tokens:,.0f} tokens for {shape.mean_output_tokens:,.0f} output tokens"
+    if not ok(colocated) and not ok(split):
+        return "neither", ("neither meets the SLO; colocated: " + (colocated.reason if colocated else "no candidate")
+                           + "; disaggregated: " + (split.reason if split else "no candidate"))
+    if ok(split) and (not ok(colocated) or split.usd_per_hour < colocated.usd_per_hour):  # type: ignore[union-attr, operator]
+        assert split is not None
+        if not ok(colocated):
+            return "disaggregated", (f"disaggregation wins: {served(split)}; colocated misses the SLO "
+                                     f"({colocated.reason if colocated else 'no candidate'}); {prompts}")
+        assert colocated is not None
+        return "disaggregated", (f"disaggregation wins: {served(split)}, vs {served(colocated)}; {prompts}, and each "
+                                 "prefill chunk a colocated decode step carries stretches every running request's TPOT, "
+                                 "so colocated replicas must run emptier")
+    assert colocated is not None
+    if ok(split) and split.usd_per_hour == colocated.usd_per_hour:  # type: ignore[union-attr]
+        assert split is not None
+        return "colocated", (f"a tie on cost, colocated first by P99 TTFT: {served(colocated)}, TTFT P99 "
+                             f"{colocated.ttft_p99_ms:,.0f} ms; vs {served(split)}, TTFT P99 {split.ttft_p99_ms:,.0f} ms; "
+                             f"{prompts}")
+    if not ok(split):
+        return "colocated", (f"colocated wins: {served(colocated)}; disaggregated misses the SLO "
+                             f"({split.reason if split else 'no candidate'}); {prompts}")
+    assert split is not None
+    return "colocated", (f"colocated wins: {served(colocated)}, vs {served(split)}; {prompts}: the prefill chunks cost "
+                         "colocated decodes less than separate pools cost in instances that wait on each other and in "
+                         "KV transfers")
 
 
 def _nearest_miss(ranked: list[CandidatePlan], rejected: list[CandidatePlan], budget: float | None) -> str:
