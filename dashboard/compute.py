@@ -29,6 +29,7 @@ from planner.playback import Replay
 from planner import search
 from planner.search import PlanResult
 from planner.sim import simulate
+from planner.tiers import kv_tiers
 from planner.specs import SLO, Deployment, HardwareProfile
 from planner.validate import ValidationReport
 from planner.workload import Workload
@@ -129,7 +130,8 @@ def simulate_view(model_name: str, dep: Deployment, workload: Workload | None, t
 @st.cache_data(show_spinner=False, hash_funcs=SPEC_HASH, max_entries=16)
 def plan_result(model_name: str, workload: Workload, rate_per_s: float, slo_text: str, hardware: tuple[HardwareProfile, ...],
                 max_gpus: int, budget: float | None, weight_dtypes: tuple[str, ...], kv_dtypes: tuple[str, ...],
-                knobs_grid: tuple[EngineKnobs, ...], headroom: float, requests_per_probe: int) -> PlanResult:
+                knobs_grid: tuple[EngineKnobs, ...], headroom: float, requests_per_probe: int, pd_ratios: str = "auto",
+                offload: str = "auto") -> PlanResult:
     # The bar is created inside the cached function so that Streamlit can replay it on a cache
     # hit (an element created outside could not be replayed); it is emptied once done.
     bar = st.progress(0.0, text="Planning: screening candidates…")
@@ -142,6 +144,7 @@ def plan_result(model_name: str, workload: Workload, rate_per_s: float, slo_text
     result = search.plan(model_name, workload, rate_per_s, SLO.parse(slo_text), hardware=list(hardware),
                          max_gpus_per_replica=max_gpus, budget_usd_per_hour=budget, weight_dtypes=list(weight_dtypes),
                          kv_dtypes=list(kv_dtypes), knobs_grid=list(knobs_grid), headroom=headroom,
+                         pd_ratios=pd_ratios, offload=offload,
                          requests_per_probe=requests_per_probe, executor="serial",
                          cache_dir=search.DEFAULT_CACHE_DIR, progress=False, on_progress=on_progress)
     bar.empty()
@@ -185,6 +188,15 @@ def memory_plans(model_name: str, dep: Deployment, contexts: tuple[int, ...]) ->
     model = _catalog_model(model_name)
     hw = _catalog_profile(dep.hardware)
     return [plan_memory(model, hw, dep, c) for c in contexts]
+
+
+def kv_tier_table(dep: Deployment, memory: MemoryPlan) -> pd.DataFrame:
+    """The device KV cache and the offload tiers of one engine instance (planner.tiers)."""
+    rows = kv_tiers(_catalog_profile(dep.hardware), dep, memory)
+    return pd.DataFrame([{
+        "tier": r.tier, "medium": r.medium, "GiB per replica": r.gib_per_replica, "blocks": r.blocks, "tokens": r.tokens,
+        "listed GiB per replica": r.capacity_gib_per_replica, "write GB/s per GPU": r.write_gb_s,
+        "read GB/s per GPU": r.read_gb_s} for r in rows])
 
 
 @st.cache_data(show_spinner=False)

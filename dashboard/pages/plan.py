@@ -42,6 +42,17 @@ def _why_not(plans: list[CandidatePlan]) -> pd.DataFrame:
     } for p in plans])
 
 
+def _pd_comparison(result: PlanResult) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "hardware": c.hardware, "winner": c.winner,
+        "colocated": c.colocated.label if c.colocated else None,
+        "colocated US$/h": c.colocated.usd_per_hour if c.colocated else None,
+        "disaggregated": c.disaggregated.label if c.disaggregated else None,
+        "disaggregated US$/h": c.disaggregated.usd_per_hour if c.disaggregated else None,
+        "why": c.reason,
+    } for c in result.pd_comparison])
+
+
 def _show(result: PlanResult) -> None:
     rec = result.recommended
     if rec is None:
@@ -66,6 +77,10 @@ def _show(result: PlanResult) -> None:
         st.altair_chart(charts.pareto(result.ranked, result.pareto, result.pareto_metric), width="stretch")
         ui.table(_candidates_frame(result.ranked), "Candidates that meet the SLO", key="plan.ranked",
                  caption="By US$/h; latencies at the per-replica load each was sized for (with headroom).")
+    if result.pd_comparison:
+        ui.table(_pd_comparison(result), "Prefill/decode disaggregation vs colocated", key="plan.pd",
+                 caption="Per hardware: the best colocated and the best disaggregated (xPyD) candidate, and why the "
+                         "winner won (docs/disaggregation.md).")
     ui.table(_why_not(result.rejected), "Why not: rejected candidates", key="plan.rejected",
              caption="Every other candidate with the reason it lost (memory, SLO, cost or budget).")
     ui.json_download("Whole plan (JSON)", result, "plan.json", key="plan.json")
@@ -104,6 +119,8 @@ def render() -> None:
                              help=KNOB["max_num_seqs"].help + "; a probe has at least 3 × this many requests")
         budget = setting_input(state, PLAN["budget_usd_per_hour"])
         headroom = setting_input(state, PLAN["headroom"], step=0.05)
+        pd_ratios = setting_input(state, PLAN["pd_ratios"])
+        offload = setting_input(state, PLAN["offload"])
         submitted = st.form_submit_button("Run plan", type="primary", icon=":material/play_arrow:")
     # A shared link carries run=true, so the recipient sees the plan without pressing the button.
     state.bind("run", False)
@@ -123,7 +140,7 @@ def render() -> None:
         ui.stop_with("engine knobs: choose at least one token budget and one max running requests value")
     result = state.attempt(lambda: compute.plan_result(
         model, workload, work.rate_per_s, slo, profiles, max_gpus, budget,
-        tuple(weights), tuple(kvs), knobs, headroom, work.requests))
+        tuple(weights), tuple(kvs), knobs, headroom, work.requests, pd_ratios, offload))
     _show(result)
 
 

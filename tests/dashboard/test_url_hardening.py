@@ -114,6 +114,7 @@ def test_an_uploaded_hardware_profile_is_read_with_the_profile_checks():
      "URL parameter price.h100-sxm='1e9' is invalid: must be a finite number in 0.001..1000 (US$ per GPU-hour)"),
     ("plan", {"hw": "h100-sxm,/etc/passwd"}, "URL parameter hw='h100-sxm,/etc/passwd' is invalid: unknown name"),
     ("plan", {"max_num_seqs": "64,99999"}, "URL parameter max_num_seqs='64,99999' is invalid: unknown name"),
+    ("plan", {"pd_ratios": "1:0"}, "URL parameter pd_ratios='1:0' is invalid: must be Disaggregated candidates"),
     ("hardware", {"chips": "h100-sxm,nonesuch"}, "URL parameter chips='h100-sxm,nonesuch' is invalid"),
 ])
 def test_an_invalid_url_value_is_named_and_never_replaced(page: str, params: dict[str, str], message: str):
