@@ -38,9 +38,12 @@ SUBJECTS = ["the ocean", "a library", "mountains", "coffee", "the moon", "trains
             "deserts", "lighthouses"]
 FORMS = ["Write one sentence about {}.", "Explain {} to a child.", "List three facts about {}.",
          "What is the most surprising thing about {}?", "Describe {} in a short poem."]
-VARIANTS = [("int8", "auto"), ("int8-dynamic", "auto"), ("int4", "auto"), ("fp8", "auto"), ("auto", "int8"), ("auto", "fp8")]
-# Weight variants that are an int8 kernel rather than a dtype.
-KERNELS = {"int8-dynamic": {"weight_dtype": "int8", "int8_kernel": "dynamic"}}
+VARIANTS = [("int8", "auto"), ("int8-dynamic", "auto"), ("int8-dynamic+head", "auto"), ("int4", "auto"),
+            ("int4+head", "auto"), ("fp8", "auto"), ("auto", "int8"), ("auto", "fp8")]
+# Weight variants that are more than a dtype: an int8 kernel, an int8 LM head (+head).
+KERNELS = {"int8-dynamic": {"weight_dtype": "int8", "int8_kernel": "dynamic"},
+           "int8-dynamic+head": {"weight_dtype": "int8", "int8_kernel": "dynamic", "lm_head_dtype": "int8"},
+           "int4+head": {"weight_dtype": "int4", "lm_head_dtype": "int8"}}
 
 
 def prompts(n: int) -> list[str]:

@@ -66,16 +66,23 @@ def pareto(candidates: list[CandidatePlan], front: list[CandidatePlan], metric: 
     return (line + points).properties(height=320)
 
 
-MEMORY_PARTS = ("transformer layers", "embedding", "LM head", "activation reserve", "runtime overhead", "KV cache",
-                "reserved (1 - utilisation)")
-
-
 def memory_parts(plan: MemoryPlan) -> pd.DataFrame:
-    """Per-GPU GiB by part; the KV cache is what is left (negative when it does not fit)."""
-    return pd.DataFrame({"part": MEMORY_PARTS, "GiB": [
-        plan.weights.transformer_layers_gib, plan.weights.embedding_gib, plan.weights.lm_head_gib,
-        plan.activation_reserve_gib, plan.runtime_overhead_gib, plan.kv_cache_gib,
-        plan.device_memory_gib - plan.usable_memory_gib]})
+    """Per-GPU GiB of every line the engine subtracts, then the KV cache (what is left, negative when nothing
+    is), what the engine leaves unused and what the driver keeps back: together the marketed memory."""
+    counted = [(line.label, line.gib) for line in plan.lines
+               if line.in_budget and line.key not in ("device.reported", "budget", "kv")]
+    return pd.DataFrame(counted + [
+        ("KV cache", plan.kv_cache_gib),
+        ("left by the engine (context, graphs, ...)", plan.device_memory_reported_gib - plan.usable_memory_gib),
+        ("kept by the driver (marketed - reported)", plan.device_memory_gib - plan.device_memory_reported_gib),
+    ], columns=["part", "GiB"])
+
+
+def memory_lines(plan: MemoryPlan) -> pd.DataFrame:
+    """Every figure of the plan with its rule and source, as `serveplan memory` prints them."""
+    return pd.DataFrame([{"line": line.label, "GiB": round(line.gib, 3),
+                          "counted by the engine": line.in_budget and line.key not in ("device.reported", "budget"),
+                          "rule": line.rule, "source": line.source} for line in plan.lines])
 
 
 def memory_bar(parts: pd.DataFrame, device_gib: float) -> alt.Chart:
@@ -83,7 +90,7 @@ def memory_bar(parts: pd.DataFrame, device_gib: float) -> alt.Chart:
     bar = alt.Chart(data[data.GiB > 0]).mark_bar().encode(
         x=alt.X("GiB:Q", title="memory per GPU (GiB)", scale=alt.Scale(domain=[0, max(device_gib, data.GiB.clip(0).sum())])),
         y=alt.Y("gpu:N", title=None),
-        color=alt.Color("part:N", sort=list(MEMORY_PARTS)),
+        color=alt.Color("part:N", sort=list(parts.part)),
         order=alt.Order("order:Q"),
         tooltip=["part", alt.Tooltip("GiB:Q", format=",.2f")],
     )
@@ -118,3 +125,29 @@ def grouped_bars(data: pd.DataFrame, x: str, y: str, color: str, title: str) -> 
         x=alt.X(f"{x}:N", title=None), xOffset=f"{color}:N", y=alt.Y(f"{y}:Q", title=title),
         color=alt.Color(f"{color}:N"), tooltip=[x, color, alt.Tooltip(f"{y}:Q", format=",.2f")],
     ).properties(height=260)
+
+
+def predicted_vs_measured(figures: pd.DataFrame) -> alt.Chart:
+    """Held-out predicted against measured, log-log, faceted by metric family, with the y = x line."""
+    base = alt.Chart(figures).encode(
+        x=alt.X("measured:Q", scale=alt.Scale(type="log"), title="measured"),
+        y=alt.Y("held-out prediction:Q", scale=alt.Scale(type="log"), title="predicted, source held out"),
+    )
+    points = base.mark_circle(size=18, opacity=0.5).encode(
+        color=alt.Color("engine:N", legend=alt.Legend(orient="bottom", columns=4)),
+        tooltip=["run", "metric", "measured", "held-out prediction", "error (%)"])
+    line = base.mark_line(color="black", strokeWidth=0.8).encode(x="measured:Q", y="measured:Q")
+    return (line + points).properties(width=260, height=240).facet(facet=alt.Facet("family:N", title=None), columns=4)
+
+
+def prediction_bands(bands: pd.DataFrame) -> alt.Chart:
+    """Each simulated figure's likely measured range as a share of the prediction (1 = as predicted):
+    a rule from the band's low to its high end, a tick at the prediction."""
+    base = alt.Chart(bands).encode(y=alt.Y("figure:N", title=None, sort=None))
+    rule = base.mark_rule(strokeWidth=3, opacity=0.6).encode(
+        x=alt.X("low / predicted:Q", title="measured / predicted, likely range", scale=alt.Scale(type="log")),
+        x2="high / predicted:Q",
+        tooltip=["figure", alt.Tooltip("predicted:Q", format=",.2f"), alt.Tooltip("low:Q", format=",.2f"),
+                 alt.Tooltip("high:Q", format=",.2f")])
+    tick = base.mark_tick(color="black", thickness=2).encode(x=alt.datum(1.0))
+    return (rule + tick).properties(height=22 * len(bands) + 30)

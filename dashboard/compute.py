@@ -26,6 +26,7 @@ from planner.hardware import hardware_catalog, load_profile_file
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import RunSummary
 from planner.playback import Replay
+from planner.public.report import PublicValidation
 from planner import search
 from planner.search import PlanResult
 from planner.sim import simulate
@@ -272,6 +273,15 @@ def project_report(name: str) -> bytes:
     if (size := path.stat().st_size) > MAX_REPORT_BYTES:
         raise InputError("report", name, f"is {size:,} bytes; the limit is {MAX_REPORT_BYTES:,}")
     return path.read_bytes()
+
+
+@st.cache_data(show_spinner=False, max_entries=4)
+def public_validation(text: bytes) -> PublicValidation:
+    """A PublicValidation (`serveplan validate --public --json`) from the bytes of a file under docs/."""
+    try:
+        return PublicValidation.model_validate_json(text)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
 
 
 @st.cache_data(show_spinner=False, max_entries=8)

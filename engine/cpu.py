@@ -12,6 +12,11 @@ actually runs under, so the count is worked out here:
 3. capped by a cgroup v2 CPU quota (`/sys/fs/cgroup/cpu.max`, quota / period, rounded up).
 
 Where the topology cannot be read, every CPU of the mask counts as a core.
+
+Measured (issue #22, docs/benchmarks.md): on an idle machine one thread per physical core is the
+fastest setting; on the shared 2-core development machine, with other jobs holding the cores, 2
+threads made SmolLM2's batch-1 decode ~10x slower than 1 thread (and llama.cpp's ~6x), as every
+parallel op waits for a descheduled thread. There, pass --threads 1 (or OMP_NUM_THREADS=1).
 """
 
 from __future__ import annotations

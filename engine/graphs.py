@@ -86,6 +86,7 @@ class DecodeGraphs:
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         self.hidden = torch.zeros(n, hidden_size, dtype=dtype, device=device)
         self._replays: dict[int, Callable[[], None]] = {}
+        self._metadata: dict[int, AttentionMetadata] = {}
         for size in reversed(self.sizes):
             metadata = AttentionMetadata(
                 slot_mapping=self.slot_mapping[:size],
@@ -96,6 +97,7 @@ class DecodeGraphs:
                 max_query_len=1,
                 max_seq_len=max_model_len,
             )
+            self._metadata[size] = metadata
 
             def run(size: int = size, metadata: AttentionMetadata = metadata) -> None:
                 self.hidden[:size] = forward(self.input_ids[:size], self.positions[:size], metadata)
@@ -122,5 +124,6 @@ class DecodeGraphs:
         self.slot_mapping[b:size] = -1
         self.seq_lens[b:size] = 1
         self.block_tables[b:size] = 0
+        self._metadata[size].derived.clear()  # its tensors were just rewritten
         self._replays[size]()
         return self.hidden[:b]

@@ -58,7 +58,7 @@ class StreamEvent:
 
 
 # Engine settings that decide the loaded weights: changing one needs a new load.
-WEIGHT_SETTINGS = ("device", "dtype", "seed", "random_weights", "weight_dtype", "int8_kernel")
+WEIGHT_SETTINGS = ("device", "dtype", "seed", "random_weights", "weight_dtype", "int8_kernel", "lm_head_dtype")
 
 
 def _engine_config(settings: dict[str, object]) -> EngineConfig:
@@ -93,7 +93,8 @@ class LLM:
         if cfg.int8_kernel == "dynamic" and device.type != "cpu":
             raise InputError("int8_kernel", "dynamic", f"runs on the CPU only; the engine chose {device}")
         loaded = load_model(model, dtype=TORCH_DTYPES[cfg.dtype], device=device, seed=cfg.seed,
-                            random_weights=cfg.random_weights, weight_dtype=cfg.weight_dtype, int8_kernel=cfg.int8_kernel)
+                            random_weights=cfg.random_weights, weight_dtype=cfg.weight_dtype, int8_kernel=cfg.int8_kernel,
+                            lm_head_dtype=cfg.lm_head_dtype)
         self._start(loaded, cfg, device)
 
     def with_settings(self, **changes: object) -> LLM:

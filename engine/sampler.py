@@ -36,12 +36,11 @@ class Sampler:
         """One token per row of fp32 logits [N, V] (constrained rows are masked in place)."""
         grammars = self.grammars
         constrained = grammars.apply(logits, request_ids, params) if grammars is not None else []
-        tokens = logits.argmax(dim=-1).tolist()
-        for row, (request_id, p) in enumerate(zip(request_ids, params, strict=True)):
-            if p.temperature == 0.0:
-                continue
+        tokens = logits.argmax(dim=-1).tolist()  # every greedy row at once
+        for row in [row for row, p in enumerate(params) if p.temperature != 0.0]:
+            p = params[row]
             probs = self.probabilities(logits[row], p)
-            tokens[row] = int(torch.multinomial(probs, 1, generator=self._generator(request_id, p)).item())
+            tokens[row] = int(torch.multinomial(probs, 1, generator=self._generator(request_ids[row], p)).item())
         for row in constrained:
             assert grammars is not None
             grammars.accept(request_ids[row], tokens[row])

@@ -9,7 +9,8 @@ Ctrl-C into one line on stderr and exit status 2 (130 for Ctrl-C).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 import json
 import os
 from pathlib import Path
@@ -29,6 +30,7 @@ from engine.errors import InputError, from_validation_error
 from engine.knobs import add_flags, command, read_flags, settings, values
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
+from planner.validate_memory import MemoryValidation, validate_startup_logs
 from planner.metrics import RunSummary
 from planner.playback import Replay
 from planner.sim import ROUTERS, simulate
@@ -38,7 +40,10 @@ from planner.specs import (
 from planner.workload import PRESETS, Workload, get_workload
 
 if TYPE_CHECKING:
+    from rich.progress import TaskID
+
     from planner.endpoint_bench import BenchReport
+    from planner.public.fit import Progress
     from planner.search import CandidatePlan, PlanResult
 
 DEPLOYMENT = settings(Deployment)
@@ -94,24 +99,24 @@ def cmd_memory(args: argparse.Namespace) -> None:
 
 def render_memory(plan: MemoryPlan) -> None:
     title = (
-        f"{plan.model} on {plan.hardware}  tp={plan.tensor_parallel} pp={plan.pipeline_parallel} "
+        f"{plan.model} on {plan.hardware} with {plan.engine}  tp={plan.tensor_parallel} pp={plan.pipeline_parallel} "
         f"ep={plan.expert_parallel}  weights {plan.weight_dtype}, KV {plan.kv_dtype}, context {plan.context_tokens:,} tokens"
     )
     t = Table(title=title, show_header=True, header_style="bold")
     t.add_column("per GPU (worst pipeline stage)")
     t.add_column("GiB", justify="right")
-    rows = [
-        ("device memory", plan.device_memory_gib),
-        ("usable (x gpu_memory_utilization)", plan.usable_memory_gib),
-        ("weights: transformer layers", plan.weights.transformer_layers_gib),
-        ("weights: embedding", plan.weights.embedding_gib),
-        ("weights: LM head", plan.weights.lm_head_gib),
-        ("activation reserve", plan.activation_reserve_gib),
-        ("runtime overhead", plan.runtime_overhead_gib),
-        ("KV cache", plan.kv_cache_gib),
-    ]
-    for label, gib in rows:
-        t.add_row(label, f"{gib:,.2f}")
+    t.add_column("rule")
+    t.add_column("source", style="dim", overflow="fold")
+    outside = False
+    for line in plan.lines:
+        if line.key == "kv":
+            t.add_section()
+        elif not line.in_budget and not outside and line.key not in ("device.reported", "budget"):
+            t.add_section()
+            t.add_row("[italic]outside the budget: must fit in what the engine leaves[/italic]", "", "", "")
+            outside = True
+        label = f"[bold]{line.label}[/bold]" if line.key == "kv" else line.label
+        t.add_row(label, f"{line.gib:,.2f}", line.rule, line.source)
     console.print(t)
     kv = Table(show_header=False)
     kv.add_column("KV cache")
@@ -132,6 +137,30 @@ def render_memory(plan: MemoryPlan) -> None:
         console.print(f"  - {note}", style="dim")
 
 
+def render_memory_validation(report: MemoryValidation, as_json: bool) -> None:
+    if as_json:
+        print_json(report)
+        return
+    t = Table(title=f"Memory model vs {len(report.logs)} published engine start-up logs (GiB per GPU; "
+                    "signed error of the prediction)")
+    for col in ("log", "profile", "KV pred", "KV log", "KV err", "weights pred", "weights log", "weights err"):
+        t.add_column(col, justify="left" if col in ("log", "profile") else "right", overflow="fold")
+
+    def num(value: float | None, pct: bool = False) -> str:
+        return "-" if value is None else (f"{value:+.1f} %" if pct else f"{value:,.2f}")
+
+    for c in report.logs:
+        name = c.id if c.counted else f"[dim]{c.id} (low confidence, not counted)[/dim]"
+        t.add_row(name, c.engine_profile, num(c.kv_predicted_gib), num(c.kv_reported_gib), num(c.kv_error_pct, True),
+                  num(c.weights_predicted_gib), num(c.weights_reported_gib), num(c.weights_error_pct, True))
+    console.print(t)
+    sources = ", ".join(f"{k} ({v} logs, KV {report.kv_median_abs_error_pct_by_source.get(k, 0):.1f} %)"
+                        for k, v in report.sources.items())
+    console.print(f"KV cache: median |error| {report.kv_median_abs_error_pct:.1f} % over {report.kv_logs} logs; "
+                  f"weights: {report.weights_median_abs_error_pct:.2f} % over {report.weights_logs} logs; engines that "
+                  f"refused to start and plans that do not fit: {report.refused_logs_agreeing}. Sources: {sources}.")
+
+
 # --------------------------------------------------------------------------- catalogs
 
 
@@ -141,13 +170,15 @@ def cmd_hw_list(args: argparse.Namespace) -> None:
         print_json([p.model_dump(mode="json") for p in profiles.values()])
         return
     t = Table(title=f"{len(profiles)} hardware profiles (dense peaks; * = derived or estimated, see `hw show`)")
-    for col in ("name", "device", "memory GiB", "bandwidth GB/s", "bf16 TFLOPS", "fp8 TFLOPS", "scale-up GB/s", "US$/hour"):
+    for col in ("name", "device", "memory GiB", "reported GiB", "bandwidth GB/s", "bf16 TFLOPS", "fp8 TFLOPS",
+                "scale-up GB/s", "US$/hour"):
         t.add_column(col, justify="left" if col in ("name", "device") else "right", no_wrap=True)
     for p in profiles.values():
         t.add_row(
             p.name,
             p.display_name,
             _fmt(p, "memory_gib", p.memory_gib),
+            _fmt(p, "memory_reported_gib", p.memory_reported_gib),
             _fmt(p, "memory_bandwidth_gb_s", p.memory_bandwidth_gb_s),
             _fmt(p, "peak_tflops.bf16", p.peak_tflops.bf16),
             _fmt(p, "peak_tflops.fp8", p.peak_tflops.fp8),
@@ -351,6 +382,13 @@ def render_summary(s: RunSummary, deployment: str) -> None:
         lines.append(f"cost: US${c.usd_per_hour:,.2f}/h, ${c.usd_per_million_output_tokens or 0:,.3f} per 1M output tokens, "
                      f"${c.usd_per_million_input_tokens or 0:,.3f} per 1M input tokens, ${c.usd_per_request or 0:,.5f} per request")
     lines.append(f"assumed: {c.basis}")
+    if (band := s.prediction_interval) is not None:
+        r = band.ranges
+        shown = [("TTFT P50", "ttft_ms.p50", "ms"), ("TTFT P99", "ttft_ms.p99", "ms"), ("TPOT P50", "tpot_ms.p50", "ms"),
+                 ("TPOT P99", "tpot_ms.p99", "ms"), ("output", "throughput.output_tokens_per_s", "tok/s")]
+        lines.append(f"if measured ({band.coverage:.0%} band from held-out published runs): " + ", ".join(
+            f"{label} {r[key][0]:,.1f}-{r[key][1]:,.1f} {unit}" for label, key, unit in shown if key in r))
+        lines.append(f"band basis: {band.basis}")
     for line in lines:
         console.print(line)
 
@@ -485,8 +523,67 @@ def render_sweep(result: BenchReport) -> None:
 # --------------------------------------------------------------------------- calibrate
 
 
+# Flags of a CPU calibration or validation that mean nothing with --public, and back.
+_CPU_ONLY = ("model", "device", "dtype", "threads", "random_weights", "quick", "workloads", "force")
+_PUBLIC_ONLY = ("rounds", "workers")
+
+
+def _check_mode(args: argparse.Namespace) -> None:
+    """--public and the CPU flags do not mix: a flag the chosen mode ignores is refused, not dropped."""
+    memory = getattr(args, "memory", False)
+    ignored = _CPU_ONLY if args.public or memory else _PUBLIC_ONLY
+    for name in ignored:
+        if name in args.mode_defaults and getattr(args, name) != args.mode_defaults[name]:
+            mode = "--public" if args.public else "--memory" if memory else "a CPU calibration (without --public)"
+            raise UsageError(f"{args.flags.get(name, name)} does not apply to {mode}")
+
+
+@contextmanager
+def stages() -> Iterator[Progress]:
+    """A progress display of successive stages for planner/public: one bar each, on stderr."""
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bars
+
+    with Bars(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+              console=Console(stderr=True)) as bars:
+        current: list[TaskID] = []
+
+        def stage(what: str, total: int | None) -> Callable[[], None]:
+            if current:  # the previous stage is over, even one whose length was unknown
+                done = bars.tasks[-1].completed
+                bars.update(current[-1], total=max(done, 1), completed=max(done, 1))
+            current.append(bars.add_task(what, total=total))
+            return lambda: bars.advance(current[-1])
+
+        yield stage
+
+
+def cmd_calibrate_public(args: argparse.Namespace) -> None:
+    from planner.public.calibration import calibrate_public, write_fit
+    from planner.public.report import TARGETS_PCT, group_errors
+
+    with stages() as progress:
+        result = calibrate_public(command="serveplan calibrate " + " ".join(sys.argv[2:]), rounds=args.rounds,
+                                  workers=args.workers or default_threads(), progress=progress)
+    path = write_fit(result, *([Path(args.out)] if args.out else []))
+    t = Table(title=f"public fit: {len(result.figures)} figures, {len(result.folds)} sources, "
+                    f"{len(result.skipped)} runs set aside")
+    for col in ("metric family", "figures", "held-out median |error| %", "in-sample median |error| %", "target %"):
+        t.add_column(col, justify="left" if col == "metric family" else "right")
+    for g in group_errors(result.figures, lambda r: r.family):
+        t.add_row(g.group, str(g.figures), f"{g.held_out_median_abs_pct:.1f}", f"{g.in_sample_median_abs_pct:.1f}",
+                  f"{TARGETS_PCT.get(g.group, float('nan')):g}")
+    console.print(t)
+    console.print(f"wrote {path}; `serveplan validate --public` reports it in full")
+
+
 def cmd_calibrate(args: argparse.Namespace) -> None:
     from planner.calibrate import calibrate
+
+    _check_mode(args)
+    if args.public:
+        cmd_calibrate_public(args)
+        return
 
     cal, path = calibrate(args.model, device=args.device, dtype=args.dtype, quick=args.quick, out=args.out,
                           random_weights=args.random_weights, threads=args.threads or default_threads())
@@ -525,6 +622,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         max_gpus_per_replica=args.max_gpus_per_replica, budget_usd_per_hour=args.budget_usd_per_hour,
         weight_dtypes=_csv(args.weight_dtypes), kv_dtypes=_csv(args.kv_dtypes), engine=args.engine, headroom=args.headroom,
         pd_ratios=args.pd_ratios, offload=args.offload,
+        confidence=args.confidence,
         requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
         cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
     )
@@ -550,6 +648,11 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
                       f"TTFT P50 {v.ttft_ms.p50:,.0f} / P99 {v.ttft_ms.p99:,.0f} ms, "
                       f"TPOT P50 {v.tpot_ms.p50:,.1f} / P99 {v.tpot_ms.p99:,.1f} ms, "
                       f"goodput {v.goodput.share:.1%}, SLO {'MET' if v.goodput.slo_met else 'MISSED'}")
+        if (band := v.prediction_interval) is not None:
+            shown = [(label, band.ranges[key]) for label, key in (("TTFT P99", "ttft_ms.p99"), ("TPOT P99", "tpot_ms.p99"))
+                     if key in band.ranges]
+            console.print(f"  if measured ({band.coverage:.0%} band of held-out published errors): "
+                          + ", ".join(f"{label} {low:,.1f}-{high:,.1f} ms" for label, (low, high) in shown))
     else:
         console.print(f"[bold red]no recommendation:[/bold red] {r.nearest_miss}")
 
@@ -599,17 +702,64 @@ def cmd_compare(args: argparse.Namespace) -> None:
         print_json(result)
         return
     t = Table(title=f"A = {a.path} ({a.model}, {a.workload}) vs B = {b.path} ({b.model}, {b.workload})")
-    for col in ("metric", "A", "B", "B - A", "%"):
+    banded = any(m.a_range or m.b_range for m in result.metrics)
+    for col in ("metric", "A", "B", "B - A", "%", *(("A if measured", "B if measured") if banded else ())):
         t.add_column(col, justify="left" if col == "metric" else "right")
     for m in result.metrics:
+        ranges = [f"{r[0]:,.1f}-{r[1]:,.1f}" if r else "-" for r in (m.a_range, m.b_range)] if banded else []
         t.add_row(m.metric, *(f"{v:,.3f}" if v is not None else "-" for v in (m.a, m.b, m.delta)),
-                  f"{m.delta_pct:+.1f}%" if m.delta_pct is not None else "-")
+                  f"{m.delta_pct:+.1f}%" if m.delta_pct is not None else "-", *ranges)
     console.print(t)
+    if banded:
+        console.print("'if measured': the P10-P90 band of held-out published errors around each prediction (both sides "
+                      "share the simulator's biases, so their difference is surer than either band suggests)")
+
+
+def cmd_validate_public(args: argparse.Namespace) -> None:
+    from planner.costmodel.fitted import PUBLIC_FIT_FILE
+    from planner.public.report import markdown, plot, validate_public
+
+    path = args.calibration or PUBLIC_FIT_FILE
+    with stages() as progress:
+        report, fit = validate_public(path, workers=args.workers or default_threads(), progress=progress)
+    if args.report:
+        out = Path(args.report)
+        image = plot(report, out.with_suffix(".png"))
+        out.write_text(markdown(report, fit, "serveplan validate " + " ".join(sys.argv[2:]), image.name))
+    if args.json:
+        print_json(report)
+    else:
+        t = Table(title=f"simulator vs {report.figures} published figures ({report.runs} runs, {report.sources} "
+                        f"sources); held out = fitted without the figure's source")
+        for col in ("metric family", "figures", "held-out median |error| %", "signed %", "in-sample %", "target %", ""):
+            t.add_column(col, justify="left" if col == "metric family" else "right")
+        for g in report.by_metric_family:
+            t.add_row(g.group, str(g.figures), f"{g.held_out_median_abs_pct:.1f}", f"{g.held_out_median_signed_pct:+.1f}",
+                      f"{g.in_sample_median_abs_pct:.1f}", f"{report.targets_pct.get(g.group, float('nan')):g}",
+                      "met" if report.met.get(g.group) else "MISSED")
+        console.print(t)
+        for name, b in report.bands.items():
+            low, high = b.interval()
+            console.print(f"band {name}: measured / predicted P10..P90 x{low:.2f}..x{high:.2f}, "
+                          f"held-out coverage {b.held_out_coverage:.0%} (nominal 80%)")
+    if not all(report.met.values()):
+        raise SystemExit(1)
 
 
 def cmd_validate(args: argparse.Namespace) -> None:
     from planner.validate import markdown, validate
 
+    if args.public and args.memory:
+        raise UsageError("--public and --memory are two different validations: give one")
+    _check_mode(args)
+    if args.memory:
+        render_memory_validation(validate_startup_logs(), args.json)
+        return
+    if args.public:
+        cmd_validate_public(args)
+        return
+    if args.calibration is None:
+        raise UsageError("--calibration is required (a file written by `serveplan calibrate`), or give --public or --memory")
     report = validate(args.model, args.calibration, random_weights=args.random_weights, quick=args.quick,
                       only=args.workloads, force=args.force)
     if args.report:
@@ -652,6 +802,20 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see `{self.prog} --help`)")
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text) if text.strip().lstrip("+").isdigit() else 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text[:20]!r} is invalid: a whole number >= 1 is allowed")
+    return value
+
+
+def _add_public_flags(p: argparse.ArgumentParser, what: str) -> None:
+    """--public and its flags; called last, it records the command's defaults for _check_mode."""
+    p.add_argument("--public", action="store_true", help=what)
+    p.add_argument("--workers", type=_at_least_one, help="--public: simulation processes (default: CPU count)")
+    p.set_defaults(mode_defaults={a.dest: a.default for a in p._actions if a.dest in _CPU_ONLY + _PUBLIC_ONLY})
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="serveplan", description="Capacity planning for LLM inference.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -662,23 +826,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     command(p, cmd_memory)
 
-    hw = sub.add_parser("hw", help="hardware profile catalog").add_subparsers(dest="hw_command", required=True, metavar="ACTION")
-    p = hw.add_parser("list", help="all profiles")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_hw_list)
-    p = hw.add_parser("show", help="one profile with the provenance of each figure")
-    p.add_argument("name", metavar="hardware", help="profile name or YAML file")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_hw_show)
-
-    models = sub.add_parser("models", help="model catalog").add_subparsers(dest="models_command", required=True, metavar="ACTION")
-    p = models.add_parser("list", help="all catalog models")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_models_list)
-    p = models.add_parser("show", help="one model's architecture and derived sizes")
-    p.add_argument("name", metavar="model", help="catalog name or path to a config.json / checkpoint folder")
-    p.add_argument("--json", action="store_true")
-    command(p, cmd_models_show)
+    for catalog, what, shown, metavar, name_help, list_cmd, show_cmd in (
+        ("hw", "hardware profile", "one profile with the provenance of each figure", "hardware",
+         "profile name or YAML file", cmd_hw_list, cmd_hw_show),
+        ("models", "model", "one model's architecture and derived sizes", "model",
+         "catalog name or path to a config.json / checkpoint folder", cmd_models_list, cmd_models_show),
+    ):
+        actions = sub.add_parser(catalog, help=f"{what} catalog").add_subparsers(
+            dest=f"{catalog}_command", required=True, metavar="ACTION")
+        p = actions.add_parser("list", help=f"every {what} in the catalog")
+        p.add_argument("--json", action="store_true")
+        command(p, list_cmd)
+        p = actions.add_parser("show", help=shown)
+        p.add_argument("name", metavar=metavar, help=name_help)
+        p.add_argument("--json", action="store_true")
+        command(p, show_cmd)
 
     p = sub.add_parser("simulate", help="predict latency, throughput, goodput and cost of a deployment under a workload")
     add_deployment_args(p)
@@ -735,18 +897,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
     add_flags(p, [engine_flags[n] for n in ("random_weights", "device", "dtype", "threads")])
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats")
-    p.add_argument("--out", help="calibration file (default: hwprofiles/calibrations/<device>__<model>__<dtype>.json)")
+    p.add_argument("--out", help="calibration file (default: hwprofiles/calibrations/<device>__<model>__<dtype>.json; "
+                                 "with --public, hwprofiles/calibrations/public-gpu.json)")
+    p.add_argument("--rounds", type=_at_least_one, default=3, help="--public: trace-and-fit rounds (default: 3)")
+    _add_public_flags(p, "instead, fit the GPU-family and engine figures to published measurements (slow: minutes to "
+                         "hours; see docs/validation-public.md)")
     command(p, cmd_calibrate)
 
     p = sub.add_parser("validate", help="run the same workloads through the engine and the calibrated simulator")
     p.add_argument("--model", default="smollm2-135m", help="catalog name, checkpoint folder or .gguf file")
     add_flags(p, [engine_flags["random_weights"]])
-    p.add_argument("--calibration", required=True, help="a file written by `serveplan calibrate` (its thread count is used)")
+    p.add_argument("--calibration", help="a file written by `serveplan calibrate` (its thread count is used); with "
+                                         "--public, a public fit (default: hwprofiles/calibrations/public-gpu.json)")
+    p.add_argument("--memory", action="store_true",
+                   help="instead: the memory model against published engine start-up logs (KV cache and weights GiB)")
     p.add_argument("--workloads", nargs="+", help="validate only these scenarios (default: all)")
     p.add_argument("--quick", action="store_true", help="fewer requests per workload")
     p.add_argument("--force", action="store_true", help="apply a calibration made for another model or device")
-    p.add_argument("--report", help="also write the comparison as markdown to this file")
+    p.add_argument("--report", help="also write the comparison as markdown to this file (with --public, a plot beside it)")
     p.add_argument("--json", action="store_true")
+    _add_public_flags(p, "instead, predict every published GPU figure with the public fit, each source held out")
     command(p, cmd_validate)
 
     p = sub.add_parser("schema", help="export the JSON Schema of the specs")

@@ -17,22 +17,22 @@ from planner.specs import SLO, Deployment
 from planner.workload import Workload, get_workload
 
 # (label, path into RunSummary): the figures a what-if question is usually about.
-METRICS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("TTFT P50, ms", ("ttft_ms", "p50")),
-    ("TTFT P99, ms", ("ttft_ms", "p99")),
-    ("TPOT P50, ms", ("tpot_ms", "p50")),
-    ("TPOT P99, ms", ("tpot_ms", "p99")),
-    ("ITL P99, ms", ("itl_ms", "p99")),
-    ("E2E P99, ms", ("e2e_ms", "p99")),
-    ("requests/s", ("throughput", "requests_per_s")),
-    ("output tokens/s", ("throughput", "output_tokens_per_s")),
-    ("goodput share", ("goodput", "share")),
-    ("prefix-cache hit rate", ("prefix_cache_hit_rate",)),
-    ("preemptions", ("preemptions",)),
-    ("KV blocks", ("kv_cache_blocks_total",)),
-    ("busy share", ("utilisation", "busy_share")),
-    ("US$/h", ("cost", "usd_per_hour")),
-    ("US$ per 1M output tokens", ("cost", "usd_per_million_output_tokens")),
+METRICS: tuple[tuple[str, str], ...] = (
+    ("TTFT P50, ms", "ttft_ms.p50"),
+    ("TTFT P99, ms", "ttft_ms.p99"),
+    ("TPOT P50, ms", "tpot_ms.p50"),
+    ("TPOT P99, ms", "tpot_ms.p99"),
+    ("ITL P99, ms", "itl_ms.p99"),
+    ("E2E P99, ms", "e2e_ms.p99"),
+    ("requests/s", "throughput.requests_per_s"),
+    ("output tokens/s", "throughput.output_tokens_per_s"),
+    ("goodput share", "goodput.share"),
+    ("prefix-cache hit rate", "prefix_cache_hit_rate"),
+    ("preemptions", "preemptions"),
+    ("KV blocks", "kv_cache_blocks_total"),
+    ("busy share", "utilisation.busy_share"),
+    ("US$/h", "cost.usd_per_hour"),
+    ("US$ per 1M output tokens", "cost.usd_per_million_output_tokens"),
 )
 
 
@@ -56,6 +56,8 @@ class MetricDelta(_Out):
     b: float | None
     delta: float | None = Field(description="b - a")
     delta_pct: float | None = Field(description="(b - a) / a x 100; None when a is 0 or missing")
+    a_range: tuple[float, float] | None = Field(None, description="A's prediction interval (simulated GPU runs)")
+    b_range: tuple[float, float] | None = Field(None, description="B's prediction interval (simulated GPU runs)")
 
 
 class Comparison(_Out):
@@ -96,16 +98,15 @@ def load_side(path: str | Path, default_model: str, default_workload: str, overr
 
 def compare(a: Side, b: Side) -> Comparison:
     rows = []
-    for label, keys in METRICS:
-        va, vb = _get(a.summary, keys), _get(b.summary, keys)
+    for label, path in METRICS:
+        va, vb = a.summary.figure(path), b.summary.figure(path)
         delta = None if va is None or vb is None else vb - va
         pct = None if delta is None or not va else 100.0 * delta / va
-        rows.append(MetricDelta(metric=label, a=va, b=vb, delta=delta, delta_pct=pct))
+        rows.append(MetricDelta(metric=label, a=va, b=vb, delta=delta, delta_pct=pct,
+                                a_range=_range(a.summary, path), b_range=_range(b.summary, path)))
     return Comparison(a=a, b=b, metrics=rows)
 
 
-def _get(summary: RunSummary, keys: tuple[str, ...]) -> float | None:
-    value: object = summary
-    for key in keys:
-        value = getattr(value, key)
-    return None if value is None else float(value)  # type: ignore[arg-type]
+def _range(summary: RunSummary, path: str) -> tuple[float, float] | None:
+    band = summary.prediction_interval
+    return None if band is None else band.ranges.get(path)

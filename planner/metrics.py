@@ -25,6 +25,9 @@ from engine.core.metrics import RequestMetrics, StepSample
 from planner.specs import SLO
 
 TIMESERIES_POINTS = 120
+# Published figures and prediction bands are grouped so: rates, time to first token, time between
+# tokens (TPOT and ITL), whole-request latency.
+MetricFamily = Literal["throughput", "ttft", "tpot_itl", "e2e"]
 
 
 @dataclass(frozen=True)
@@ -157,6 +160,13 @@ class OffloadStats(_Out):
     loaded_disk_blocks: int
     swapped_out_requests: int = Field(description="Preemptions by swap")
     swap_out_refusals: int = Field(description="Preemptions that recomputed because the host tier had no room")
+class PredictionInterval(_Out):
+    """Where a measurement of each figure would likely fall: the prediction times the P10 and P90 of
+    measured / predicted over published figures whose source the fit never saw."""
+
+    coverage: float = Field(description="Nominal share of measurements inside (held-out coverage in basis)")
+    ranges: dict[str, tuple[float, float]] = Field(description="'ttft_ms.p99' -> (low, high), in the figure's unit")
+    basis: str = Field(description="The fit and the held-out figures the band comes from, and its caveats")
 
 
 class RunSummary(_Out):
@@ -190,6 +200,19 @@ class RunSummary(_Out):
     assumptions: dict[str, object] = Field(description="Every figure the run's timing model used")
     offload: OffloadStats | None = Field(None, description="Offload tiers (host, disk, swap); None without them")
     kv_transfer: TransferStats | None = Field(None, description="Prefill-to-decode KV transfers; None without disaggregation")
+    prediction_interval: PredictionInterval | None = Field(
+        None, description="Simulated GPU runs with a public fit: the likely range of each figure if measured")
+
+    def figure(self, path: str) -> float | None:
+        """The figure at a dotted path, e.g. 'ttft_ms.p99', 'throughput.output_tokens_per_s',
+        'preemptions': the one way reports, comparisons and validations read a summary; None where
+        the run lacks the figure or its section."""
+        value: object = self
+        for part in path.split("."):
+            value = getattr(value, part)
+            if value is None:  # a section the run does not have (kv_transfer without disaggregation)
+                return None
+        return float(value)  # type: ignore[arg-type]
 
 
 def latency_stats_ms(values_s: Sequence[float] | np.ndarray) -> LatencyStats:

@@ -128,7 +128,12 @@ class HardwareProfile(Spec):
         description="Architecture family; hypothetical hardware borrows the calibrated efficiencies of its family"
     )
     memory_gib: float = Field(ge=0.25, le=MAX_MEMORY_GIB,
-                              description="Device memory usable for weights, KV cache and activations, GiB")
+                              description="Device memory as marketed, GiB")
+    memory_reported_gib: float | None = Field(
+        None, ge=0.25, le=MAX_MEMORY_GIB,
+        description="Device memory the runtime reports as its total (torch.cuda.mem_get_info, which serving engines "
+        "size their KV cache from), GiB: less than marketed, the driver keeps a share; None where no figure is known "
+        "(the marketed one is used)")
     memory_bandwidth_gb_s: float = _bandwidth("Peak device-memory bandwidth, GB/s")
     peak_tflops: PeakTflops
     scale_up: Link | None = Field(None, description="Intra-node device-to-device link (NVLink, xGMI, ICI); None if PCIe only")
@@ -157,6 +162,18 @@ class HardwareProfile(Spec):
         if not self.peak_tflops.supported():
             raise InputError("peak_tflops", None, "at least one numeric format needs a peak")
         return self
+
+    @model_validator(mode="after")
+    def _reported_within_marketed(self) -> HardwareProfile:
+        if self.memory_reported_gib is not None and self.memory_reported_gib > self.memory_gib:
+            raise InputError("memory_reported_gib", self.memory_reported_gib,
+                             f"must not exceed the marketed memory_gib={self.memory_gib:g}")
+        return self
+
+    @property
+    def reported_memory_gib(self) -> float:
+        """What an engine on this device sees as total memory (the marketed figure where none is known)."""
+        return self.memory_gib if self.memory_reported_gib is None else self.memory_reported_gib
 
     @property
     def memory_bytes(self) -> int:
@@ -342,6 +359,9 @@ class PlanSettings(Spec):
     offload: Annotated[Literal["auto", "always", "none"], Knob("--offload", "Host KV tier candidates")] = Field(
         "auto", description="Candidates with a host KV tier of half the host memory the profile lists per GPU, beside "
         "those without: auto when the workload reuses prompts (shared prefixes, conversations), always, or none")
+    confidence: Annotated[float | None, Knob("--confidence", "Confidence", "probability")] = Field(
+        None, ge=0.5, le=0.95, description="Size against the pessimistic bound that measurements stay within this "
+        "often (from the public fit's held-out errors) instead of the prediction itself (default: the prediction)")
 
     def ratios(self, slo: SLO, mean_prompt_tokens: float) -> list[tuple[int, int]]:
         """The (prefill, decode) instance counts to try for this question."""

@@ -158,20 +158,11 @@ class ValidationReport(BaseModel):
     passed: bool
 
 
-def _get(summary: RunSummary, path: str) -> float | None:
-    value: object = summary
-    for part in path.split("."):
-        value = getattr(value, part)
-        if value is None:
-            return None
-    return float(value)  # type: ignore[arg-type]
-
-
 def compare(engine: RunSummary, sim: RunSummary) -> dict[str, float | None]:
     """metric -> signed error %; None where the engine's value is 0, absent where a run lacks it."""
     errors: dict[str, float | None] = {}
     for metric in COMPARED:
-        e, s = _get(engine, metric), _get(sim, metric)
+        e, s = engine.figure(metric), sim.figure(metric)
         if e is None or s is None:
             continue
         errors[metric] = (s - e) / e * 100 if e else None
@@ -274,7 +265,7 @@ def markdown(report: ValidationReport, command: str) -> str:
         for metric in COMPARED:
             if metric not in row.error_pct:
                 continue
-            e, s, err = _get(row.engine, metric), _get(row.simulator, metric), row.error_pct[metric]
+            e, s, err = row.engine.figure(metric), row.simulator.figure(metric), row.error_pct[metric]
             lines.append(f"| {row.scenario} | {metric} | {e:,.2f} | {s:,.2f} | {'n/a' if err is None else f'{err:+.1f}'} |")
     groups = {"all workloads": report.median_abs_error_pct, **report.median_abs_error_pct_by_group}
     for group, values in groups.items():

@@ -26,6 +26,22 @@ def test_memory_json(capsys) -> None:
     code, out, _ = run(capsys, "memory", "--model", "llama-3.1-8b", "--json")
     data = json.loads(out)
     assert code == 0 and data["kv_bytes_per_token_model"] == 131_072 and data["fits"]
+    assert data["engine"] == "vllm-0.11" and all(line["rule"] and line["source"] for line in data["lines"])
+
+
+@pytest.mark.parametrize(("engine", "rule", "outside"),
+                         [("vllm-0.11", "gpu_memory_utilization 0.9 x 79.18 GiB reported", True),
+                          ("sglang-0.5", "mem_fraction_static", True),
+                          ("trtllm-1.2", "free_gpu_memory_fraction 0.9", False)])  # its peak includes everything
+def test_memory_breakdown_by_engine_names_each_rule_and_source(capsys, engine: str, rule: str, outside: bool) -> None:
+    code, out, _ = run(capsys, "memory", "--model", "llama-3.1-8b", "--engine", engine)
+    assert code == 0 and f"with {engine}" in out and rule in out and "github.com" in out
+    assert ("outside the budget" in out) == outside
+
+
+def test_validate_needs_a_calibration_or_memory(capsys) -> None:
+    code, _, err = run(capsys, "validate")
+    assert code == 2 and "--calibration is required" in err and "--public or --memory" in err
 
 
 def test_does_not_fit_exits_one_with_the_answer(capsys) -> None:

@@ -41,9 +41,13 @@ def render() -> None:
                    help=f"the engine runs at most max_num_seqs = {plan.max_num_seqs}")
 
     parts = charts.memory_parts(plan)
-    st.markdown(f"**Per-GPU memory of {plan.hardware}** ({plan.device_memory_gib:,.1f} GiB; dashed line: device memory)")
+    st.markdown(f"**Per-GPU memory of {plan.hardware} as {plan.engine} sizes it** ({plan.device_memory_gib:,.1f} GiB "
+                f"marketed, {plan.device_memory_reported_gib:,.2f} GiB reported; dashed line: marketed memory)")
     st.altair_chart(charts.memory_bar(parts, plan.device_memory_gib), width="stretch")
     ui.table(parts, "Per-GPU memory (GiB)", key="memory.parts")
+    ui.table(charts.memory_lines(plan), "How each figure is computed", key="memory.lines",
+             caption="The engine's rule for its KV cache: every line it counts is subtracted from what it may use; "
+                     "the others must fit in what it leaves.")
 
     curve = pd.DataFrame({"context (tokens)": contexts,
                           "max concurrent sequences": [p.max_concurrent_sequences for p in plans]})

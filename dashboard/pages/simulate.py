@@ -47,6 +47,30 @@ def _headline(s: RunSummary) -> None:
                   if s.utilisation.bandwidth_utilisation is not None else "") + ".")
 
 
+def _bands(s: RunSummary) -> pd.DataFrame:
+    """One row per banded figure: the prediction and where a measurement would likely fall."""
+    assert s.prediction_interval is not None
+    rows = []
+    for name, (low, high) in s.prediction_interval.ranges.items():
+        predicted = s.figure(name)
+        assert predicted  # banded figures are set and positive on a finished run
+        rows.append({"figure": name, "predicted": predicted, "low": low, "high": high,
+                     "low / predicted": low / predicted, "high / predicted": high / predicted})
+    return pd.DataFrame(rows)
+
+
+def _if_measured(s: RunSummary) -> None:
+    band = s.prediction_interval
+    if band is None:
+        return
+    st.markdown(f"**If measured on the GPU** (the P10-P90 of published runs each predicted without its source: "
+                f"about {band.coverage:.0%} of measurements fall inside)")
+    data = _bands(s)
+    st.altair_chart(charts.prediction_bands(data), width="stretch")
+    ui.table(data[["figure", "predicted", "low", "high"]], "Prediction intervals", key="sim.bands",
+             caption=band.basis)
+
+
 def render() -> None:
     state = PageState("simulate")
     st.title("Simulate")
@@ -70,6 +94,7 @@ def render() -> None:
     st.caption(f"{s.num_finished:,} of {s.num_requests:,} requests finished, workload {s.workload}; "
                f"{s.kv_cache_blocks_total:,} KV blocks in all.")
     _headline(s)
+    _if_measured(s)
 
     st.markdown("**Latency CDFs**")
     st.altair_chart(charts.latency_cdf(view.requests, {"ttft_ms": "TTFT", "tpot_ms": "TPOT", "e2e_ms": "E2E"}),

@@ -1,4 +1,6 @@
-"""Validate: the latest engine-vs-simulator results (a ValidationReport from `serveplan validate --json`)."""
+"""Validate: the simulator against the real engine on this machine (a ValidationReport from
+`serveplan validate --json`) and against published GPU runs (a PublicValidation from
+`serveplan validate --public --json`)."""
 
 from __future__ import annotations
 
@@ -11,18 +13,65 @@ from dashboard.state import PageState
 from engine.errors import EXCERPT_CHARS, InputError
 
 DEFAULT_REPORT = "validation.json"
+PUBLIC_REPORT = "validation-public.json"
 HEADLINE = ["ttft_ms.mean", "ttft_ms.p99", "tpot_ms.mean", "e2e_ms.mean", "throughput.output_tokens_per_s"]
-
-
-def _value(summary: object, path: str) -> float:
-    for part in path.split("."):
-        summary = getattr(summary, part)
-    return float(summary)  # type: ignore[arg-type]
 
 
 def render() -> None:
     state = PageState("validate")
     st.title("Validate")
+    engine_tab, public_tab = st.tabs(["Engine vs simulator, this machine", "Published GPU runs"])
+    with public_tab:  # first: it never stops the page, the engine tab may (a malformed report)
+        render_public()
+    with engine_tab:
+        render_engine(state)
+
+
+def render_public() -> None:
+    st.caption("Every published GPU benchmark figure in the project's data, replayed as it was run and predicted by "
+               "a fit that never saw its source (leave-one-source-out); stricter still, its whole publisher left out.")
+    if PUBLIC_REPORT not in compute.project_reports():
+        st.info("No public validation in docs/ yet. Make one (it simulates every published run: minutes):\n\n"
+                "```bash\n.venv/bin/serveplan validate --public --report docs/validation-public.md --json "
+                "> docs/validation-public.json\n```")
+        return
+    try:
+        v = compute.public_validation(compute.project_report(PUBLIC_REPORT))
+    except InputError as exc:
+        st.error(f"{PUBLIC_REPORT} is not a public validation: {exc}")
+        return
+    met = all(v.met.values())
+    (st.success if met else st.warning)(
+        f"{v.figures:,} figures, {v.runs} runs, {v.sources} sources: held-out median |error| "
+        + ", ".join(f"{g.group} {g.held_out_median_abs_pct:.1f} % (target {v.targets_pct.get(g.group, 0):g} %)"
+                    for g in v.by_metric_family))
+    families = pd.DataFrame([{"metric family": g.group, "figures": g.figures,
+                              "held out, median |error| %": g.held_out_median_abs_pct,
+                              "held out, median signed %": g.held_out_median_signed_pct,
+                              "publisher held out, median |error| %": g.held_out_publisher_median_abs_pct,
+                              "in sample, median |error| %": g.in_sample_median_abs_pct,
+                              "target %": v.targets_pct.get(g.group), "met": v.met.get(g.group)}
+                             for g in v.by_metric_family])
+    ui.table(families, "By metric family", key="validate.public.families")
+    bands = pd.DataFrame([{"metric family": name, "P10 measured/predicted": b.interval()[0],
+                           "P90 measured/predicted": b.interval()[1], "held-out coverage": b.held_out_coverage,
+                           "figures": b.figures} for name, b in v.bands.items()])
+    ui.table(bands, "Prediction bands every simulated GPU run carries", key="validate.public.bands",
+             caption="Held-out coverage is measured: each source's band was built from the other sources only.")
+    figures = pd.DataFrame([{"run": f.run_key, "metric": f.metric, "family": f.family, "engine": f.engine,
+                             "measured": f.measured, "held-out prediction": f.held_out,
+                             "error (%)": 100 * (f.held_out / f.measured - 1)} for f in v.figure_errors])
+    st.markdown("**Held-out prediction against measurement**")
+    st.altair_chart(charts.predicted_vs_measured(figures), width="stretch")
+    for title, groups in (("By engine", v.by_engine), ("By GPU", v.by_gpu), ("By source", v.by_source)):
+        table = pd.DataFrame([{"group": g.group, "figures": g.figures, "held out, median |error| %": g.held_out_median_abs_pct,
+                               "held out, median signed %": g.held_out_median_signed_pct,
+                               "in sample, median |error| %": g.in_sample_median_abs_pct} for g in groups])
+        ui.table(table, title, key=f"validate.public.{title}")
+    ui.table(figures, "Every figure", key="validate.public.figures")
+
+
+def render_engine(state: PageState) -> None:
     st.caption("The same seeded requests through the real engine and the calibrated simulator; the error is the "
                "simulator's, signed: (simulator − engine) / engine × 100.")
     reports = compute.project_reports()
@@ -63,8 +112,8 @@ def render() -> None:
         st.markdown("**Simulator error by scenario (%)**")
         st.altair_chart(charts.grouped_bars(long, "scenario", "error (%)", "metric", "error (%)"), width="stretch")
     ui.table(errors, "Signed error by scenario (%)", key="validate.errors")
-    values = pd.DataFrame([{"scenario": r.scenario, "metric": m, "engine": _value(r.engine, m),
-                            "simulator": _value(r.simulator, m)} for r in report.rows for m in shown])
+    values = pd.DataFrame([{"scenario": r.scenario, "metric": m, "engine": r.engine.figure(m),
+                            "simulator": r.simulator.figure(m)} for r in report.rows for m in shown])
     ui.table(values, "Engine and simulator values", key="validate.values",
              caption="Latencies in ms, throughput in output tokens/s.")
     ui.json_download("Validation report (JSON)", report, "validation.json", key="validate.json")

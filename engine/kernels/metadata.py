@@ -5,8 +5,9 @@ torch reference (engine/model/attention.py) and the Triton kernels alike."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -23,6 +24,10 @@ class AttentionMetadata:
     # Host-side maxima, so choosing a code path never waits on the device.
     max_query_len: int
     max_seq_len: int
+    # Tensors the torch reference attention derives from the fields above (gather indices, masks,
+    # the rows to store): built by the first layer that needs them, reused by the others. Whoever
+    # rewrites the tensors above in place (engine/graphs.py's static buffers) must clear it.
+    derived: dict[object, object] = field(default_factory=dict, compare=False, repr=False)
 
 
 def build_attention_metadata(
@@ -32,29 +37,36 @@ def build_attention_metadata(
     block_size: int,
     device: torch.device | str = "cpu",
 ) -> tuple[Tensor, AttentionMetadata]:
-    """Positions [T] and metadata for sequences that each add query_lens[b] tokens to reach seq_lens[b]."""
+    """Positions [T] and metadata for sequences that each add query_lens[b] tokens to reach seq_lens[b].
+
+    Built with numpy, one array operation per field rather than a Python loop over tokens (a
+    prefill chunk of hundreds of tokens costs what a decode step does)."""
     if not len(query_lens) == len(seq_lens) == len(block_tables):
         raise ValueError("query_lens, seq_lens and block_tables must list the same sequences")
-    positions: list[int] = []
-    slots: list[int] = []
-    for q_len, s_len, table in zip(query_lens, seq_lens, block_tables):
-        if not 0 < q_len <= s_len or len(table) * block_size < s_len:
-            raise ValueError(f"query_len={q_len}, seq_len={s_len} and {len(table)} blocks do not fit together")
-        for pos in range(s_len - q_len, s_len):
-            positions.append(pos)
-            slots.append(table[pos // block_size] * block_size + pos % block_size)
-    max_blocks = max(len(t) for t in block_tables)
-    padded_tables = [list(t) + [0] * (max_blocks - len(t)) for t in block_tables]
-    starts = [0]
-    for q_len in query_lens:
-        starts.append(starts[-1] + q_len)
+    q_lens, s_lens = np.asarray(query_lens, dtype=np.int64), np.asarray(seq_lens, dtype=np.int64)
+    num_blocks = np.fromiter((len(t) for t in block_tables), dtype=np.int64, count=len(block_tables))
+    bad = np.flatnonzero((q_lens <= 0) | (q_lens > s_lens) | (num_blocks * block_size < s_lens))
+    if bad.size:
+        b = int(bad[0])
+        raise ValueError(f"query_len={q_lens[b]}, seq_len={s_lens[b]} and {num_blocks[b]} blocks do not fit together")
+    tables = np.zeros((len(block_tables), int(num_blocks.max())), dtype=np.int64)
+    for row, table in zip(tables, block_tables):
+        row[: len(table)] = table
+    starts = np.concatenate(([0], np.cumsum(q_lens)))
+    seq_of_token = np.repeat(np.arange(len(q_lens)), q_lens)
+    positions = np.arange(starts[-1]) - starts[seq_of_token] + (s_lens - q_lens)[seq_of_token]
+    slots = tables[seq_of_token, positions // block_size] * block_size + positions % block_size
+
+    def tensor(array: np.ndarray, dtype: torch.dtype) -> Tensor:
+        return torch.from_numpy(array).to(device=device, dtype=dtype)
+
     metadata = AttentionMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        block_tables=torch.tensor(padded_tables, dtype=torch.int32, device=device),
+        slot_mapping=tensor(slots, torch.int64),
+        query_start_loc=tensor(starts, torch.int32),
+        seq_lens=tensor(s_lens, torch.int32),
+        block_tables=tensor(tables, torch.int32),
         block_size=block_size,
-        max_query_len=max(query_lens),
-        max_seq_len=max(seq_lens),
+        max_query_len=int(q_lens.max()),
+        max_seq_len=int(s_lens.max()),
     )
-    return torch.tensor(positions, dtype=torch.int64, device=device), metadata
+    return tensor(positions, torch.int64), metadata

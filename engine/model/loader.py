@@ -55,6 +55,7 @@ def load_model(
     random_weights: bool = False,
     weight_dtype: str = "auto",
     int8_kernel: str = "auto",
+    lm_head_dtype: str = "auto",
 ) -> LoadedModel:
     """A model from a checkpoint folder, a .gguf file, a catalog name or a config.json path.
 
@@ -62,7 +63,7 @@ def load_model(
     with a generator seeded by `seed` (0 when None), norms set to 1 and biases to 0.
     weight_dtype other than "auto" quantises the transformer layers' weights
     (engine.quant.quantize_model, with int8_kernel for "int8"); a GGUF file's Q4_0/Q4_1 matrices
-    stay as stored for "int4".
+    stay as stored for "int4". lm_head_dtype "int8" quantises the LM head too (quantize_lm_head).
     """
     # A GGUF file's own groups are kept where the kernel runs them (not fbgemm's per-channel W8A8).
     keep = weight_dtype if weight_dtype == "int4" or (weight_dtype == "int8" and int8_kernel != "dynamic") else None
@@ -77,6 +78,13 @@ def load_model(
         quantize_model(loaded.model, weight_dtype, int8_kernel=int8_kernel,  # type: ignore[arg-type]  # names checked by EngineConfig
                        calibration_ids=calibration)
         loaded.source_description += f"; transformer-layer weights quantised to {weight_dtype}{how}"
+    if lm_head_dtype == "int8":
+        from engine.model.quantize import quantize_lm_head
+
+        calibration = _calibration_ids(loaded)
+        kernel = quantize_lm_head(loaded.model, calibration)
+        smoothed = f", SmoothQuant on {len(calibration)} tokens" if kernel == "dynamic" else ""
+        loaded.source_description += f"; LM head quantised to int8 (kernel {kernel}{smoothed})"
     return loaded
 
 

@@ -7,7 +7,8 @@ Every engine.model.layers.Linear inside the transformer layers (model.model.laye
 o_proj, gate_up_proj, down_proj) is replaced by its quantised counterpart, its weight
 quantised on the way. Left in the model dtype, on purpose:
 - the embedding and lm_head (also when tied): the planner's memory model counts them
-  unquantised, and the logits are the most quantisation-sensitive matmul;
+  unquantised, and the logits are the most quantisation-sensitive matmul (quantize_lm_head,
+  opt-in, quantises the head to int8 for the CPU's sake);
 - the MoE router (SparseMoE.gate): tiny, and routing decisions flip under weight noise
   (vLLM also keeps it unquantised);
 - MoE experts: stored as stacked [E, ...] tensors (engine.model.moe.Experts), not Linear
@@ -83,3 +84,21 @@ def quantize_model(
         setattr(parent, attr, new)
     model.weight_dtype = weight_dtype
     return model
+
+
+@torch.no_grad()
+def quantize_lm_head(model: nn.Module, calibration_ids: Sequence[int] | None = None) -> Int8Kernel:
+    """Replace the LM head by a per-channel Int8Linear (a tied embedding keeps its float weight for
+    lookups); returns the kernel chosen. On a CPU that is fbgemm's W8A8 matmul: the head is a small
+    model's largest matmul (SmolLM2-135M: 28 M of its 134 M weights, read for every sampled row),
+    and the packed weight-only int8 kernel is slow there once a batch has more than a few rows.
+    calibration_ids (W8A8 only): token ids whose prefill sets the head's SmoothQuant factors."""
+    head = model.lm_head
+    if type(head) is not Linear:
+        raise ValueError(f"the LM head is already a {type(head).__name__}")
+    kernel: Int8Kernel = "dynamic" if head.weight.device.type == "cpu" else "auto"
+    smooth = None
+    if kernel == "dynamic" and calibration_ids is not None:
+        smooth = smoothing_factors(head.weight, activation_amax(model, {"lm_head": head}, list(calibration_ids))["lm_head"])
+    model.lm_head = Int8Linear.from_linear(head, kernel, smooth)
+    return kernel

@@ -63,17 +63,24 @@ class RotaryEmbedding(nn.Module):
 
 
 def rotate_qk(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    """Rotate queries and keys [T, heads, head_dim] by their tokens' angles (one Triton kernel on CUDA)."""
+    """Rotate queries and keys [T, heads, head_dim] by their tokens' angles (one Triton kernel on CUDA;
+    elsewhere one apply_rotary over both, which halves the small ops a layer dispatches)."""
     if kernels.use_triton(q):
         from engine.kernels.rotary import rotary_embedding
 
         return rotary_embedding(q, k, cos, sin)
-    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    qk = apply_rotary(torch.cat((q, k), dim=1), cos, sin)
+    return qk[:, : q.shape[1]], qk[:, q.shape[1] :]
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate x [T, heads, head_dim] by the angles of its token."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)
-    return x * cos + rotated * sin
+    """Rotate x [T, heads, head_dim] by the angles of its token: x * cos + rotate_half(x) * sin, with
+    rotate_half(x) = [-x2, x1] written as the swapped halves [x2, x1] times sin with its first half
+    negated (the same products, so the same rounding; views and one flip instead of slices and a cat)."""
+    tokens, heads, dim = x.shape
+    swapped = x.view(tokens, heads, 2, dim // 2).flip(2).view(tokens, heads, dim)
+    signed_sin = (sin.view(tokens, 1, 2, dim // 2) * _HALF_SIGNS.to(sin.device)).view(tokens, 1, dim).to(x.dtype)
+    return x * cos.view(tokens, 1, dim).to(x.dtype) + swapped * signed_sin
+
+
+_HALF_SIGNS = torch.tensor([[-1.0], [1.0]])

@@ -5,19 +5,23 @@ format as buffers (the bias, when there is one, stays in the activation dtype). 
 are never quantised on the default kernels, so each module's output equals
 F.linear(x, dequantized_weight(), bias) up to float rounding.
 
-CPU kernels (measured on the 2-core AVX2 machine, torch 2.13; see engine/quant/README.md):
-torch's weight-only kernels `_weight_int8pack_mm` and `_weight_int4pack_mm_for_cpu` are
-vectorised for AVX-512 (and ARM) only; on AVX2 they run a scalar loop and are 5-20x SLOWER
-than an fp32 F.linear. On such machines the quantised weights save memory, not time. The
-one fast int8 path there is fbgemm's dynamic-quantised linear (Int8Linear kernel="dynamic"),
-which also quantises the activations (per token, per call) and so is opt-in: it costs more
-quality than weight-only int8 (docs/quantisation.md), and as fbgemm's asymmetric range spans
-all rows, a token's grid still depends slightly on which rows share its batch.
+CPU kernels (torch 2.13, measured on 2-core x86 machines; see engine/quant/README.md): torch's
+packed weight-only kernels `_weight_int8pack_mm` and `_weight_int4pack_mm_for_cpu` have SIMD code
+(AVX2, AVX-512, NEON) for bfloat16 activations only; with fp32 or fp16 activations they run a
+scalar loop, 5-20x slower than an fp32 F.linear. So on a CPU these modules run them in bf16
+(`packed_matmul`): the activations are rounded to bf16 on the way in, the products accumulate in
+fp32, and the kernel rounds its output to bf16, 2^-9 relative each, far below the weights' own
+quantisation error (docs/quantisation.md measures the cost). fbgemm's dynamic-quantised linear
+(Int8Linear kernel="dynamic") also quantises the activations, to 7 bits per token, and is opt-in:
+it costs more quality than weight-only int8, and as fbgemm's asymmetric range spans all rows, a
+token's grid still depends slightly on which rows share its batch.
 """
 
 from __future__ import annotations
 
 import platform
+from collections.abc import Callable
+import functools
 from typing import Literal, Protocol
 import warnings
 
@@ -38,12 +42,31 @@ class FloatLinear(Protocol):
     bias: Tensor | None
 
 
-def cpu_weight_only_kernels_vectorised() -> bool:
-    """Whether torch's _weight_int8pack_mm / _weight_int4pack_mm_for_cpu have SIMD code for this
-    CPU: on x86 only the AVX-512 builds do (AVX2 and older run a scalar loop)."""
+# The activation dtype torch's packed CPU kernels are vectorised for (int4mm_kernel.cpp and
+# int8mm_kernel.cpp specialise their AVX2 / AVX-512 / NEON micro-kernels for it).
+PACKED_KERNEL_DTYPE = torch.bfloat16
+# torch 2.13's AVX-512 bf16 _weight_int8pack_mm walks K in steps of 16 with no tail: other K
+# return garbage or crash (seen with K = 72 and 100), so int8pack needs K a multiple of this.
+INT8PACK_K_MULTIPLE = 16
+
+
+def cpu_packed_kernels_vectorised() -> bool:
+    """Whether torch's _weight_int8pack_mm / _weight_int4pack_mm_for_cpu have SIMD code for this CPU
+    (for bf16 activations): ARM, and x86 with AVX2 or AVX-512; older x86 runs their scalar loop."""
     if platform.machine().lower() in ("x86_64", "amd64", "i386", "i686"):
-        return torch.backends.cpu.get_cpu_capability().startswith("AVX512")
+        return torch.backends.cpu.get_cpu_capability() != "DEFAULT"
     return True
+
+
+@functools.cache
+def _unit_scales(n: int) -> Tensor:
+    """bf16 ones [n] on the CPU, shared by every int8pack call of that width (never written)."""
+    return torch.ones(n, dtype=PACKED_KERNEL_DTYPE)
+
+
+def packed_matmul(kernel: Callable[[Tensor], Tensor], x2: Tensor) -> Tensor:
+    """Run a packed CPU kernel on rows x2 in its vectorised dtype (bf16), returning x2's dtype."""
+    return kernel(x2.to(PACKED_KERNEL_DTYPE).contiguous()).to(x2.dtype)
 
 
 def _flat(x: Tensor) -> Tensor:
@@ -78,14 +101,14 @@ class Int8Linear(_QuantLinear):
     """int8 weight-only, symmetric per-output-channel scales: weight int8 [N, K], scales [N].
 
     kernel: "triton" = engine.kernels.quant_matmul's dequantising matmul (CUDA; reads int8 weights
-    only), "int8pack" = torch._weight_int8pack_mm (CPU/MPS; exact weight-only numerics),
-    "dequant" = (x @ weight.to(x.dtype)^T) * scales (any device), "dynamic" = fbgemm's
-    quantized::linear_dynamic (CPU only, W8A8: quantises each token's activations to 7 bits on
-    each call, ~1% relative output error; the fastest int8 path on AVX2; keeps a second,
-    fbgemm-packed copy of the int8 weight),
+    only), "int8pack" = torch._weight_int8pack_mm (CPU; run in bf16 by packed_matmul, the
+    per-channel scales applied to its output in x's dtype), "dequant" = (x @ weight.to(x.dtype)^T)
+    * scales (any device; exact in x's dtype, but it converts the whole weight on every call),
+    "dynamic" = fbgemm's quantized::linear_dynamic (CPU only, W8A8: quantises each token's
+    activations to 7 bits on each call, ~1% relative output error; keeps a second, fbgemm-packed
+    copy of the int8 weight),
     "auto" = triton where the model runs Triton kernels (engine.kernels.use_triton), int8pack on a
-    CPU where it is vectorised (AVX-512, ARM), else dequant (faster than the scalar int8pack loop
-    on AVX2, see engine/quant/README.md).
+    CPU where it is vectorised (cpu_packed_kernels_vectorised), else dequant.
 
     smooth [K] (SmoothQuant, engine/quant/smooth.py): the stored weight is W * smooth per input
     column and forward divides x by smooth first, moving activation outliers into the weight,
@@ -110,12 +133,15 @@ class Int8Linear(_QuantLinear):
         self.register_buffer("scales", scales.contiguous())
         self.register_buffer("smooth", None if smooth is None else smooth.float().contiguous())
         grouped = scales.dim() == 2
+        packable = in_features % INT8PACK_K_MULTIPLE == 0
         if kernel == "auto":
             on_cpu = weight.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm")
             kernel = ("dequant" if grouped else "triton" if kernels.use_triton(weight) else
-                      "int8pack" if on_cpu and cpu_weight_only_kernels_vectorised() else "dequant")
+                      "int8pack" if on_cpu and packable and cpu_packed_kernels_vectorised() else "dequant")
         if kernel not in ("triton", "int8pack", "dynamic", "dequant"):
             raise ValueError(f"kernel must be auto, triton, int8pack, dynamic or dequant, got {kernel!r}")
+        if kernel == "int8pack" and not packable:
+            raise ValueError(f"int8pack needs in_features a multiple of {INT8PACK_K_MULTIPLE}, got {in_features}")
         if grouped and kernel != "dequant":
             raise ValueError(f"group-wise int8 scales {tuple(scales.shape)} run on the dequant kernel only, not {kernel!r}")
         self.kernel = kernel
@@ -160,15 +186,17 @@ class Int8Linear(_QuantLinear):
 
             y = int8_weight_matmul(x2, self.weight, self.scales)
         elif self.kernel == "int8pack":
-            y = torch._weight_int8pack_mm(x2.contiguous(), self.weight, self.scales.to(x.dtype))
+            # Unit scales inside the bf16 kernel, the real ones after it in x's dtype: not rounded to bf16.
+            y = packed_matmul(lambda rows: torch._weight_int8pack_mm(rows, self.weight, _unit_scales(self.out_features)), x2)
+            y = y * self.scales.to(x.dtype)
         elif self.kernel == "dynamic":
             # fbgemm quantises its whole input with one scale; dividing each row by its own max first
             # (and multiplying it back after) makes that one scale fit every token: per-token
             # quantisation. One scale across a prefill's tokens cost SmolLM2 +1.10 nats/token, this +0.09.
             # reduce_range: 7-bit activations; with 8 bits fbgemm's AVX2 int16 accumulation saturates.
             rows = x2.float()
-            row_max = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
-            y = (torch.ops.quantized.linear_dynamic((rows / row_max).contiguous(), self._packed, True) * row_max).to(x.dtype)
+            row_max = torch.linalg.vector_norm(rows, float("inf"), dim=1, keepdim=True).clamp_(min=torch.finfo(torch.float32).tiny)
+            y = torch.ops.quantized.linear_dynamic(rows / row_max, self._packed, True).mul_(row_max).to(x.dtype)
         else:
             y = (F.linear(x2, self.dequantized_weight().to(x.dtype)) if self.scales.dim() == 2 else
                  F.linear(x2, self.weight.to(x.dtype)) * self.scales.to(x.dtype))
@@ -181,14 +209,15 @@ class Int8Linear(_QuantLinear):
 class Int4Linear(_QuantLinear):
     """int4 weight-only, asymmetric per group of `group_size` input columns (see formats).
 
-    Buffers: weight uint8 and scales_and_zeros [Kp/g, N, 2] in the activation dtype (torch's
-    int4pack layout: [..., 0] = scale, [..., 1] = zero, w = (q - 8) * scale + zero). On CPU,
-    when torch has `_weight_int4pack_mm_for_cpu` and N is a multiple of 16, weight is
-    torch's opaque CPU int4pack [N, Kp/2] and forward uses that kernel; otherwise weight is
-    plain nibbles [N, Kp/2] (formats.pack_int4) and forward dequantises then matmuls.
-    cpu_kernel=False forces the nibble layout; None (from_linear's default) uses the CPU
-    kernel only where it is vectorised (on AVX2 it is a scalar loop, slower than dequantising).
-    On CUDA the nibble layout runs engine.kernels.quant_matmul's int4 kernel.
+    Buffers: weight uint8 and scales_and_zeros [Kp/g, N, 2] (torch's int4pack layout: [..., 0] =
+    scale, [..., 1] = zero, w = (q - 8) * scale + zero). With cpu_kernel (a CPU weight, torch's
+    `_weight_int4pack_mm_for_cpu` present, N a multiple of 16), weight is torch's opaque CPU
+    int4pack [N, Kp/2], scales_and_zeros are bf16 and forward runs that kernel in bf16
+    (packed_matmul); otherwise weight is plain nibbles [N, Kp/2] (formats.pack_int4),
+    scales_and_zeros are in the activation dtype, and forward runs engine.kernels.quant_matmul's
+    int4 kernel on CUDA or dequantises then matmuls elsewhere (exact in x's dtype, slow).
+    cpu_kernel=None (from_linear's and from_groups' default) uses the CPU kernel where it is
+    vectorised (cpu_packed_kernels_vectorised).
     Inputs are zero-padded from K to Kp when K is not a multiple of group_size.
     """
 
@@ -205,11 +234,12 @@ class Int4Linear(_QuantLinear):
         out_features, padded = q.shape
         super().__init__(in_features, out_features, bias)
         self.padded_in_features, self.group_size = padded, padded // scales.shape[1]
-        self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(dtype))
         self.cpu_kernel = (
             cpu_kernel
             and q.device.type == "cpu" and out_features % 16 == 0 and hasattr(torch, "_weight_int4pack_mm_for_cpu")
         )
+        sz_dtype = PACKED_KERNEL_DTYPE if self.cpu_kernel else dtype
+        self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(sz_dtype))
         if self.cpu_kernel:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
         else:
@@ -232,28 +262,34 @@ class Int4Linear(_QuantLinear):
             raise ValueError(f"int4 groups q {tuple(q.shape)}, scales {tuple(scales.shape)}, zeros "
                              f"{tuple(zeros.shape)} do not fit a Linear of weight {tuple(linear.weight.shape)}")
         if cpu_kernel is None:
-            cpu_kernel = cpu_weight_only_kernels_vectorised()
+            cpu_kernel = cpu_packed_kernels_vectorised()
         device = linear.weight.device
         return cls(q.to(device), scales.to(device), zeros.to(device), in_features, linear.bias, linear.weight.dtype, cpu_kernel)
 
     def _pad(self, x2: Tensor) -> Tensor:
         return F.pad(x2, (0, self.padded_in_features - self.in_features)) if self.padded_in_features != self.in_features else x2
 
+    def codes(self) -> Tensor:
+        """The stored codes q [N, Kp] in 0..15, as uint8."""
+        if not self.cpu_kernel:
+            return formats.unpack_int4(self.weight)
+        # The CPU pack is opaque: read it back through the kernel itself, with scale 1 and zero 8 so
+        # that it returns the codes (exact in bf16) rather than weights rounded to bf16.
+        unit = torch.ones_like(self.scales_and_zeros)
+        unit[..., 1] = formats.INT4_MID
+        eye = torch.eye(self.padded_in_features, dtype=PACKED_KERNEL_DTYPE, device=self.weight.device)
+        return torch._weight_int4pack_mm_for_cpu(eye, self.weight, self.group_size, unit).t().to(torch.uint8)
+
     def dequantized_weight(self) -> Tensor:
-        """fp32 [N, K], from the stored buffers."""
+        """fp32 [N, K]: the weight the kernels multiply by (with bf16 scales and zeros on the CPU kernel)."""
         sz = self.scales_and_zeros.float()
-        if self.cpu_kernel:  # the CPU pack is opaque: read it back through the kernel itself
-            eye = torch.eye(self.padded_in_features, dtype=torch.float32, device=self.weight.device)
-            w = torch._weight_int4pack_mm_for_cpu(eye, self.weight, self.group_size, sz).t()
-        else:
-            w = formats.dequantize_int4(formats.unpack_int4(self.weight), sz[..., 0].t(), sz[..., 1].t())
-        return w[:, : self.in_features]
+        return formats.dequantize_int4(self.codes(), sz[..., 0].t(), sz[..., 1].t(), self.in_features)
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = _flat(x)
         if self.cpu_kernel and x.device.type == "cpu":
-            sz = self.scales_and_zeros if self.scales_and_zeros.dtype == x.dtype else self.scales_and_zeros.to(x.dtype)
-            y = torch._weight_int4pack_mm_for_cpu(self._pad(x2).contiguous(), self.weight, self.group_size, sz)
+            y = packed_matmul(lambda rows: torch._weight_int4pack_mm_for_cpu(
+                rows, self.weight, self.group_size, self.scales_and_zeros), self._pad(x2))
         elif not self.cpu_kernel and kernels.use_triton(x):
             from engine.kernels.quant_matmul import int4_weight_matmul
 

@@ -45,7 +45,8 @@ def activation_amax(model: nn.Module, linears: dict[str, nn.Module], token_ids: 
         device = next(model.parameters()).device
         caches = model.allocate_kv_caches(-(-n // _BLOCK), _BLOCK)
         positions, metadata = build_attention_metadata([n], [n], [list(range(-(-n // _BLOCK)))], _BLOCK, device)
-        model(torch.tensor(token_ids, device=device), positions, metadata, caches)
+        # Through the LM head too, so that it can be calibrated like the layers' Linears.
+        model.compute_logits(model(torch.tensor(token_ids, device=device), positions, metadata, caches))
     finally:
         for handle in handles:
             handle.remove()

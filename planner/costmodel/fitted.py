@@ -9,17 +9,22 @@ the fit never saw keeps its profile's estimate, and the report says so.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import cache
 import json
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine.errors import InputError
 from hwprofiles import PROFILE_DIR
+from planner.metrics import MetricFamily, PredictionInterval, RunSummary
+from planner.specs import SLO, HardwareProfile
 
 PUBLIC_FIT_FILE = PROFILE_DIR / "calibrations" / "public-gpu.json"
-MetricFamily = Literal["throughput", "ttft", "tpot_itl", "e2e"]
+BAND_PROBABILITIES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
+BAND_COVERAGE = 0.8  # the interval every result shows: P10..P90
 
 
 class _Fit(BaseModel):
@@ -27,15 +32,37 @@ class _Fit(BaseModel):
 
 
 class Band(_Fit):
-    """measured / predicted of held-out figures: its quantiles make a band around a prediction."""
+    """How far measurements fell from predictions made without their source: quantiles of
+    measured / predicted over held-out figures. A prediction x stands for measurements between
+    x * ratio_at(0.1) and x * ratio_at(0.9) in about 80 % of cases, as far as the data can tell."""
 
-    low: float = Field(gt=0, description="Quantile (1 - coverage) / 2 of measured / predicted")
-    median: float = Field(gt=0)
-    high: float = Field(gt=0, description="Quantile (1 + coverage) / 2 of measured / predicted")
-    coverage: float = Field(gt=0, lt=1, description="Share of held-out figures the band is built to hold")
-    held_out_coverage: float = Field(ge=0, le=1, description="Share of figures it held when each source's band came "
-                                     "from the other sources only (measured, not assumed)")
+    probabilities: list[float] = Field(description="Increasing, in (0, 1)")
+    ratios: list[float] = Field(description="measured / predicted at each probability")
+    held_out_coverage: float = Field(ge=0, le=1, description="Share of figures inside the P10..P90 band when each "
+                                     "source's band came from the other sources only (measured, not assumed)")
     figures: int = Field(ge=0, description="Held-out figures behind it")
+
+    @model_validator(mode="after")
+    def _monotone(self) -> Band:
+        if len(self.probabilities) != len(self.ratios) or len(self.ratios) < 2:
+            raise ValueError("probabilities and ratios must pair up, at least two of them")
+        if any(b <= a for a, b in zip(self.probabilities, self.probabilities[1:])) or any(
+                b < a for a, b in zip(self.ratios, self.ratios[1:])):
+            raise ValueError("probabilities must increase and ratios must not decrease")
+        if self.probabilities[0] <= 0 or self.probabilities[-1] >= 1 or self.ratios[0] <= 0:
+            raise ValueError("probabilities must lie in (0, 1) and ratios be positive")
+        return self
+
+    def ratio_at(self, probability: float) -> float:
+        """measured / predicted that a share `probability` of held-out figures stayed below."""
+        if not self.probabilities[0] <= probability <= self.probabilities[-1]:
+            raise InputError("confidence", probability,
+                             f"the bands hold {self.probabilities[0]:g}..{self.probabilities[-1]:g}")
+        return float(np.interp(probability, self.probabilities, self.ratios))
+
+    def interval(self, coverage: float = BAND_COVERAGE) -> tuple[float, float]:
+        """(low, high) measured / predicted around the median holding `coverage` of the figures."""
+        return self.ratio_at((1 - coverage) / 2), self.ratio_at((1 + coverage) / 2)
 
 
 class FittedModel(_Fit):
@@ -51,3 +78,77 @@ def fitted_model(path: Path = PUBLIC_FIT_FILE) -> FittedModel | None:
     if not path.exists():
         return None
     return FittedModel.model_validate(json.loads(path.read_text())["model"])
+
+
+# The RunSummary figures each metric family's band applies to.
+BANDED_FIGURES: dict[MetricFamily, tuple[str, ...]] = {
+    "throughput": tuple(f"throughput.{f}" for f in ("requests_per_s", "input_tokens_per_s", "output_tokens_per_s",
+                                                    "total_tokens_per_s")),
+    "ttft": tuple(f"ttft_ms.{s}" for s in ("mean", "p50", "p90", "p99")),
+    "tpot_itl": tuple(f"{m}.{s}" for m in ("tpot_ms", "itl_ms") for s in ("mean", "p50", "p90", "p99")),
+    "e2e": tuple(f"e2e_ms.{s}" for s in ("mean", "p50", "p90", "p99")),
+}
+
+
+def prediction_interval(summary: RunSummary, hw: HardwareProfile, engine: str,
+                        model: FittedModel | None = None) -> PredictionInterval | None:
+    """The P10..P90 band around a simulated run's figures; None on a CPU (its own calibration and
+    validation apply) or before a public fit exists."""
+    model = model or fitted_model()
+    if model is None or hw.kind == "cpu" or not model.bands:
+        return None
+    ranges: dict[str, tuple[float, float]] = {}
+    for family, band in model.bands.items():
+        low, high = band.interval()
+        for name in BANDED_FIGURES[family]:
+            value = summary.figure(name)
+            assert value is not None  # latencies and rates are always set
+            ranges[name] = (value * low, value * high)
+    coverage = ", ".join(f"{f} {b.held_out_coverage:.0%}" for f, b in model.bands.items())
+    caveats = []
+    if hw.family not in model.families:
+        caveats.append(f"GPU family {hw.family!r} was not in the fit (no published runs): its figures are the "
+                       "profile's estimates and the band, measured on fitted families, likely understates the error")
+    if engine not in model.engines:
+        caveats.append(f"engine profile {engine!r} was not in the fit: its host overheads are the profile's estimates")
+    return PredictionInterval(
+        coverage=BAND_COVERAGE, ranges=ranges,
+        basis=f"P10..P90 of measured / predicted over {sum(b.figures for b in model.bands.values())} published figures, "
+              f"each predicted by a fit that left its source out ({model.source}); held-out coverage: {coverage}"
+              + "".join(f"; {c}" for c in caveats))
+
+
+@dataclass(frozen=True)
+class Pessimism:
+    """What sizing at a confidence changes: latency targets divided by the measured / predicted
+    ratio that held-out figures stayed below that often, the rate divided by the throughput ratio
+    they stayed above that often."""
+
+    slo: SLO
+    rate_factor: float  # size for rate x this
+    note: str
+
+
+_TARGET_FAMILY: dict[str, MetricFamily] = {"ttft": "ttft", "tpot": "tpot_itl", "itl": "tpot_itl", "e2e": "e2e"}
+
+
+def pessimistic(slo: SLO, confidence: float, model: FittedModel | None = None) -> Pessimism:
+    model = model or fitted_model()
+    if model is None or not model.bands:
+        raise InputError("confidence", confidence, "needs the public fit's bands; make them with "
+                         "`serveplan calibrate --public`")
+    factors: dict[str, float] = {}
+    targets: dict[str, float] = {}
+    for name, limit in slo.targets.items():
+        band = model.bands.get(_TARGET_FAMILY[name.split("_")[0]])
+        if band is None:
+            raise InputError("confidence", confidence, f"the public fit has no band for {name}")
+        factors[name] = band.ratio_at(confidence)
+        targets[name] = limit / factors[name]
+    throughput = model.bands.get("throughput")
+    rate_factor = 1.0 if throughput is None else 1 / throughput.ratio_at(1 - confidence)
+    shown = ", ".join(f"{name} {slo.targets[name]:g} -> {targets[name]:.4g} ms (/{f:.2f})" for name, f in factors.items())
+    note = (f"sized at confidence {confidence:g}: latency targets divided by the P{100 * confidence:g} of measured / "
+            f"predicted over held-out published figures ({shown}); rate x {rate_factor:.2f} (1 / the throughput "
+            f"ratio's P{100 * (1 - confidence):g})")
+    return Pessimism(slo.model_copy(update=targets), rate_factor, note)

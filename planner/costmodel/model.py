@@ -13,7 +13,7 @@ Rules worth knowing (all listed by `assumptions()`):
   always for int8/int4, they are weight-only: the matmul runs in bf16 and each weight read
   pays DEQUANT_OPS_PER_WEIGHT vector (fp32-peak) operations, overlapping with the read.
 - Weights are read once per step per layer, whatever the token count; activations in bf16
-  (fp32 for fp32 models). Embedding and LM head stay unquantised, as in planner/memory.py.
+  (fp32 for fp32 models). Embedding and LM head stay unquantised, as in planner/memory/weights.py.
 - Pipeline parallelism: a step is one micro-batch flowing through every stage, so its time is
   the sum over stages (= every layer once, sharded by TP) plus (pp - 1) stage hand-offs.
 - MoE: T tokens with top-k routing among E experts touch E(1 - (1 - k/E)^T) distinct experts

@@ -96,7 +96,7 @@ def build_operators(model: ModelConfig, dep: Deployment) -> Operators:
     tp, pp = dep.tensor_parallel, dep.pipeline_parallel
     h, L = model.hidden_size, model.num_layers
     act = 4.0 if dep.weight_dtype == "fp32" else 2.0
-    high = act  # embeddings, LM head and router stay unquantised (planner/memory.py)
+    high = act  # embeddings, LM head and router stay unquantised (planner/memory/weights.py)
     wbytes = WEIGHT_BYTES_PER_PARAM[dep.weight_dtype]
 
     def gemm(params: float, in_dim: float, out_dim: float, layers: int, kernels: float) -> Gemm:

@@ -25,6 +25,7 @@ from planner.specs import DEFAULT_ENGINE, Deployment, HardwareProfile
 
 PROFILE_DIR = Path(__file__).parent
 EngineName = Literal["vllm", "sglang", "trtllm", "serveplan"]
+ProfileSampler = Literal["torch_sort", "torch_sort_gather", "flashinfer"]
 MIB_PER_GIB = 1024
 
 
@@ -273,8 +274,19 @@ class Memory(_Sourced):
         False, description="The profiling pass also samples one row of logits per request for up to max_num_seqs "
         "requests, so the sampler's peak (requests x vocabulary, fp32) is reserved too (vLLM)"
     )
+    sampler: ProfileSampler | None = Field(
+        None, description="How the profiling pass's top-k/top-p sampler works, which decides its bytes per logit "
+        "(planner/memory/activations.py): torch_sort sorts the logits (vLLM V1's PyTorch path, 0.6.5+ V0), "
+        "torch_sort_gather sorts and re-gathers them (V0 to 0.6.4), flashinfer masks without sorting; set exactly "
+        "when sampler_in_profile")
     reserve_gib: float = Field(0.0, ge=0, description="Fixed memory kept out of the KV cache beyond the rules above")
     cuda_graph_in_budget: bool = Field(description="CUDA-graph memory is taken out of the KV cache budget")
+
+    @model_validator(mode="after")
+    def _sampler_when_sampled(self) -> Memory:
+        if self.sampler_in_profile != (self.sampler is not None):
+            raise ValueError("sampler is set exactly when sampler_in_profile is true")
+        return self
 
     @model_validator(mode="after")
     def _one_rule(self) -> Memory:

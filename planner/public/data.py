@@ -23,6 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from planner.metrics import MetricFamily
 from planner.specs import Dtype
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -50,7 +51,6 @@ Metric = Literal[
     "itl_mean", "itl_median", "itl_p99",
     "e2e_mean", "e2e_median", "e2e_p99",
 ]
-MetricFamily = Literal["throughput", "ttft", "tpot_itl", "e2e"]
 
 
 def metric_family(metric: Metric) -> MetricFamily:
@@ -181,6 +181,13 @@ class PublicRun(_Data):
     confidence: Literal["high", "medium", "low"]
     notes: str = ""
     figures: tuple[Figure, ...] = Field(min_length=1)
+
+    @property
+    def publisher(self) -> str:
+        """Who published it (the GitHub owner of its URL): a stricter unit to leave out than the
+        source, since one lab's pages share its harness, engine builds and habits."""
+        parts = self.source_url.split("://", 1)[-1].split("/")
+        return parts[1] if parts[0] == "github.com" and len(parts) > 1 else parts[0]
 
     @model_validator(mode="after")
     def _one_figure_per_metric(self) -> PublicRun:

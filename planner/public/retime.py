@@ -35,8 +35,9 @@ SUMMARY_FIELD: dict[str, tuple[str, str]] = {
 
 
 def summary_value(summary: RunSummary, metric: Metric) -> float:
-    group, field = SUMMARY_FIELD[metric]
-    return float(getattr(getattr(summary, group), field))
+    value = summary.figure(".".join(SUMMARY_FIELD[metric]))
+    assert value is not None  # latencies and rates are always set
+    return value
 
 
 @dataclass(frozen=True)
@@ -45,13 +46,15 @@ class Timeline:
     send_s: np.ndarray  # per request: when the client sent it
 
 
-def retime(trace: RunTrace, step_s: np.ndarray, api_s: float, max_passes: int = 8) -> Timeline:
+def retime(trace: RunTrace, step_s: np.ndarray, api_s: float) -> Timeline:
     """Timestamps of `trace`'s schedule when its steps take `step_s` seconds."""
     gated = trace.gate >= 0
     last = _last_delivery(trace)
     send = trace.due_s.copy()
     end = np.zeros(trace.num_steps)
-    for _ in range(max_passes):
+    # Each pass settles one more link of every chain of gates (a closed-loop client's requests
+    # one after another): the longest chain bounds the passes.
+    for _ in range(_chain_depth(trace.gate) + 1):
         admitted = np.full(trace.num_steps, -np.inf)
         np.maximum.at(admitted, trace.first_step, _through_api(send, api_s))
         end = _step_ends(step_s, admitted, trace.step_replica)
@@ -104,6 +107,15 @@ def _latencies(group: str, trace: RunTrace, end: np.ndarray, send: np.ndarray, f
     same = trace.delivery_request[1:] == trace.delivery_request[:-1]
     gaps = (t[1:] - t[:-1])[same]
     return gaps[gaps != 0]
+
+
+def _chain_depth(gate: np.ndarray) -> int:
+    """Longest run of requests each gated by the one before (gates always point back)."""
+    depth = [0] * len(gate)
+    for i, g in enumerate(gate.tolist()):  # a gate was submitted before the request it releases
+        if g >= 0:
+            depth[i] = depth[g] + 1
+    return max(depth, default=0)
 
 
 def _last_delivery(trace: RunTrace) -> np.ndarray:

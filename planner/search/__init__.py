@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs, ModelConfig
 from engine.errors import InputError, from_validation_error
+from planner.costmodel.fitted import pessimistic
 from planner.engines import get_engine
 from planner.metrics import RunSummary
 from planner.playback import Replay
@@ -67,6 +68,7 @@ def plan(
     headroom: float = 0.1,
     pd_ratios: str = "auto",
     offload: str = "auto",
+    confidence: float | None = None,
     requests_per_probe: int = 300,
     executor: Executor = "process",
     workers: int | None = None,
@@ -78,10 +80,11 @@ def plan(
 
     `hardware` defaults to every catalog profile with a price; `engine` is the engine profile every
     candidate runs (its defaults fill the knobs the grid leaves unset). `pd_ratios` and `offload`
-    add disaggregated and host-KV-tier versions of the candidates (PlanSettings says when). `cache_dir=None` disables the
-    cache. `on_progress(done, total)` is called as each candidate is settled (simulated or
-    pruned), for front ends that draw their own progress bar (the dashboard). Every input and
-    limit is checked before any work; bad input raises InputError naming the field as front ends
+    add disaggregated and host-KV-tier versions of the candidates (PlanSettings says when). `cache_dir=None`
+    disables the cache. `confidence` sizes against the pessimistic bound of the public fit's held-out errors
+    (planner/costmodel/fitted.py: tighter latency targets, a higher rate). `on_progress(done, total)` is
+    called as each candidate is settled (simulated or pruned), for front ends that draw their own
+    progress bar (the dashboard). Every input and limit is checked before any work; bad input raises InputError naming the field as front ends
     declare it (rate, hw, max_gpus, requests_per_probe, ...), for them to map to a flag or widget.
     Ctrl-C raises KeyboardInterrupt after ending the workers; the cache stays whole.
     """
@@ -95,6 +98,7 @@ def plan(
     _check("requests_per_probe", requests_per_probe, MIN_REQUESTS_PER_PROBE <= requests_per_probe <= MAX_REQUESTS_PER_PROBE,
            f"must be between {MIN_REQUESTS_PER_PROBE} and {MAX_REQUESTS_PER_PROBE} (P99 needs a tail; the upper bound "
            "is a limit of the planner)")
+    _check("confidence", confidence, confidence is None or 0.5 <= confidence <= 0.95, "must be between 0.5 and 0.95")
     try:
         settings = PlanSettings(pd_ratios=pd_ratios, offload=offload)
     except ValidationError as exc:
@@ -102,6 +106,7 @@ def plan(
     runner = Runner(capacity_search, executor, workers)
     cfg = resolve_model(model) if isinstance(model, str) else model
     slo = SLO.parse(slo) if isinstance(slo, str) else slo
+    margin = pessimistic(slo, confidence) if confidence is not None else None
     base = get_workload(workload) if isinstance(workload, str) else workload
     weights = checked_dtypes("weight_dtypes", "weight_dtype", weight_dtypes) if weight_dtypes is not None else None
     kvs = checked_dtypes("kv_dtypes", "kv_dtype", kv_dtypes if kv_dtypes is not None else DEFAULT_KV_DTYPES)
@@ -114,12 +119,12 @@ def plan(
     if shape.longest_tokens > cfg.max_position_embeddings:
         raise InputError("workload", base.name, f"its longest request ({shape.longest_tokens} tokens) exceeds "
                          f"{cfg.name}'s context of {cfg.max_position_embeddings}")
-    q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs)
+    q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs, margin)
     candidates = enumerate_candidates(cfg, profiles, max_gpus_per_replica, weights, kvs, knobs, shape.longest_tokens, engine)
     reuse = base.shared_prefix is not None or base.conversation is not None
     candidates += variants(candidates, knobs[0], settings.ratios(slo, shape.mean_prompt_tokens),
                            settings.offload == "always" or (settings.offload == "auto" and reuse))
-    found = [Searched(c, screen_candidate(c, cfg, shape, slo, q.sized_rate_per_s)) for c in candidates]
+    found = [Searched(c, screen_candidate(c, cfg, shape, q.sizing_slo, q.sized_rate_per_s)) for c in candidates]
     live = sum(s.screen.capacity_bound_per_s is not None for s in found)
     with runner, progress_bar(progress, live, on_progress) as advance:
         found = branch_and_bound(q, found, runner, advance)

@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from engine.config import ModelConfig
 from engine.errors import InputError
+from planner.costmodel.fitted import PUBLIC_FIT_FILE
 from planner.metrics import RunSummary
 from planner.sim import simulate
 from planner.specs import SLO, Deployment, HardwareProfile
@@ -31,10 +32,13 @@ MAX_ENTRY_BYTES = 1 << 20  # a run summary is ~10 kB; anything larger is not one
 
 @cache
 def code_version() -> str:
-    """Package version plus a hash of the source the results depend on, so edits invalidate the cache."""
+    """Package version plus a hash of the source and data the results depend on (engine profiles, the
+    public GPU fit), so edits and refits invalidate the cache."""
     root = Path(__file__).resolve().parents[2]
     digest = hashlib.sha256()
-    for path in sorted([*root.glob("planner/**/*.py"), *root.glob("engine/core/*.py"), root / "engine" / "config.py"]):
+    data = [*root.glob("planner/engines/*.yaml"), *([PUBLIC_FIT_FILE] if PUBLIC_FIT_FILE.exists() else [])]
+    for path in sorted([*root.glob("planner/**/*.py"), *root.glob("engine/core/*.py"), root / "engine" / "config.py",
+                        *data]):
         digest.update(path.relative_to(root).as_posix().encode())
         digest.update(path.read_bytes())
     try:

@@ -11,6 +11,7 @@ import math
 
 from engine.config import ModelConfig
 from engine.errors import InputError
+from planner.costmodel.fitted import Pessimism
 from planner.metrics import RunSummary
 from planner.search.cache import RunCache, simulate_cached
 from planner.search.executors import Runner
@@ -58,10 +59,16 @@ class Question:
     budget_usd_per_hour: float | None
     requests_per_probe: int
     runs: RunCache | None
+    pessimism: Pessimism | None = None  # sizing at a confidence
+
+    @property
+    def sizing_slo(self) -> SLO:
+        """The targets candidates are probed against: the SLO, tightened when sizing at a confidence."""
+        return self.pessimism.slo if self.pessimism else self.slo
 
     @property
     def sized_rate_per_s(self) -> float:
-        return self.rate_per_s * (1 + self.headroom)
+        return self.rate_per_s * (1 + self.headroom) * (self.pessimism.rate_factor if self.pessimism else 1.0)
 
 
 @dataclass(frozen=True)
@@ -109,7 +116,7 @@ def capacity_search(task: Task) -> Outcome:
     def probe(k: int) -> bool:
         rate = q.sized_rate_per_s / k
         w = probe_workload(q.workload, rate, probe_requests(q.requests_per_probe, task.dep))
-        summary, bad = simulate_cached(q.model, task.hw, task.dep, w, q.slo, q.runs)
+        summary, bad = simulate_cached(q.model, task.hw, task.dep, w, q.sizing_slo, q.runs)
         notes.extend(bad)
         probes.append(Probe(k, rate, bool(summary.goodput.slo_met), summary))
         return probes[-1].passed

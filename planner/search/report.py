@@ -283,9 +283,11 @@ def _nearest_miss(ranked: list[CandidatePlan], rejected: list[CandidatePlan], bu
 
 
 def _assumptions(q: Question, shape: Shape) -> list[str]:
+    margin = f" x {q.pessimism.rate_factor:.2f} (confidence)" if q.pessimism else ""
     return [
-        f"Poisson arrivals; replicas sized for {q.rate_per_s:g} x (1 + {q.headroom:g}) = {q.sized_rate_per_s:g} req/s, "
-        "each replica probed alone at its share of that rate",
+        f"Poisson arrivals; replicas sized for {q.rate_per_s:g} x (1 + {q.headroom:g}){margin} = {q.sized_rate_per_s:g} "
+        "req/s, each replica probed alone at its share of that rate",
+        *([q.pessimism.note] if q.pessimism else []),
         f"max({q.requests_per_probe}, {PROBE_SEQS_MULTIPLE} x max_num_seqs) requests per probe drawn from workload "
         f"{q.workload.name!r} with seed {q.workload.seed}; a probe passes when the simulated run meets every SLO "
         "target and the goodput share",

@@ -148,7 +148,11 @@ def test_memory_breakdown_and_concurrency_curve():
     assert not at.exception and not errors(at)
     parts = at.dataframe[0].value
     assert parts.GiB.sum() == pytest.approx(get_hardware("h100-sxm").memory_gib, rel=1e-6)
-    curve = at.dataframe[1].value
+    lines = at.dataframe[1].value  # the same lines, rules and sources as `serveplan memory`
+    kv = lines[lines.line == "KV cache"]
+    assert len(kv) == 1 and kv.GiB.iloc[0] == pytest.approx(parts[parts.part == "KV cache"].GiB.iloc[0], abs=1e-3)
+    assert lines.rule.str.len().min() > 0 and lines.source.str.len().min() > 0
+    curve = at.dataframe[2].value
     assert curve["max concurrent sequences"].is_monotonic_decreasing
 
 
@@ -251,3 +255,36 @@ def test_validate_shows_an_uploaded_report_and_refuses_an_oversized_one(docs, mo
     monkeypatch.setattr("dashboard.inputs.MAX_UPLOAD_BYTES", 100)
     at.file_uploader[0].set_value(("big.json", b" " * 101, "application/json")).run()
     assert errors(at) == ["upload='big.json' is invalid: is 101 bytes; the limit is 100"]
+
+
+def _public_json() -> str:
+    from planner.public.calibration import FigureResult, bands
+    from planner.public.report import TARGETS_PCT, PublicValidation, group_errors
+
+    rows = [FigureResult(id=f"r{i}-{m}", run_key=f"src{i % 3}/r{i}", source_key=f"src{i % 3}", publisher="lab",
+                         metric=m, family="throughput" if m == "output_throughput" else "ttft", engine="vllm-0.11",
+                         hardware="h100-sxm", gpu_family="hopper", confidence="high", measured=100.0,
+                         in_sample=100.0 + i, held_out=100.0 + 2 * i, held_out_publisher=100.0 + 3 * i)
+            for i in range(6) for m in ("output_throughput", "ttft_median")]
+    by_family = group_errors(rows, lambda r: r.family)
+    return PublicValidation(
+        fit_file="fit.json", figures=len(rows), sources=3, runs=6, skipped=[], by_metric_family=by_family,
+        by_engine=group_errors(rows, lambda r: r.engine), by_gpu=group_errors(rows, lambda r: r.hardware),
+        by_source=group_errors(rows, lambda r: r.source_key), bands=bands(rows), targets_pct=TARGETS_PCT,
+        met={g.group: g.held_out_median_abs_pct <= TARGETS_PCT[g.group] for g in by_family}, figure_errors=rows,
+    ).model_dump_json()
+
+
+def test_validate_shows_the_public_validation_beside_the_engine_one(docs):
+    (docs / "validation-public.json").write_text(_public_json())
+    at = open_page("validate")
+    assert not at.exception and not errors(at)
+    assert at.success[0].value.startswith("llama-3.1-8b")  # the engine tab is intact
+    assert "12 figures, 6 runs, 3 sources" in at.success[1].value
+    families = next(d.value for d in at.dataframe if "metric family" in d.value.columns and "target %" in d.value.columns)
+    assert set(families["metric family"]) == {"throughput", "ttft"}
+    (docs / "validation-public.json").write_text('{"figures": "many"}')
+    at = open_page("validate")
+    assert not at.exception
+    assert at.success[0].value.startswith("llama-3.1-8b")  # a bad public file does not stop the engine tab
+    assert errors(at)[0].startswith("validation-public.json is not a public validation")

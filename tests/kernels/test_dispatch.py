@@ -39,9 +39,12 @@ def test_the_model_on_its_triton_kernels_matches_the_torch_path(
 ) -> None:
     """What CUDA runs (paged attention, KV write, fused add+RMSNorm, rotary, int8 / int4 matmuls), here
     under the interpreter on a mixed prefill + decode step, against the engine's CPU path."""
+    import engine.quant.linear
     from engine.model.loader import load_model
     from engine.model.quantize import quantize_model
 
+    # The CPU path to compare with is the exact float one, not torch's bf16 packed CPU kernels.
+    monkeypatch.setattr(engine.quant.linear, "cpu_packed_kernels_vectorised", lambda: False)
     model = load_model(str(tiny_model(num_hidden_layers=1)), random_weights=True, seed=3).model
     if weight_dtype:
         quantize_model(model, weight_dtype)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -59,3 +60,43 @@ def test_mixed_batch_with_padding_matches_dense_attention(window: int | None) ->
         assert torch.allclose(out[start : start + new], expected, atol=1e-5)
         start += new
     assert torch.all(out[start:] == 0)
+
+
+def per_token_layout(query_lens: list[int], seq_lens: list[int], tables: list[list[int]], block_size: int):
+    """The batch layout written out token by token: the known answer for build_attention_metadata."""
+    positions, slots = [], []
+    for q_len, s_len, table in zip(query_lens, seq_lens, tables):
+        for pos in range(s_len - q_len, s_len):
+            positions.append(pos)
+            slots.append(table[pos // block_size] * block_size + pos % block_size)
+    return positions, slots
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_batch_layout_equals_the_per_token_answer(seed: int) -> None:
+    rng = random.Random(seed)
+    block_size = rng.choice([1, 4, 16])
+    query_lens, seq_lens, tables = [], [], []
+    for _ in range(rng.randint(1, 6)):
+        s_len = rng.randint(1, 70)
+        query_lens.append(rng.choice([1, rng.randint(1, s_len)]))
+        seq_lens.append(s_len)
+        blocks = -(-s_len // block_size) + rng.randint(0, 2)  # tables may hold spare blocks
+        tables.append(rng.sample(range(200), blocks))
+    positions, m = build_attention_metadata(query_lens, seq_lens, tables, block_size)
+    expected_positions, expected_slots = per_token_layout(query_lens, seq_lens, tables, block_size)
+    assert positions.tolist() == expected_positions and m.slot_mapping.tolist() == expected_slots
+    assert m.query_start_loc.tolist() == [0, *itertools.accumulate(query_lens)]
+    assert m.seq_lens.tolist() == seq_lens and (m.max_query_len, m.max_seq_len) == (max(query_lens), max(seq_lens))
+    width = max(len(t) for t in tables)
+    assert m.block_tables.tolist() == [t + [0] * (width - len(t)) for t in tables]
+    assert (positions.dtype, m.slot_mapping.dtype, m.block_tables.dtype) == (torch.int64, torch.int64, torch.int32)
+
+
+def test_batch_layout_refuses_what_does_not_fit() -> None:
+    with pytest.raises(ValueError, match="query_len=5, seq_len=4 and 1 blocks do not fit together"):
+        build_attention_metadata([1, 5], [3, 4], [[0], [1]], 4)
+    with pytest.raises(ValueError, match="query_len=1, seq_len=9 and 2 blocks do not fit together"):
+        build_attention_metadata([1], [9], [[0, 1]], 4)
+    with pytest.raises(ValueError, match="must list the same sequences"):
+        build_attention_metadata([1], [1, 2], [[0]], 4)

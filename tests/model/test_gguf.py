@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from engine.catalog import resolve_model
 from engine.errors import InputError
 from engine.model.loader import load_model
+from engine.quant import linear as linear_module
 from engine.quant.linear import Int4Linear, Int8Linear
 from engine.model.quantize import quantizable_linears
 
@@ -118,16 +119,21 @@ def test_gguf_file_matches_the_model_it_was_written_from(arch: str, tmp_path: Pa
 
 
 @pytest.mark.parametrize(("kind", "weight_dtype"), [("Q4_0", "int4"), ("Q4_1", "int4"), ("Q8_0", "int8")])
-def test_quantised_weights_keep_the_groups_of_a_quantised_file(kind: str, weight_dtype: str, tmp_path: Path) -> None:
+def test_quantised_weights_keep_the_groups_of_a_quantised_file(
+    kind: str, weight_dtype: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """int4 on a Q4 file, int8 on a Q8_0 file: each layer matrix is the file's own codes and
     scales, equal to gguf's dequantisation, where quantising the dequantised weights again
-    (the planner's group-128 int4, per-channel int8) would not be."""
+    (the planner's group-128 int4, per-channel int8) would not be. Checked on the exact
+    (dequantising) kernels; torch's packed int4 CPU kernel then holds the same codes."""
     hf = LlamaForCausalLM(LlamaConfig(**{**tiny_hf_model("llama", seed=2).config.to_dict(), "rope_parameters": None})).eval()
     hf.load_state_dict(tiny_hf_model("llama", seed=2).state_dict())
     path = tmp_path / f"tiny-{kind}.gguf"
     write_gguf(hf, "llama", path, gguf.GGMLQuantizationType[kind])
 
     dense = load_model(str(path)).model
+    packed = load_model(str(path), weight_dtype=weight_dtype)
+    monkeypatch.setattr(linear_module, "cpu_packed_kernels_vectorised", lambda: False)
     kept = load_model(str(path), weight_dtype=weight_dtype)
     assert f"{weight_dtype}: 8 of 8 layer matrices keep the file's groups of 32" in kept.source_description
     module = {"int4": Int4Linear, "int8": Int8Linear}[weight_dtype]
@@ -136,6 +142,11 @@ def test_quantised_weights_keep_the_groups_of_a_quantised_file(kind: str, weight
         ours = kept.model.get_submodule(name)
         assert isinstance(ours, module)
         torch.testing.assert_close(ours.dequantized_weight(), float_linear.weight, rtol=0, atol=1e-6)
+        fast = packed.model.get_submodule(name)
+        if isinstance(fast, Int4Linear) and fast.cpu_kernel:
+            # The same codes; scales and zeros rounded to bf16 (what the packed kernel takes).
+            assert torch.equal(fast.codes(), ours.codes())
+            torch.testing.assert_close(fast.scales_and_zeros, ours.scales_and_zeros.to(torch.bfloat16), rtol=0, atol=0)
     first = next(iter(linears.values()))
     again = module.from_linear(first).dequantized_weight()  # the old path: quantise a second time
     assert (again - first.weight).abs().max() > 1e-4
@@ -184,3 +195,22 @@ def test_smollm2_greedy_decoding_matches_transformers() -> None:
 
     assert ours == theirs
     assert "Paris" in tokenizer.decode(ours)
+
+
+def test_smollm2_q4_1_groups_on_the_packed_and_exact_int4_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The packaged Q4_1 file under weight_dtype="int4": on the exact kernel the logits are the
+    dequantised fp32 reference's; torch's packed bf16 kernel holds the same codes and stays within
+    bf16 rounding of them, and greedy decoding agrees with the reference over a short continuation."""
+    reference = load_model("smollm2-135m").model
+    packed = load_model("smollm2-135m", weight_dtype="int4").model
+    monkeypatch.setattr(linear_module, "cpu_packed_kernels_vectorised", lambda: False)
+    exact = load_model("smollm2-135m", weight_dtype="int4").model
+    prompt = [1, 504, 3458, 282, 4649, 314]  # "The capital of France is" in SmolLM2's vocabulary
+    logits = {name: PagedDriver(m).step({"s": prompt})["s"] for name, m in
+              [("reference", reference), ("exact", exact), ("packed", packed)]}
+    torch.testing.assert_close(logits["exact"], logits["reference"], rtol=0, atol=1e-3)
+    scale = logits["reference"].abs().max().item()
+    assert (logits["packed"] - logits["reference"]).abs().max().item() < 0.02 * scale
+    assert torch.equal(logits["packed"][-1].topk(5).indices, logits["reference"][-1].topk(5).indices)
+    q_proj = "model.layers.0.self_attn.qkv_proj"
+    assert torch.equal(packed.get_submodule(q_proj).codes(), exact.get_submodule(q_proj).codes())

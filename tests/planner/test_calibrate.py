@@ -9,9 +9,13 @@ import pytest
 
 from engine.catalog import resolve_model
 from engine.errors import InputError
-from planner.calibrate import Calibration, calibrate, detect_device, load_calibration, step_grid
+from planner.calibrate import (
+    Calibration, StepMeasurement, calibrate, detect_device, fit_cost_params, load_calibration, step_grid,
+)
 from planner.cli import main
-from planner.costmodel import CostParams
+from planner.costmodel import CostModel, CostParams
+from planner.hardware import get_hardware
+from planner.specs import Deployment
 from planner.validate import COMPARED, scenarios, validate
 
 
@@ -35,11 +39,24 @@ def test_calibration_file_holds_measurements_fit_and_provenance(calibrated: tupl
     params = cal.cost_params()
     assert isinstance(params, CostParams) and params.attention_pairs == "dense"
     assert 0 < params.compute_efficiency <= 1 and 0 < params.memory_efficiency <= 1
-    # The fitted model explains the grid better than the profile's untuned defaults.
-    assert cal.fit_median_abs_error_pct < 100
+    assert cal.fit_median_abs_error_pct >= 0  # how small depends on how quiet the machine was: never asserted
     assert cal.profile.name == cal.hardware_profile == cal.device.slug
     assert cal.profile.memory_bandwidth_gb_s == pytest.approx(cal.microbenchmarks.memory_bandwidth_gb_s, rel=1e-3)
     assert cal.model_fingerprint and cal.created_utc
+
+
+def test_fit_recovers_step_times_made_with_known_figures() -> None:
+    """Step times computed from known figures (no clock involved): the fit reproduces them."""
+    model, hw = resolve_model("smollm2-135m"), get_hardware("xeon-8480-2s")
+    dep = Deployment(hardware=hw.name)
+    truth = CostParams.defaults(hw).with_values({"attention_pairs": "dense", "compute_efficiency": 0.3,
+                                                 "memory_efficiency": 0.6, "step_overhead_s": 0.004})
+    cm = CostModel(model, hw, dep, truth)
+    steps = [StepMeasurement(label=label, requests=shape, measured_s=cm.shape_cost(shape).seconds, repeats_s=[1.0, 1.0])
+             for label, shape in step_grid(quick=True, max_context=2048)]
+    _, predicted = fit_cost_params(model, hw, dep, steps)
+    errors = [abs(p / s.measured_s - 1) for p, s in zip(predicted, steps, strict=True)]
+    assert max(errors) < 0.05
 
 
 def test_validation_report_compares_the_same_requests(tiny: Path, calibrated: tuple[Calibration, Path]) -> None:

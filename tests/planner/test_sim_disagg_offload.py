@@ -130,11 +130,12 @@ def test_copies_are_priced_at_the_tier_rates() -> None:
 
 
 def test_swap_preemption_resumes_instead_of_recomputing() -> None:
-    knobs = EngineKnobs(gpu_memory_utilization=0.23)  # a small KV cache: everyone at once preempts
+    # A KV cache of 1,024 blocks (16k tokens) holds ~16 of these 1,024-token requests: everyone at once preempts.
     w = workload(n=300, inp=512, out=512, rate=200.0)
-    recompute = simulate(LLAMA_8B, H100, Deployment(hardware="h100-sxm", knobs=knobs), w).summary
-    swap = simulate(LLAMA_8B, H100, Deployment(hardware="h100-sxm", knobs=knobs.model_copy(
-        update={"kv_offload_host_gib": 128, "preemption_mode": "swap"})), w).summary
+    dep = Deployment(hardware="h100-sxm")
+    recompute = simulate(LLAMA_8B, H100, dep, w, kv_cache_blocks=1024).summary
+    swap = simulate(LLAMA_8B, H100, dep.model_copy(update={"knobs": EngineKnobs(
+        kv_offload_host_gib=128, preemption_mode="swap")}), w, kv_cache_blocks=1024).summary
     assert recompute.preemptions > 0 and swap.preemptions > 0
     assert swap.offload.swapped_out_requests == swap.preemptions
     assert swap.num_finished == recompute.num_finished == 300

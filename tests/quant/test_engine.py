@@ -78,3 +78,28 @@ def test_dynamic_int8_kernel_runs_the_engine_and_is_refused_where_it_does_not_ap
     assert len(out.token_ids) == 6
     with pytest.raises(InputError, match="int8_kernel='dynamic' is invalid: .*needs weight_dtype='int8'"):
         LLM(str(model_dirs["llama"]), random_weights=True, int8_kernel="dynamic")
+
+
+def test_int8_lm_head_is_close_to_the_float_head_and_keeps_the_tied_embedding(model_dirs) -> None:
+    import torch
+
+    from engine.model.layers import Linear
+    from engine.model.quantize import quantize_lm_head
+
+    for arch in ("llama", "qwen2"):  # qwen2's tiny config ties the embedding
+        base = LLM(str(model_dirs[arch]), random_weights=True, seed=7, block_size_tokens=4, kv_cache_gib=0.01)
+        llm = LLM(str(model_dirs[arch]), random_weights=True, seed=7, block_size_tokens=4, kv_cache_gib=0.01,
+                  lm_head_dtype="int8")
+        head = llm.model.lm_head
+        assert isinstance(head, Int8Linear) and head.kernel == "dynamic"
+        assert isinstance(llm.model.model.embed_tokens.weight, torch.nn.Parameter)
+        assert llm.model.model.embed_tokens.weight.dtype == torch.float32  # lookups stay exact
+        hidden = torch.randn(5, llm.config.hidden_size, generator=torch.Generator().manual_seed(0))
+        exact, quantised = base.model.compute_logits(hidden), llm.model.compute_logits(hidden)
+        assert torch.nn.functional.cosine_similarity(exact, quantised, dim=-1).min() > 0.999
+        assert all(len(o.token_ids) == GREEDY.max_tokens for o in llm.generate(PROMPTS, GREEDY))
+        with pytest.raises(ValueError, match="the LM head is already a Int8Linear"):
+            quantize_lm_head(llm.model)
+        assert type(base.model.lm_head) is Linear
+    with pytest.raises(InputError, match="lm_head_dtype"):
+        llm.with_settings(lm_head_dtype="auto")

@@ -1,5 +1,7 @@
 """Each quantised Linear computes F.linear on its own dequantised weight, and the stored
-format dequantises to exactly what the reference formats give (torch's kernels included)."""
+format dequantises to exactly what the reference formats give (torch's kernels included).
+torch's packed CPU kernels compute in bf16: they match the same product with bf16 activations,
+to bf16 output rounding."""
 
 import pytest
 import torch
@@ -7,7 +9,7 @@ import torch.nn.functional as F
 
 from engine.model.layers import Linear
 from engine.quant import formats
-from engine.quant.linear import Fp8Linear, Int4Linear, Int8Linear, cpu_weight_only_kernels_vectorised
+from engine.quant.linear import PACKED_KERNEL_DTYPE, Fp8Linear, Int4Linear, Int8Linear, cpu_packed_kernels_vectorised
 
 
 def make_linear(k: int, n: int, bias: bool, dtype: torch.dtype = torch.float32, seed: int = 0) -> Linear:
@@ -30,25 +32,53 @@ def assert_matches(y: torch.Tensor, ref: torch.Tensor, rel: float) -> None:
     assert err <= rel * ref.float().abs().max().item(), f"max abs err {err:.3g}"
 
 
-def reference(x: torch.Tensor, w_deq: torch.Tensor, lin: Linear) -> torch.Tensor:
-    return F.linear(x.double(), w_deq.double(), None if lin.bias is None else lin.bias.double()).to(x.dtype)
+def reference(x: torch.Tensor, w_deq: torch.Tensor, lin: Linear, packed: bool = False) -> torch.Tensor:
+    """F.linear in float64 on the dequantised weight; packed: on x rounded to the packed kernels' bf16."""
+    x64 = x.to(PACKED_KERNEL_DTYPE).double() if packed else x.double()
+    return F.linear(x64, w_deq.double(), None if lin.bias is None else lin.bias.double()).to(x.dtype)
+
+
+# The packed kernels round their output to bf16 (half an ulp: up to 2^-8 of the largest output
+# near the top of a binade) and accumulate in fp32 in their own order: within 2^-7 of the largest
+# output, against 1e-5 for the float kernels (a wrong code or scale is off by whole percents).
+PACKED_TOL = 2**-7
 
 
 @pytest.mark.parametrize("kernel", ["int8pack", "dequant"])
-@pytest.mark.parametrize("k,n,bias", [(96, 48, False), (72, 40, True)])
+@pytest.mark.parametrize("k,n,bias", [(96, 48, False), (80, 40, True)])
 def test_int8_linear_matches_its_dequantised_weight(kernel: str, k: int, n: int, bias: bool) -> None:
     lin = make_linear(k, n, bias)
     q, scales = formats.quantize_int8(lin.weight)
     mod = Int8Linear.from_linear(lin, kernel)
     assert mod.kernel == kernel and mod.weight.dtype == torch.int8 and mod.weight.shape == (n, k)
     assert torch.equal(mod.weight, q) and torch.equal(mod.scales, scales)
+    packed = kernel == "int8pack"
     for x in inputs(k):
-        assert_matches(mod(x), reference(x, formats.dequantize_int8(q, scales), lin), 1e-5)
+        assert_matches(mod(x), reference(x, formats.dequantize_int8(q, scales), lin, packed), PACKED_TOL if packed else 1e-5)
 
 
 def test_int8_auto_kernel_on_cpu() -> None:
-    expected = "int8pack" if cpu_weight_only_kernels_vectorised() else "dequant"
+    expected = "int8pack" if cpu_packed_kernels_vectorised() else "dequant"
     assert Int8Linear.from_linear(make_linear(64, 32, False)).kernel == expected
+    # K = 72: torch's AVX-512 int8pack kernel has no tail loop, so it is never chosen, nor allowed.
+    assert Int8Linear.from_linear(make_linear(72, 32, False)).kernel == "dequant"
+    with pytest.raises(ValueError, match="int8pack needs in_features a multiple of 16, got 72"):
+        Int8Linear.from_linear(make_linear(72, 32, False), "int8pack")
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 40])
+def test_packed_kernels_agree_with_the_float_kernels_on_every_row(rows: int) -> None:
+    """Rows are independent: a batch of 16 or 40 gives each row what it gets alone (the old int8
+    weight-only path ran torch's scalar fp32 loop, 0.08x fp32 at batch 16; any batch shape now takes
+    the bf16 kernels)."""
+    lin = make_linear(128, 64, True)
+    x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(2))
+    for fast, exact in [(Int8Linear.from_linear(lin, "int8pack"), Int8Linear.from_linear(lin, "dequant")),
+                        (Int4Linear.from_linear(lin, 32, cpu_kernel=True), Int4Linear.from_linear(lin, 32, cpu_kernel=False))]:
+        y = fast(x)
+        assert_matches(y, exact(x.to(PACKED_KERNEL_DTYPE).float()), PACKED_TOL)
+        for row in (0, rows - 1):
+            assert torch.equal(fast(x[row : row + 1])[0], y[row])
 
 
 def test_int8_dynamic_kernel_is_close() -> None:
@@ -66,14 +96,19 @@ def test_int4_linear_matches_its_dequantised_weight(k: int, n: int, group: int, 
     # N=40 is not a multiple of 16: torch's CPU int4pack refuses it, so the nibble layout is used.
     lin = make_linear(k, n, bias=True)
     q, scales, zeros = formats.quantize_int4(lin.weight, group)
-    w_deq = formats.dequantize_int4(q, scales, zeros, k)
     for mod in (Int4Linear.from_linear(lin, group, cpu_kernel=True), Int4Linear.from_linear(lin, group, cpu_kernel=False)):
         assert mod.group_size == group
         # The stored weight reads back as our reference dequantisation: torch's packing and
-        # its (q - 8) * scale + zero convention agree with engine.quant.formats.
-        assert torch.allclose(mod.dequantized_weight(), w_deq, atol=1e-5)
+        # its (q - 8) * scale + zero convention agree with engine.quant.formats (the packed
+        # kernel with its scales and zeros in bf16, as it takes them).
+        assert torch.equal(mod.codes()[:, :k], q[:, :k])
+        sz = mod.scales_and_zeros.float()
+        w_deq = formats.dequantize_int4(q, sz[..., 0].t(), sz[..., 1].t(), k)
+        assert sz.dtype == torch.float32 and torch.allclose(mod.dequantized_weight(), w_deq, atol=1e-5)
+        if not mod.cpu_kernel:
+            torch.testing.assert_close(w_deq, formats.dequantize_int4(q, scales, zeros, k), rtol=0, atol=0)
         for x in inputs(k):
-            assert_matches(mod(x), reference(x, w_deq, lin), 1e-5)
+            assert_matches(mod(x), reference(x, w_deq, lin, mod.cpu_kernel), PACKED_TOL if mod.cpu_kernel else 1e-5)
     assert Int4Linear.from_linear(lin, group, cpu_kernel=True).cpu_kernel == cpu_kernel
     assert not Int4Linear.from_linear(lin, group, cpu_kernel=False).cpu_kernel
 

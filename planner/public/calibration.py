@@ -1,0 +1,200 @@
+"""`serveplan calibrate --public`: fit the GPU-family and engine figures to every published run,
+then measure how well the fit generalises by leaving each source out in turn.
+
+1. Every run the simulator can replay is prepared (planner/public/replay.py); the others are
+   listed with their reason.
+2. The all-data fit: a few rounds of tracing the runs and fitting on the traces (fit.py).
+3. Leave-one-source-out: for each source, the figures are fitted again without it (on the
+   traces of step 2, starting from its figures), and its runs are simulated at those figures.
+   These held-out predictions are the headline: they measure generalisation to a publication the
+   fit never saw, not memory.
+4. Prediction intervals per metric family from the held-out ratios measured / predicted; their
+   coverage is checked the same way (each source's band built from the other sources only).
+The file records the data's digest, the figures, each fold's figures, every figure's in-sample
+and held-out prediction and the bands: everything `serveplan validate --public` reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+import datetime as dt
+import hashlib
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.costmodel.fitted import BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band, FittedModel
+from planner.metrics import MetricFamily
+from planner.public.data import MEASUREMENTS_FILE, PublicRun, public_runs
+from planner.public.fit import Figures, Progress, Space, fit_folds, fit_rounds, no_progress, simulate_runs
+from planner.public.replay import ReplayRun, prepare
+
+class _Rec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# The units a held-out prediction leaves out: one publication (the headline, as issue 16 asks), or
+# everything one publisher put out (stricter: a lab's pages share its harness and engine builds).
+Unit = Literal["source", "publisher"]
+UNITS: tuple[Unit, ...] = ("source", "publisher")
+
+
+def unit_of(run: PublicRun, unit: Unit) -> str:
+    return run.source_key if unit == "source" else run.publisher
+
+
+class FigureResult(_Rec):
+    id: str
+    run_key: str
+    source_key: str
+    publisher: str
+    metric: str
+    family: MetricFamily
+    engine: str = Field(description="Engine profile the run was replayed with")
+    hardware: str
+    gpu_family: str
+    confidence: Literal["high", "medium", "low"]
+    measured: float
+    in_sample: float = Field(description="Predicted with the all-data fit")
+    held_out: float = Field(description="Predicted with the fit that left this figure's source out")
+    held_out_publisher: float = Field(description="Predicted with the fit that left this figure's publisher out")
+
+
+class SkippedRun(_Rec):
+    run_key: str
+    source_key: str
+    figures: int
+    reason: str
+
+
+class FoldFigures(_Rec):
+    families: dict[str, dict[str, float]]
+    engines: dict[str, dict[str, float]]
+
+
+class PublicFit(_Rec):
+    """hwprofiles/calibrations/public-gpu.json."""
+
+    format_version: int = 1
+    created_utc: str
+    command: str
+    data_sha256: str = Field(description="Digest of planner/data/public_measurements.json the fit read")
+    rounds: int
+    model: FittedModel
+    folds: dict[Unit, dict[str, FoldFigures]] = Field(
+        description="source or publisher -> its name -> the figures fitted without it")
+    figures: list[FigureResult]
+    skipped: list[SkippedRun]
+    notes: list[str]
+
+
+def prepare_all(runs: Sequence[PublicRun]) -> tuple[list[ReplayRun], list[SkippedRun]]:
+    prepared, skipped = [], []
+    for run in runs:
+        result = prepare(run)
+        if isinstance(result, str):
+            skipped.append(_skipped(run, result))
+        else:
+            prepared.append(result)
+    return prepared, skipped
+
+
+def calibrate_public(*, command: str, rounds: int = 3, workers: int = 1, runs: Sequence[PublicRun] | None = None,
+                     max_nfev: int = 400, progress: Progress = no_progress) -> PublicFit:
+    """The whole study; `runs` defaults to every published run."""
+    prepared, skipped = prepare_all(list(runs) if runs is not None else public_runs())
+    space = Space.of(prepared)
+    figs, traced, refused = fit_rounds(prepared, space, rounds=rounds, workers=workers, max_nfev=max_nfev,
+                                       progress=progress)
+    skipped += [_skipped(r.run, refused[r.run.run_key]) for r in prepared if r.run.run_key in refused]
+    fitted_runs = [t.run for t in traced]
+    folds: dict[Unit, dict[str, Figures]] = {}
+    for unit in UNITS:
+        names = {unit_of(t.run.run, unit) for t in traced}
+        folds[unit] = fit_folds(traced, lambda t, u=unit: unit_of(t.run.run, u), figs, workers=workers,
+                                max_nfev=max_nfev, progress=progress(f"fitting with each {unit} left out", len(names)))
+    results, refused_later = predict_public(fitted_runs, figs, folds, workers=workers, progress=progress)
+    skipped += refused_later
+    model = FittedModel(families=figs.families, engines=figs.engines, bands=bands(results),
+                        source=f"{command} on {dt.date.today().isoformat()}: {len(results)} figures, "
+                               f"{len(folds['source'])} sources, {len(folds['publisher'])} publishers")
+    return PublicFit(
+        created_utc=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
+        command=command, data_sha256=data_digest(), rounds=rounds, model=model,
+        folds={u: {name: FoldFigures(families=f.families, engines=f.engines) for name, f in table.items()}
+               for u, table in folds.items()},
+        figures=results, skipped=skipped,
+        notes=[
+            "residuals: log(predicted / measured), each source weighted alike (1/sqrt(its figures)), high/medium/low "
+            "confidence 1/0.7/0.4; a weak prior at the profiles' estimates",
+            "held_out: the figures fitted without the figure's source (on the all-data traces), then its runs simulated; "
+            "held_out_publisher: the same without everything its publisher put out",
+            "bands: quantiles of measured / held-out predicted per metric family; held_out_coverage builds each "
+            f"source's P{50 * (1 - BAND_COVERAGE):g}..P{50 * (1 + BAND_COVERAGE):g} band from the other sources",
+        ],
+    )
+
+
+def predict_public(runs: Sequence[ReplayRun], figs: Figures, folds: dict[Unit, dict[str, Figures]], *,
+                   workers: int = 1, progress: Progress = no_progress) -> tuple[list[FigureResult], list[SkippedRun]]:
+    """Every figure of `runs` simulated with the all-data figures (in sample) and with the figures
+    fitted without its source, then without its publisher (held out); and the runs the simulator
+    refused, with why."""
+    in_sample = simulate_runs(runs, figs, workers=workers, catch=True, progress=progress("predicting in sample", len(runs)))
+    held = {unit: simulate_runs(runs, lambda r, u=unit: folds[u][unit_of(r.run, u)], workers=workers, catch=True,
+                                progress=progress(f"predicting each {unit} held out", len(runs)))
+            for unit in UNITS}
+    results, refused = [], []
+    for r, inside, by_source, by_publisher in zip(runs, in_sample, held["source"], held["publisher"], strict=True):
+        problem = next((o for o in (inside, by_source, by_publisher) if isinstance(o, str)), None)
+        if problem is not None:
+            refused.append(_skipped(r.run, problem))
+            continue
+        assert isinstance(inside, dict) and isinstance(by_source, dict) and isinstance(by_publisher, dict)
+        results += [FigureResult(id=f.id, run_key=r.run.run_key, source_key=r.run.source_key, publisher=r.run.publisher,
+                                 metric=f.metric, family=f.family, engine=r.engine.name, hardware=r.hw.name,
+                                 gpu_family=r.hw.family, confidence=r.run.confidence, measured=f.value,
+                                 in_sample=inside[f.id], held_out=by_source[f.id],
+                                 held_out_publisher=by_publisher[f.id]) for f in r.figures]
+    return results, refused
+
+
+def data_digest() -> str:
+    return hashlib.sha256(MEASUREMENTS_FILE.read_bytes()).hexdigest()
+
+
+def _skipped(run: PublicRun, reason: str) -> SkippedRun:
+    return SkippedRun(run_key=run.run_key, source_key=run.source_key, figures=len(run.figures), reason=reason)
+
+
+def write_fit(result: PublicFit, path: Path = PUBLIC_FIT_FILE) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(result.model_dump_json(indent=1) + "\n")
+    return path
+
+
+def bands(results: Sequence[FigureResult]) -> dict[MetricFamily, Band]:
+    """Per metric family, quantiles of measured / held-out predicted, and the share of each source's
+    figures inside the P10..P90 band built from the other sources only."""
+    out: dict[MetricFamily, Band] = {}
+    lo_q, hi_q = (1 - BAND_COVERAGE) / 2, (1 + BAND_COVERAGE) / 2
+    for family in ("throughput", "ttft", "tpot_itl", "e2e"):
+        rows = [r for r in results if r.family == family]
+        if len(rows) < 2:
+            continue
+        ratio = {id(r): r.measured / r.held_out for r in rows}
+        inside = []
+        for source in {r.source_key for r in rows}:
+            others = [ratio[id(r)] for r in rows if r.source_key != source]
+            if others:
+                lo, hi = np.quantile(others, [lo_q, hi_q])
+                inside += [lo <= ratio[id(r)] <= hi for r in rows if r.source_key == source]
+        quantiles = np.quantile(list(ratio.values()), BAND_PROBABILITIES)
+        out[family] = Band(probabilities=list(BAND_PROBABILITIES), ratios=[float(q) for q in quantiles],
+                           held_out_coverage=float(np.mean(inside)) if inside else 0.0, figures=len(rows))
+    return out
+
+
+__all__ = ["PublicFit", "FigureResult", "SkippedRun", "bands", "calibrate_public", "predict_public", "write_fit"]

@@ -1,0 +1,288 @@
+"""Fit the cost model's GPU-family and engine figures to published runs, and check the fit on
+sources it never saw.
+
+Parameters belong to a GPU family (how close its kernels get to the datasheet: GEMM, weight
+streaming and KV-read efficiencies, prefill-attention efficiency, per-kernel latency, small-GEMM
+falloff, interconnect) or to an engine profile (host time per step and per scheduled request,
+API-server time per request); never to a run or a source. Each is fitted in a transformed space
+(logit for shares, log for times) with a weak Gaussian prior around the profile's estimate, so a
+family or engine with no data keeps its estimate.
+
+The objective is the simulator itself, made fast: every run is simulated once to trace its
+schedule (planner/sim/trace.py), the least-squares fit moves the parameters re-timing those traces
+(planner/public/retime.py), and the runs are simulated again at the new parameters to refresh the
+schedules; a few rounds converge. Residuals are log(predicted / measured), so 10 % too slow and
+10 % too fast weigh alike; each source weighs alike whatever its number of figures.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+import math
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from engine.errors import InputError
+from planner.costmodel import CostModel, CostParams
+from planner.engines import get_engine
+from planner.hardware import hardware_catalog
+from planner.public.replay import ReplayRun, predicted
+from planner.public.retime import figures, retime
+from planner.sim.trace import RunTrace
+
+# The figures a fit moves (planner/costmodel/params.py says what each one means).
+HARDWARE_PARAMS: tuple[str, ...] = (
+    "compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "attention_compute_efficiency",
+    "kernel_latency_s", "gemm_half_size_tokens", "interconnect_efficiency",
+)
+ENGINE_PARAMS: tuple[str, ...] = ("step_overhead_s", "per_request_overhead_s", "api_request_s")
+_SHARES = frozenset({"compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
+                     "attention_compute_efficiency", "interconnect_efficiency"})
+# Prior: the profile's estimate, one unit wide in the transformed space (a factor e on times, about
+# 0.2 on a share near 0.5): decisive where data says nothing, weak against data. Each source's
+# residuals weigh ~1 in total, so one source that is 10 % off (0.01) outweighs the prior's cost of
+# moving a figure half a unit (0.02 x 0.25).
+PRIOR_WIDTH = 1.0
+PRIOR_WEIGHT = 0.02
+_TIME_FLOOR = 1e-7  # a time prior of 0 becomes this in log space
+_CONFIDENCE_WEIGHT = {"high": 1.0, "medium": 0.7, "low": 0.4}
+
+# progress(what, total) starts a stage of `total` items (None: unknown) and returns its advance().
+Progress = Callable[[str, int | None], Callable[[], None]]
+
+
+def no_progress(_what: str, _total: int | None) -> Callable[[], None]:
+    return lambda: None
+
+
+@dataclass(frozen=True)
+class Figures:
+    """What a fit knows of a GPU family and an engine: named figures replacing the profiles' estimates."""
+
+    families: dict[str, dict[str, float]] = field(default_factory=dict)
+    engines: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def params(self, run: ReplayRun) -> CostParams:
+        base = CostParams.defaults(run.hw, run.engine)
+        values = {**self.families.get(run.hw.family, {}), **self.engines.get(run.engine.name, {})}
+        return base.with_values(values) if values else base
+
+
+@dataclass(frozen=True)
+class Space:
+    """The free parameters: each family's HARDWARE_PARAMS, each engine's ENGINE_PARAMS."""
+
+    families: tuple[str, ...]
+    engines: tuple[str, ...]
+
+    @classmethod
+    def of(cls, runs: Iterable[ReplayRun]) -> Space:
+        runs = list(runs)
+        return cls(tuple(sorted({r.hw.family for r in runs})), tuple(sorted({r.engine.name for r in runs})))
+
+    @property
+    def names(self) -> list[tuple[str, str, str]]:
+        """(scope, owner, parameter) per coordinate."""
+        return ([("family", f, p) for f in self.families for p in HARDWARE_PARAMS]
+                + [("engine", e, p) for e in self.engines for p in ENGINE_PARAMS])
+
+    def prior(self) -> np.ndarray:
+        return np.array([_to_x(p, _estimate(scope, owner, p)) for scope, owner, p in self.names])
+
+    def figures(self, x: np.ndarray) -> Figures:
+        families: dict[str, dict[str, float]] = {f: {} for f in self.families}
+        engines: dict[str, dict[str, float]] = {e: {} for e in self.engines}
+        for (scope, owner, p), value in zip(self.names, x, strict=True):
+            (families if scope == "family" else engines)[owner][p] = _from_x(p, float(value))
+        return Figures(families, engines)
+
+    def key(self, run: ReplayRun, x: np.ndarray) -> tuple[float, ...]:
+        """The coordinates of x that `run` depends on: its GPU family's and its engine's."""
+        return tuple(float(v) for (scope, owner, _p), v in zip(self.names, x, strict=True)
+                     if owner == (run.hw.family if scope == "family" else run.engine.name))
+
+    def x_of(self, figures: Figures) -> np.ndarray:
+        prior = self.prior()
+        out = prior.copy()
+        for i, (scope, owner, p) in enumerate(self.names):
+            table = figures.families if scope == "family" else figures.engines
+            if p in table.get(owner, {}):
+                out[i] = _to_x(p, table[owner][p])
+        return out
+
+
+def _to_x(name: str, value: float) -> float:
+    if name in _SHARES:
+        v = min(max(value, 1e-4), 1 - 1e-4)
+        return math.log(v / (1 - v))
+    return math.log(max(value, _TIME_FLOOR))
+
+
+def _from_x(name: str, x: float) -> float:
+    return 1 / (1 + math.exp(-x)) if name in _SHARES else math.exp(x)
+
+
+def _estimate(scope: str, owner: str, name: str) -> float:
+    """The profile's own figure: an engine's overheads, or the mean over a family's hardware profiles."""
+    if scope == "engine":
+        return float(getattr(CostParams.defaults(next(iter(hardware_catalog().values())), get_engine(owner)), name))
+    members = [hw for hw in hardware_catalog().values() if hw.family == owner]
+    return float(np.mean([getattr(CostParams.defaults(hw), name) for hw in members]))
+
+
+# --------------------------------------------------------------------------- traced runs
+
+
+@dataclass(frozen=True)
+class Traced:
+    """A run simulated at some parameters: its schedule, and the simulator's own figures."""
+
+    run: ReplayRun
+    trace: RunTrace
+    simulated: dict[str, float]  # figure id -> value
+
+
+def trace_run(run: ReplayRun, figs: Figures) -> Traced:
+    result = run.simulate(figs.params(run), trace=True)
+    assert result.trace is not None
+    return Traced(run, result.trace, predicted(run, result.summary))
+
+
+def simulate_runs(runs: Sequence[ReplayRun], figs: Figures | Callable[[ReplayRun], Figures], *, workers: int = 1,
+                  trace: bool = False, catch: bool = False,
+                  progress: Callable[[], None] = lambda: None) -> list[Traced | dict[str, float] | str]:
+    """Simulate every run (in `workers` processes): Traced when `trace`, else figure id -> value;
+    with `catch`, a run the simulator refuses gives its one-line reason instead of raising."""
+    pick = figs if callable(figs) else (lambda _run: figs)
+    tasks = [(run, pick(run), trace, catch) for run in runs]
+    out: list[Traced | dict[str, float] | str] = []
+    if workers <= 1:
+        for task in tasks:
+            out.append(_simulate_one(task))
+            progress()
+        return out
+    with ProcessPoolExecutor(workers) as pool:
+        for result in pool.map(_simulate_one, tasks, chunksize=1):
+            out.append(result)
+            progress()
+    return out
+
+
+def _simulate_one(task: tuple[ReplayRun, Figures, bool, bool]) -> Traced | dict[str, float] | str:
+    run, figs, trace, catch = task
+    try:
+        if trace:
+            return trace_run(run, figs)
+        return predicted(run, run.simulate(figs.params(run)).summary)
+    except InputError as exc:  # a run beyond what the simulator holds (a cache too small, a sequence too long)
+        if not catch:
+            raise
+        return str(exc)
+
+
+def surrogate(traced: Traced, figs: Figures) -> dict[str, float]:
+    """figure id -> value, re-timing the traced schedule at `figs` instead of simulating again."""
+    run = traced.run
+    params = run.params(figs.params(run))
+    step_s = sum(CostModel(run.model, run.hw, run.dep, params).times(traced.trace.shapes)[0])
+    timeline = retime(traced.trace, np.asarray(step_s, dtype=float), params.api_request_s)
+    values = figures(traced.trace, timeline, [f.metric for f in run.figures])
+    return {f.id: values[f.metric] for f in run.figures}
+
+
+# --------------------------------------------------------------------------- the fit
+
+
+def weights(runs: Sequence[ReplayRun]) -> dict[str, float]:
+    """figure id -> residual weight: each source weighs alike, confident figures more."""
+    per_source: dict[str, int] = {}
+    for run in runs:
+        per_source[run.run.source_key] = per_source.get(run.run.source_key, 0) + len(run.figures)
+    return {f.id: _CONFIDENCE_WEIGHT[run.run.confidence] / math.sqrt(per_source[run.run.source_key])
+            for run in runs for f in run.figures}
+
+
+def fit(traced: Sequence[Traced], space: Space, start: Figures | None = None, *, max_nfev: int = 400,
+        prior_weight: float = PRIOR_WEIGHT, progress: Callable[[], None] = lambda: None) -> Figures:
+    """Least squares of weighted log errors over re-timed traces, plus the prior; returns the figures."""
+    w = weights([t.run for t in traced])
+    measured = {f.id: f.value for t in traced for f in t.run.figures}
+    prior, x0 = space.prior(), space.x_of(start) if start is not None else space.prior()
+    ids = list(measured)
+    log_measured = np.log([measured[i] for i in ids])
+    weight = np.array([w[i] for i in ids])
+    prior_scale = math.sqrt(prior_weight) / PRIOR_WIDTH
+
+    # A finite-difference column moves one family's or engine's figure: only that owner's runs are
+    # re-timed, the others keep the values of their unchanged figures.
+    last: dict[int, tuple[tuple[float, ...], dict[str, float]]] = {}
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        figs = space.figures(x)
+        values: dict[str, float] = {}
+        for k, t in enumerate(traced):
+            key = space.key(t.run, x)
+            if k not in last or last[k][0] != key:
+                last[k] = (key, surrogate(t, figs))
+            values.update(last[k][1])
+        pred = np.log(np.maximum([values[i] for i in ids], 1e-12))
+        progress()
+        return np.concatenate([weight * (pred - log_measured), prior_scale * (x - prior)])
+
+    result = least_squares(residuals, x0, method="trf", x_scale=1.0, diff_step=1e-3, max_nfev=max_nfev)
+    return space.figures(result.x)
+
+
+def fit_folds(traced: Sequence[Traced], group: Callable[[Traced], str], start: Figures, *, workers: int = 1,
+              max_nfev: int = 400, progress: Callable[[], None] = lambda: None) -> dict[str, Figures]:
+    """For each group (a source, a publisher), the figures fitted on every other group's traces,
+    from `start`. A family or engine only the left-out group has keeps the profiles' estimates:
+    never figures fitted on the group itself."""
+    names = sorted({group(t) for t in traced})
+    tasks = [[t for t in traced if group(t) != name] for name in names]
+    if workers <= 1:
+        folds = []
+        for keep in tasks:
+            folds.append(_fit_fold(keep, start, max_nfev))
+            progress()
+    else:
+        with ProcessPoolExecutor(workers) as pool:
+            futures = [pool.submit(_fit_fold, keep, start, max_nfev) for keep in tasks]
+            folds = []
+            for future in futures:
+                folds.append(future.result())
+                progress()
+    return dict(zip(names, folds, strict=True))
+
+
+def _fit_fold(keep: list[Traced], start: Figures, max_nfev: int) -> Figures:
+    space = Space.of(t.run for t in keep)
+    return fit(keep, space, _restrict(start, space), max_nfev=max_nfev) if keep else Figures()
+
+
+def _restrict(figs: Figures, space: Space) -> Figures:
+    return Figures({f: figs.families.get(f, {}) for f in space.families}, {e: figs.engines.get(e, {}) for e in space.engines})
+
+
+def fit_rounds(runs: Sequence[ReplayRun], space: Space, *, start: Figures | None = None, rounds: int = 3,
+               workers: int = 1, max_nfev: int = 400, progress: Progress = no_progress,
+               ) -> tuple[Figures, list[Traced], dict[str, str]]:
+    """Trace every run at the current figures, fit on the traces, again `rounds` times. Returns the
+    figures, the last traces and, by run key, the runs the simulator refused in the first round
+    (a cache too small, a sequence too long: properties of the deployment, not of the figures)."""
+    figs = start or space.figures(space.prior())
+    traced: list[Traced] = []
+    refused: dict[str, str] = {}
+    for i in range(rounds):
+        todo = [r for r in runs if r.run.run_key not in refused]
+        outcomes = simulate_runs(todo, figs, workers=workers, trace=True, catch=True,
+                                 progress=progress(f"round {i + 1}/{rounds}: simulating runs", len(todo)))
+        traced = [o for o in outcomes if isinstance(o, Traced)]
+        if i == 0:
+            refused = {r.run.run_key: o for r, o in zip(todo, outcomes, strict=True) if isinstance(o, str)}
+        figs = fit(traced, space, figs, max_nfev=max_nfev,
+                   progress=progress(f"round {i + 1}/{rounds}: fitting {len(space.names)} figures", None))
+    return figs, traced, refused

@@ -1,0 +1,199 @@
+"""`serveplan validate --public`: how close the simulator comes to published GPU measurements.
+
+Reads the public fit (hwprofiles/calibrations/public-gpu.json) and reports signed and absolute
+errors per figure and grouped by metric family, engine, GPU and source: held-out first (each
+figure predicted by the fit that never saw its source), in-sample beside it. The markdown goes to
+docs/validation-public.md with a predicted-vs-measured plot beside it.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from engine.errors import InputError, from_validation_error
+from engine.files import load_json
+from planner.costmodel.fitted import PUBLIC_FIT_FILE, Band
+from planner.metrics import MetricFamily
+from planner.public.calibration import (
+    UNITS, FigureResult, PublicFit, SkippedRun, bands, data_digest, predict_public, prepare_all, unit_of,
+)
+from planner.public.data import PublicRun, public_runs
+from planner.public.fit import Figures, Progress, no_progress
+
+# Issue 16's bar: leave-one-source-out median |error| per metric family, in %.
+TARGETS_PCT: dict[str, float] = {"throughput": 10.0, "tpot_itl": 10.0, "e2e": 10.0, "ttft": 20.0}
+
+
+class GroupError(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    group: str
+    figures: int
+    held_out_median_abs_pct: float
+    held_out_median_signed_pct: float = Field(description="Positive: predictions above the measurements")
+    held_out_publisher_median_abs_pct: float = Field(description="With everything the figure's publisher put out left out")
+    in_sample_median_abs_pct: float
+
+
+class PublicValidation(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fit_file: str
+    figures: int
+    sources: int
+    runs: int
+    skipped: list[SkippedRun]
+    by_metric_family: list[GroupError]
+    by_engine: list[GroupError]
+    by_gpu: list[GroupError]
+    by_source: list[GroupError]
+    bands: dict[MetricFamily, Band] = Field(description="Recomputed from these held-out predictions")
+    targets_pct: dict[str, float]
+    met: dict[str, bool]
+    figure_errors: list[FigureResult]
+
+
+def group_errors(results: Sequence[FigureResult], key: Callable[[FigureResult], str]) -> list[GroupError]:
+    groups: dict[str, list[FigureResult]] = defaultdict(list)
+    for r in results:
+        groups[key(r)].append(r)
+    out = []
+    for name in sorted(groups):
+        rows = groups[name]
+        held = np.array([r.held_out / r.measured - 1 for r in rows])
+        publisher = np.array([r.held_out_publisher / r.measured - 1 for r in rows])
+        within = np.array([r.in_sample / r.measured - 1 for r in rows])
+        out.append(GroupError(group=name, figures=len(rows), held_out_median_abs_pct=100 * float(np.median(np.abs(held))),
+                              held_out_median_signed_pct=100 * float(np.median(held)),
+                              held_out_publisher_median_abs_pct=100 * float(np.median(np.abs(publisher))),
+                              in_sample_median_abs_pct=100 * float(np.median(np.abs(within)))))
+    return out
+
+
+def load_fit(path: str | Path = PUBLIC_FIT_FILE) -> PublicFit:
+    if not Path(path).exists():
+        raise InputError("calibration", str(path), "no such file: make it with `serveplan calibrate --public`")
+    try:
+        return PublicFit.model_validate(load_json(path, "calibration"))
+    except ValidationError as exc:
+        problem = from_validation_error(exc)
+        raise InputError("calibration", str(path), f"not a public fit file ({problem.field}: {problem.allowed}); "
+                         "make one with `serveplan calibrate --public`") from None
+
+
+def validate_public(path: str | Path = PUBLIC_FIT_FILE, *, workers: int = 1, runs: Sequence[PublicRun] | None = None,
+                    progress: Progress = no_progress) -> tuple[PublicValidation, PublicFit]:
+    """Predict every published figure again with the fit's figures (held out: its fold's), with
+    today's simulator, and group the errors."""
+    fit = load_fit(path)
+    if runs is None and fit.data_sha256 != data_digest():
+        raise InputError("calibration", str(path), "was fitted to other published data than "
+                         "planner/data/public_measurements.json holds now; refit with `serveplan calibrate --public`")
+    prepared, skipped = prepare_all(list(runs) if runs is not None else public_runs())
+    for unit in UNITS:
+        unfitted = sorted({unit_of(r.run, unit) for r in prepared} - set(fit.folds.get(unit, {})))
+        if unfitted:
+            raise InputError("calibration", str(path), f"has no held-out fit for {unit} {unfitted[0]!r} "
+                             f"({len(unfitted)} such); refit with `serveplan calibrate --public`")
+    folds = {u: {name: Figures(f.families, f.engines) for name, f in table.items()} for u, table in fit.folds.items()}
+    results, refused = predict_public(prepared, Figures(fit.model.families, fit.model.engines), folds,
+                                      workers=workers, progress=progress)
+    by_family = group_errors(results, lambda r: r.family)
+    met = {g.group: g.held_out_median_abs_pct <= TARGETS_PCT[g.group] for g in by_family if g.group in TARGETS_PCT}
+    validation = PublicValidation(
+        fit_file=str(path), figures=len(results), sources=len({r.source_key for r in results}),
+        runs=len({r.run_key for r in results}), skipped=skipped + refused,
+        by_metric_family=by_family, by_engine=group_errors(results, lambda r: r.engine),
+        by_gpu=group_errors(results, lambda r: r.hardware), by_source=group_errors(results, lambda r: r.source_key),
+        bands=bands(results), targets_pct=TARGETS_PCT, met=met, figure_errors=results,
+    )
+    return validation, fit
+
+
+def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None) -> str:
+    lines = [
+        "# Validation against published GPU measurements",
+        "",
+        f"Generated by `{command}` from `{v.fit_file}` (made by `{fit.command}`, {fit.created_utc}).",
+        "",
+        f"{v.figures} published figures of {v.runs} benchmark runs from {v.sources} sources "
+        f"({len(v.skipped)} runs set aside, listed below). **Held out** is the headline: each figure is predicted by "
+        "the fit that left its whole source out (leave-one-source-out), so it measures how the simulator does on a "
+        "publication it never saw. *Publisher held out* is stricter: the fit left out everything the figure's "
+        "publisher put out (a lab's pages share its harness, engine builds and habits), the closest this data comes to "
+        "a team's own, new deployment. **In sample** uses the fit on everything.",
+        "",
+        "## By metric family",
+        "",
+        *_table(v.by_metric_family, extra=lambda g: f"{TARGETS_PCT.get(g.group, float('nan')):g} | "
+                f"{'met' if v.met.get(g.group) else 'missed'}", extra_head="target % | |"),
+        "",
+        "## Prediction intervals",
+        "",
+        "Every `simulate`, `plan` and `compare` result carries these bands: measured / predicted quantiles of the "
+        "held-out figures. *Held-out coverage* is measured, not assumed: each source's band was built from the other "
+        "sources' figures only, and this is the share of its figures that fell inside.",
+        "",
+        "| metric family | P5 | P10 | P50 | P90 | P95 | P10..P90 held-out coverage | figures |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        *(f"| {name} | " + " | ".join(f"x{b.ratio_at(p):.2f}" for p in (0.05, 0.1, 0.5, 0.9, 0.95))
+          + f" | {b.held_out_coverage:.0%} | {b.figures} |" for name, b in v.bands.items()),
+        "",
+        "## By engine", "", *_table(v.by_engine), "",
+        "## By GPU", "", *_table(v.by_gpu), "",
+        "## By source", "", *_table(v.by_source), "",
+    ]
+    if plot:
+        lines += [f"![predicted vs measured]({plot})", ""]
+    lines += ["## Fitted figures", "", "| scope | name | parameter | value |", "|---|---|---|---:|"]
+    for scope, table in (("GPU family", fit.model.families), ("engine", fit.model.engines)):
+        for name, values in table.items():
+            lines += [f"| {scope} | {name} | {p} | {value:.4g} |" for p, value in values.items()]
+    lines += ["", "## Runs set aside", "", "| run | figures | reason |", "|---|---:|---|"]
+    lines += [f"| {s.run_key} | {s.figures} | {s.reason[:160]} |" for s in v.skipped]
+    lines += ["", "## Notes", "", *(f"- {n}" for n in fit.notes), ""]
+    return "\n".join(lines)
+
+
+def _table(groups: Sequence[GroupError], extra: Callable[[GroupError], str] | None = None, extra_head: str = "") -> list[str]:
+    head = ("| group | figures | held-out median abs error % | held-out median signed % | publisher held out, median "
+            "abs % | in-sample median abs % |")
+    rule = "|---|---:|---:|---:|---:|---:|"
+    if extra:
+        head, rule = head + f" {extra_head}", rule + "---:|---|"
+    rows = [f"| {g.group} | {g.figures} | {g.held_out_median_abs_pct:.1f} | {g.held_out_median_signed_pct:+.1f} | "
+            f"{g.held_out_publisher_median_abs_pct:.1f} | {g.in_sample_median_abs_pct:.1f} |" + (f" {extra(g)} |" if extra else "")
+            for g in groups]
+    return [head, rule, *rows]
+
+
+def plot(v: PublicValidation, path: Path) -> Path:
+    """Held-out predicted vs measured, log-log, one colour per metric family."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4.2))
+    for ax, family in zip(axes, ("throughput", "ttft", "tpot_itl", "e2e"), strict=True):
+        rows = [r for r in v.figure_errors if r.family == family]
+        if rows:
+            m, p = np.array([r.measured for r in rows]), np.array([r.held_out for r in rows])
+            ax.loglog(m, p, ".", alpha=0.4, markersize=4)
+            lo, hi = min(m.min(), p.min()), max(m.max(), p.max())
+            ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+            ax.plot([lo, hi], [lo * 1.2, hi * 1.2], "k:", lw=0.6)
+            ax.plot([lo, hi], [lo / 1.2, hi / 1.2], "k:", lw=0.6)
+        ax.set_title(f"{family} ({len(rows)} figures)")
+        ax.set_xlabel("measured")
+        ax.set_ylabel("predicted, source held out")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
