@@ -159,7 +159,7 @@ def test_memory_breakdown_and_concurrency_curve():
 def test_memory_shows_the_kv_tiers_a_host_tier_adds():
     at = open_page("memory", kv_offload_host_gib="64")
     assert not at.exception and not errors(at)
-    tiers = at.dataframe[2].value.set_index("tier")
+    tiers = next(d.value for d in at.dataframe if "tier" in d.value.columns).set_index("tier")
     assert list(tiers.index) == ["device", "host", "disk"]  # the H100 profile lists host memory and a local disk
     assert tiers.loc["host", "GiB per replica"] == pytest.approx(64, rel=0.01)  # whole blocks of 64 GiB
     assert tiers.loc["host", "blocks"] > 0 and tiers.loc["disk", "blocks"] == 0
