@@ -27,17 +27,40 @@ if TYPE_CHECKING:
     from engine.llm import LLM
 
 
+class _Due:
+    """Submissions the playback has released, by due time (run seconds since t0)."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Submission]] = []
+        self._order = itertools.count()  # ties keep release order
+
+    def __bool__(self) -> bool:
+        return bool(self._heap)
+
+    @property
+    def next_s(self) -> float:
+        return self._heap[0][0]
+
+    def add(self, subs: list[Submission]) -> None:
+        for sub in subs:
+            heapq.heappush(self._heap, (sub.due_s, next(self._order), sub))
+
+    def submit_ready(self, llm: LLM | DisaggregatedLLM, t0: float) -> None:
+        """Hand every submission now due to the engine. Arrival is when the client sent it, even
+        if a step was running then: that wait is queueing."""
+        while self._heap and self.next_s <= llm.now() - t0:
+            sub = heapq.heappop(self._heap)[2]
+            wr = sub.request
+            llm.add_request(list(sub.prompt_token_ids), SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True),
+                            request_id=wr.request_id, arrival_time=t0 + sub.due_s)
+
+
 def bench_engine(llm: LLM, replay: Replay, *, model_name: str, slo: SLO | None = None) -> tuple[RunSummary, RunRecord]:
     scheduler, loop = llm.scheduler, llm.loop
     cfg = scheduler.config
     check_lengths(replay, cfg.max_model_len, scheduler.kv_cache_manager.num_blocks, cfg.block_size, where="the engine")
     playback = Playback(replay)
-    due: list[tuple[float, int, Submission]] = []
-    order = itertools.count()
-
-    def plan(subs: list[Submission]) -> None:
-        for sub in subs:
-            heapq.heappush(due, (sub.due_s, next(order), sub))
+    due = _Due()
 
     warm_up(llm)
     samples: list[StepSample] = []
@@ -50,20 +73,15 @@ def bench_engine(llm: LLM, replay: Replay, *, model_name: str, slo: SLO | None =
     def on_finished(request: Request) -> None:
         finished.append(request.request_id)
         assert request.finish_time is not None
-        plan(playback.finished(request.request_id, request.output_token_ids, request.finish_time - t0))
+        due.add(playback.finished(request.request_id, request.output_token_ids, request.finish_time - t0))
 
     loop.on_step, loop.on_finished = on_step, on_finished
     try:
-        plan(playback.start())
+        due.add(playback.start())
         while due or scheduler.has_unfinished_requests():
-            while due and due[0][0] <= llm.now() - t0:
-                sub = heapq.heappop(due)[2]
-                wr = sub.request
-                # Arrival is when the client sent it, even if a step was running then: that wait is queueing.
-                llm.add_request(list(sub.prompt_token_ids), SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True),
-                                request_id=wr.request_id, arrival_time=t0 + sub.due_s)
+            due.submit_ready(llm, t0)
             if not scheduler.has_unfinished_requests():
-                time.sleep(max(0.0, due[0][0] - (llm.now() - t0)))
+                time.sleep(max(0.0, due.next_s - (llm.now() - t0)))
                 continue
             loop.step()
     finally:
@@ -146,12 +164,7 @@ def bench_disaggregated(llm: DisaggregatedLLM, replay: Replay, *, model_name: st
     max_len, num_blocks = llm.limits["decode"]
     check_lengths(replay, max_len, num_blocks, llm.block_size, where="a decode worker")
     playback = Playback(replay)
-    due: list[tuple[float, int, Submission]] = []
-    order = itertools.count()
-
-    def plan(subs: list[Submission]) -> None:
-        for sub in subs:
-            heapq.heappush(due, (sub.due_s, next(order), sub))
+    due = _Due()
 
     # Warm-up through both workers (a long prefill, its transfer, a few decodes), then the
     # statistics so far, to leave out of the run's.
@@ -161,20 +174,16 @@ def bench_disaggregated(llm: DisaggregatedLLM, replay: Replay, *, model_name: st
     t0 = llm.now()
     finished: list[str] = []
     reported = set(llm.outputs)  # the warm-up's
-    plan(playback.start())
+    due.add(playback.start())
     while due or llm.has_unfinished_requests():
-        while due and due[0][0] <= llm.now() - t0:
-            sub = heapq.heappop(due)[2]
-            wr = sub.request
-            llm.add_request(list(sub.prompt_token_ids), SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True),
-                            request_id=wr.request_id, arrival_time=t0 + sub.due_s)
-        llm.poll(timeout_s=min(1.0, max(0.0, due[0][0] - (llm.now() - t0))) if due else 1.0)
+        due.submit_ready(llm, t0)
+        llm.poll(timeout_s=min(1.0, max(0.0, due.next_s - (llm.now() - t0))) if due else 1.0)
         for rid in [rid for rid in llm.outputs if rid not in reported]:
             reported.add(rid)
             finished.append(rid)
             out = llm.outputs[rid]
             m = out.metrics
-            plan(playback.finished(rid, out.token_ids, m.arrival_time + m.e2e_s - t0))
+            due.add(playback.finished(rid, out.token_ids, m.arrival_time + m.e2e_s - t0))
     after = llm.stats()
     prefill = [w for w in after if w.role == "prefill"]
     run = [_since(before[(w.role, w.index)], w) for w in after]

@@ -80,3 +80,19 @@ def test_bad_input_is_refused_before_a_worker_sees_it(model_dir: Path) -> None:
             llm.add_request([1] * 250, PARAMS)
         [out] = llm.generate([[1, 2, 3, 4, 5]], PARAMS)  # still serving
         assert len(out.token_ids) == PARAMS.max_tokens
+
+
+def test_a_workload_replayed_through_the_workers_reports_every_request_and_transfer(model_dir: Path) -> None:
+    from planner.engine_bench import bench_disaggregated
+    from planner.playback import Replay
+    from planner.workload import ConstantArrivals, FixedLength, Workload
+
+    w = Workload(name="tiny", arrival=ConstantArrivals(rate_per_s=200.0), input_tokens=FixedLength(tokens=13),
+                 output_tokens=FixedLength(tokens=5), num_requests=6, first_token_id=10, vocab_size_tokens=256)
+    with DisaggregatedLLM(str(model_dir), **KNOBS) as llm:
+        summary, record = bench_disaggregated(llm, Replay.of(w, 256), model_name="tiny")
+    assert summary.num_finished == summary.num_requests == 6 and summary.finish_reasons == {"length": 6}
+    assert all(r.output_tokens == 5 for r in record.requests)
+    # Each prompt's KV but its last token: 12 tokens, three 4-token blocks.
+    assert summary.kv_transfer.requests == 6
+    assert summary.kv_transfer.mb_per_request_mean == pytest.approx(3 * BLOCK_BYTES / 1e6)
