@@ -200,7 +200,7 @@ def assemble(q: Question, shape: Shape, found: list[Searched], verify: Callable[
         verification=verify(recommended.deployment) if recommended is not None else None,
         ranked=ranked, pareto_metric=metric, pareto=pareto, rejected=rejected, why_not=list(why_not.values()),
         nearest_miss=None if recommended is not None else _nearest_miss(ranked, rejected, q.budget_usd_per_hour),
-        pd_comparison=pd_comparison(list(plans.values()), slo, shape),
+        pd_comparison=pd_comparison(list(plans.values()), shape),
         candidates=len(found), simulated_candidates=len(simulated), probes=sum(len(o.probes) for o in simulated),
         assumptions=_assumptions(q, shape),
     )
@@ -214,25 +214,23 @@ def _best(plans: list[CandidatePlan]) -> CandidatePlan | None:
     return min(plans, key=_closeness, default=None)
 
 
-def pd_comparison(plans: list[CandidatePlan], slo: SLO, shape: Shape) -> list[PDComparison]:
+def pd_comparison(plans: list[CandidatePlan], shape: Shape) -> list[PDComparison]:
     """For each hardware that had disaggregated candidates: which kind wins, and why."""
     out = []
     for hw in dict.fromkeys(p.deployment.hardware for p in plans if p.deployment.disaggregation is not None):
         mine = [p for p in plans if p.deployment.hardware == hw]
         colocated = _best([p for p in mine if p.deployment.disaggregation is None])
         split = _best([p for p in mine if p.deployment.disaggregation is not None])
-        winner, reason = _pd_reason(colocated, split, slo, shape)
+        winner, reason = _pd_reason(colocated, split, shape)
         out.append(PDComparison(hardware=hw, colocated=colocated, disaggregated=split, winner=winner, reason=reason))
     return out
 
 
-def _pd_reason(colocated: CandidatePlan | None, split: CandidatePlan | None, slo: SLO,
+def _pd_reason(colocated: CandidatePlan | None, split: CandidatePlan | None,
                shape: Shape) -> tuple[Literal["colocated", "disaggregated", "neither"], str]:
-    """The winner by cost, and the facts behind it: requests/s each GPU serves within the SLO, and
-    TPOT P99 at that load (prefill chunks in colocated decode steps are what disaggregation removes)."""
-    def ok(p: CandidatePlan | None) -> bool:
-        return p is not None and p.usd_per_hour is not None
-
+    """The winner by cost (a tie goes to colocated: fewer moving parts), and the facts behind it:
+    requests/s each GPU serves within the SLO, and TPOT P99 at that load (prefill chunks in
+    colocated decode steps are what disaggregation removes)."""
     def served(p: CandidatePlan) -> str:
         assert p.sustained_rate_per_s is not None
         per_gpu = p.sustained_rate_per_s / p.deployment.gpus_per_group
@@ -240,31 +238,26 @@ def _pd_reason(colocated: CandidatePlan | None, split: CandidatePlan | None, slo
                 f"TPOT P99 {p.tpot_p99_ms:,.1f} ms there")
 
     prompts = f"prompts average {shape.mean_prompt_tokens:,.0f} tokens for {shape.mean_output_tokens:,.0f} output tokens"
-    if not ok(colocated) and not ok(split):
-        return "neither", ("neither meets the SLO; colocated: " + (colocated.reason if colocated else "no candidate")
-                           + "; disaggregated: " + (split.reason if split else "no candidate"))
-    if ok(split) and (not ok(colocated) or split.usd_per_hour < colocated.usd_per_hour):  # type: ignore[union-attr, operator]
-        assert split is not None
-        if not ok(colocated):
-            return "disaggregated", (f"disaggregation wins: {served(split)}; colocated misses the SLO "
-                                     f"({colocated.reason if colocated else 'no candidate'}); {prompts}")
-        assert colocated is not None
-        return "disaggregated", (f"disaggregation wins: {served(split)}, vs {served(colocated)}; {prompts}, and each "
-                                 "prefill chunk a colocated decode step carries stretches every running request's TPOT, "
-                                 "so colocated replicas must run emptier")
-    assert colocated is not None
-    if ok(split) and split.usd_per_hour == colocated.usd_per_hour:  # type: ignore[union-attr]
-        assert split is not None
-        return "colocated", (f"a tie on cost, colocated first by P99 TTFT: {served(colocated)}, TTFT P99 "
-                             f"{colocated.ttft_p99_ms:,.0f} ms; vs {served(split)}, TTFT P99 {split.ttft_p99_ms:,.0f} ms; "
-                             f"{prompts}")
-    if not ok(split):
-        return "colocated", (f"colocated wins: {served(colocated)}; disaggregated misses the SLO "
-                             f"({split.reason if split else 'no candidate'}); {prompts}")
-    assert split is not None
-    return "colocated", (f"colocated wins: {served(colocated)}, vs {served(split)}; {prompts}: the prefill chunks cost "
-                         "colocated decodes less than separate pools cost in instances that wait on each other and in "
-                         "KV transfers")
+    best = {"colocated": colocated, "disaggregated": split}
+    meets = {kind: p for kind, p in best.items() if p is not None and p.usd_per_hour is not None}
+    if not meets:
+        return "neither", "neither meets the SLO; " + "; ".join(
+            f"{kind}: {p.reason if p else 'no candidate'}" for kind, p in best.items())
+    winner: Literal["colocated", "disaggregated"] = min(
+        meets, key=lambda kind: (meets[kind].usd_per_hour, kind != "colocated"))  # type: ignore[arg-type, return-value]
+    loser = "disaggregated" if winner == "colocated" else "colocated"
+    win, lose = meets[winner], best[loser]
+    head = "disaggregation wins" if winner == "disaggregated" else "colocated wins"
+    if loser not in meets:
+        return winner, f"{head}: {served(win)}; {loser} misses the SLO ({lose.reason if lose else 'no candidate'}); {prompts}"
+    assert lose is not None
+    if lose.usd_per_hour == win.usd_per_hour:
+        return winner, f"a tie on cost, colocated kept (fewer moving parts): {served(win)}; vs {served(lose)}; {prompts}"
+    why = ("each prefill chunk a colocated decode step carries stretches every running request's TPOT, so colocated "
+           "replicas must run emptier" if winner == "disaggregated" else
+           "the prefill chunks cost colocated decodes less than separate pools cost in instances that wait on each "
+           "other and in KV transfers")
+    return winner, f"{head}: {served(win)}, vs {served(lose)}; {prompts}: {why}"
 
 
 def _nearest_miss(ranked: list[CandidatePlan], rejected: list[CandidatePlan], budget: float | None) -> str:
