@@ -31,6 +31,7 @@ from planner.public.report import PublicValidation
 from planner import search
 from planner.search import PlanResult
 from planner.sim import simulate
+from planner.tiers import kv_tiers
 from planner.specs import SLO, Deployment, HardwareProfile
 from planner.validate import ValidationReport
 from planner.workload import Workload
@@ -132,7 +133,8 @@ def simulate_view(model_name: str, dep: Deployment, workload: Workload | None, t
 def plan_result(model_name: str, workload: Workload, rate_per_s: float, slo_text: str, hardware: tuple[HardwareProfile, ...],
                 max_gpus: int, budget: float | None, weight_dtypes: tuple[str, ...] | None, kv_dtypes: tuple[str, ...],
                 knobs_grid: tuple[EngineKnobs, ...], headroom: float, max_quality_loss_pct: float,
-                prefix_caching: bool | None, requests_per_probe: int) -> PlanResult:
+                prefix_caching: bool | None, requests_per_probe: int, pd_ratios: str = "auto",
+                offload: str = "auto") -> PlanResult:
     # The bar is created inside the cached function so that Streamlit can replay it on a cache
     # hit (an element created outside could not be replayed); it is emptied once done.
     bar = st.progress(0.0, text="Planning: screening candidates…")
@@ -147,6 +149,7 @@ def plan_result(model_name: str, workload: Workload, rate_per_s: float, slo_text
                          weight_dtypes=None if weight_dtypes is None else list(weight_dtypes),
                          kv_dtypes=list(kv_dtypes), knobs_grid=list(knobs_grid), headroom=headroom,
                          max_quality_loss_pct=max_quality_loss_pct, prefix_caching=prefix_caching, widen=True,
+                         pd_ratios=pd_ratios, offload=offload,
                          requests_per_probe=requests_per_probe, executor="serial",
                          cache_dir=search.DEFAULT_CACHE_DIR, progress=False, on_progress=on_progress)
     bar.empty()
@@ -190,6 +193,15 @@ def memory_plans(model_name: str, dep: Deployment, contexts: tuple[int, ...]) ->
     model = _catalog_model(model_name)
     hw = _catalog_profile(dep.hardware)
     return [plan_memory(model, hw, dep, c) for c in contexts]
+
+
+def kv_tier_table(dep: Deployment, memory: MemoryPlan) -> pd.DataFrame:
+    """The device KV cache and the offload tiers of one engine instance (planner.tiers)."""
+    rows = kv_tiers(_catalog_profile(dep.hardware), dep, memory)
+    return pd.DataFrame([{
+        "tier": r.tier, "medium": r.medium, "GiB per replica": r.gib_per_replica, "blocks": r.blocks, "tokens": r.tokens,
+        "listed GiB per replica": r.capacity_gib_per_replica, "write GB/s per GPU": r.write_gb_s,
+        "read GB/s per GPU": r.read_gb_s} for r in rows])
 
 
 @st.cache_data(show_spinner=False)

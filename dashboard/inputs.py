@@ -24,7 +24,7 @@ from engine.errors import InputError, from_validation_error, unknown_name_error
 from engine.knobs import Knob, Setting, settings
 from planner.hardware import hardware_catalog
 from planner.sim.router import ROUTERS
-from planner.specs import Deployment, EngineKnobs, WorkloadOverrides
+from planner.specs import Deployment, Disaggregation, EngineKnobs, WorkloadOverrides
 from planner.workload import PRESETS, Workload, get_workload
 
 # Cheap defaults so every page renders in seconds on a laptop CPU.
@@ -43,6 +43,7 @@ MAX_UPLOAD_BYTES = 32 * 2**20
 
 DEPLOYMENT = {s.name: s for s in settings(Deployment)}
 KNOBS = settings(EngineKnobs)
+DISAGGREGATION = settings(Disaggregation)
 WORKLOAD = {s.name: s for s in settings(WorkloadOverrides)}
 
 
@@ -64,6 +65,8 @@ def setting_input(state: PageState, setting: Setting, *, default: Any = None, na
         return st.checkbox(label, key=key, help=help)
     if setting.choices is not None:
         return st.selectbox(label, setting.choices, key=key, help=help)
+    if setting.kind is str:  # free text: its consumer checks it through the field, inside ui.attempt
+        return st.text_input(label, key=key, help=help)
     # Inclusive bounds become the widget's; an exclusive one (gt=0) is left to the field's check.
     kind = setting.kind
     (lo, lo_in), (hi, hi_in) = setting.bound("min"), setting.bound("max")
@@ -136,7 +139,12 @@ def deployment_inputs(state: PageState) -> Deployment:
               for name in ("tensor_parallel", "pipeline_parallel", "replicas", "weight_dtype", "kv_dtype")}
     with st.expander("Engine knobs"):
         knobs = {s.name: setting_input(state, s) for s in KNOBS}
-    return Deployment(hardware=hw, **layout, knobs=EngineKnobs(**knobs))
+    with st.expander("Prefill/decode disaggregation"):
+        split = st.checkbox("Separate prefill and decode instances", key=state.bind("disaggregate", False),
+                            help="Each replica becomes x prefill and y decode instances; a prompt's KV moves between them")
+        disagg = {s.name: setting_input(state, s) for s in DISAGGREGATION}
+    return Deployment(hardware=hw, **layout, knobs=EngineKnobs(**knobs),
+                      disaggregation=Disaggregation(**disagg) if split else None)
 
 
 def router_input(state: PageState) -> str:

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from engine.core.scheduler import Batching, Policy, SchedulerConfig
+from engine.core.scheduler import Batching, Policy, PreemptionMode, SchedulerConfig
 from engine.dtypes import KV_DTYPE_BYTES, KV_SCALED_DTYPES, EngineDtype, QuantKVDtype, QuantWeightDtype
 from engine.errors import InputError, from_validation_error
 from engine.files import load_json
@@ -445,6 +446,7 @@ class SpeculativeSettings(BaseModel):
 # simulated or real step is sized by a typo (docs/security.md lists every limit).
 MAX_BATCHED_TOKENS = 1 << 20
 MAX_NUM_SEQS = 1 << 16
+MAX_OFFLOAD_GIB = 1 << 20  # 1 PiB of host memory or disk per engine instance
 
 
 class EngineKnobs(BaseModel):
@@ -486,6 +488,24 @@ class EngineKnobs(BaseModel):
     max_graph_batch_size: Annotated[int | None, Knob("--max-graph-batch-size", "Largest graph batch", "requests")] = Field(
         None, ge=1, le=4096,
         description="Largest decode batch run as a captured graph; larger batches run eagerly (default: the engine's)")
+    preemption_mode: Annotated[PreemptionMode, Knob("--preemption-mode", "Preemption")] = Field(
+        "recompute", description="What a preempted request loses: recompute drops its KV and prefills again on resume; "
+        "swap copies its blocks to the host KV tier and back (recompute when the tier has no room)")
+    kv_offload_host_gib: Annotated[float, Knob("--kv-offload-host-gib", "Host KV tier", "GiB")] = Field(
+        0.0, ge=0, le=MAX_OFFLOAD_GIB, description="Host memory for KV blocks, per engine instance (all its GPUs): "
+        "prefix-cache blocks evicted from device memory (LRU) and swapped-out requests; 0: none (docs/offload.md)")
+    kv_offload_disk_gib: Annotated[float, Knob("--kv-offload-disk-gib", "Disk KV tier", "GiB")] = Field(
+        0.0, ge=0, le=MAX_OFFLOAD_GIB, description="Local disk for prefix-cache blocks the host tier evicts (LRU), "
+        "per engine instance; needs a host tier; 0: none")
+
+    @model_validator(mode="after")
+    def _tiers_in_order(self) -> EngineKnobs:
+        if self.kv_offload_disk_gib and not self.kv_offload_host_gib:
+            raise InputError("kv_offload_disk_gib", self.kv_offload_disk_gib,
+                             "needs kv_offload_host_gib > 0: blocks reach the disk tier through host memory")
+        if self.preemption_mode == "swap" and not self.kv_offload_host_gib:
+            raise InputError("preemption_mode", "swap", "needs kv_offload_host_gib > 0: swapped blocks live in the host tier")
+        return self
 
     def with_defaults(self, defaults: Mapping[str, object]) -> EngineKnobs:
         """These knobs with every setting left None taken from `defaults` (an engine's)."""
@@ -512,6 +532,7 @@ class EngineKnobs(BaseModel):
             num_speculative_tokens=self.speculative.num_speculative_tokens if self.speculative else 0,
             batching=self.batching,  # type: ignore[arg-type]
             num_scheduler_steps=self.num_scheduler_steps,  # type: ignore[arg-type]
+            preemption_mode=self.preemption_mode,
         )
 
 
@@ -528,6 +549,13 @@ ENGINE_DEFAULTS: dict[str, object] = {
     "gpu_memory_utilization": 0.9,
     "max_graph_batch_size": 512,
 }
+
+
+def tier_blocks(gib: float, block_bytes: float) -> int:
+    """KV blocks of `block_bytes` that an offload tier of `gib` GiB holds (engine and simulator
+    alike). A size given as a whole number of blocks (blocks x block_bytes / 2^30) gives that
+    number back despite float rounding."""
+    return math.floor(gib * 2**30 / block_bytes + 1e-9)
 
 
 # Largest explicit KV cache: 16 TiB or 16M blocks, beyond any machine, well short of an overflow.
@@ -567,6 +595,9 @@ class EngineConfig(EngineKnobs):
         "quantising each token's activations to 7 bits on each call: the fast int8 path at batch > 1, at a further "
         "quality cost"
     )
+    kv_offload_disk_path: Annotated[str | None, Knob("--kv-offload-disk-path", "Disk KV tier folder")] = Field(
+        None, min_length=1, max_length=4096, description="Existing folder where the disk KV tier keeps its file "
+        "(created and removed by the engine); needed with kv_offload_disk_gib")
     lm_head_dtype: Annotated[Literal["auto", "int8"], Knob("--lm-head-dtype", "LM head format")] = Field(
         "auto", description="The LM head's weight: 'auto' = dtype; 'int8' = per output channel, run on a CPU by "
         "fbgemm's W8A8 matmul (activations per token to 7 bits). It is the largest matmul of a small model; "
@@ -602,6 +633,14 @@ class EngineConfig(EngineKnobs):
         if ep > 1 and tp is not None and ep != tp:
             raise ValueError(f"the engine places experts on every tensor-parallel rank or on none: 1 or {tp}")
         return ep
+    @model_validator(mode="after")
+    def _offload_tiers_are_usable(self) -> EngineConfig:
+        if self.kv_offload_disk_gib and self.kv_offload_disk_path is None:
+            raise InputError("kv_offload_disk_path", None, "needs a folder for the disk KV tier (kv_offload_disk_gib > 0)")
+        if self.kv_offload_host_gib and self.tensor_parallel > 1:
+            raise InputError("kv_offload_host_gib", self.kv_offload_host_gib,
+                             "offload tiers live in one process's runner: 0 with tensor_parallel > 1")
+        return self
 
     @field_validator("int8_kernel")
     @classmethod

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 import torch
 
-from engine.config import EngineConfig
+from engine.config import EngineConfig, tier_blocks
 from engine.core import Executor, KVCacheManager, Request, RequestUpdate, SamplingParams, Scheduler, SpecStats, StepLoop
 from engine.core.metrics import RequestMetrics
 from engine.dtypes import ENGINE_DTYPES
@@ -28,6 +28,7 @@ from engine.errors import InputError, from_validation_error
 from engine.graphs import compile_recorder, cuda_graph_recorder
 from engine.kernels import triton_available
 from engine.catalog import resolve_model
+from engine.kv_offload import TierStore
 from engine.model.loader import LoadedModel, load_model
 from engine.parallel.executor import WorkerPool
 from engine.parallel.layers import check_shardable
@@ -154,9 +155,11 @@ class LLM:
             raise InputError("max_model_len", self.max_model_len,
                              f"must not exceed the model's max_position_embeddings={self.config.max_position_embeddings}")
         self.num_blocks = cfg.num_kv_blocks or self._blocks_that_fit(device, kv_dtype)
+        self.host_blocks, self.disk_blocks = self._tier_blocks(kv_dtype)
         self.scheduler = Scheduler(
             cfg.scheduler_config(self.max_model_len),
-            KVCacheManager(self.num_blocks, cfg.block_size_tokens, cfg.enable_prefix_caching),
+            KVCacheManager(self.num_blocks, cfg.block_size_tokens, cfg.enable_prefix_caching,
+                           self.host_blocks, self.disk_blocks),
         )
         self.runner: ModelRunner | None = None
         if isinstance(loaded, WorkerPool):
@@ -178,6 +181,8 @@ class LLM:
 
     def _runner(self, loaded: LoadedModel, cfg: EngineConfig, kv_dtype: torch.dtype, device: torch.device) -> ModelRunner:
         runner = ModelRunner(loaded.model, self.config, self.num_blocks, cfg.block_size_tokens, kv_dtype, device, cfg.seed)
+        if self.host_blocks:
+            runner.tiers = TierStore(runner.kv_caches, self.host_blocks, self.disk_blocks, cfg.kv_offload_disk_path)
         # Only the Triton kernels are capturable: the torch reference path (quantised KV caches, no
         # triton) syncs on data-dependent shapes, and so does MoE routing (tokens per expert are
         # counted on the host), so those engines stay eager.
@@ -195,6 +200,14 @@ class LLM:
         """Seconds since the engine started; the scheduler is always handed this clock."""
         return time.perf_counter() - self._t0
 
+    def share_clock(self, origin: float) -> None:
+        """Measure time from `origin`, a time.perf_counter() value, instead of the engine's start:
+        engines in several processes of one machine then stamp requests on one clock
+        (perf_counter is the system-wide monotonic clock). Before any request is added."""
+        if self.scheduler.requests:
+            raise RuntimeError("share_clock() must come before the first request")
+        self._t0 = origin
+
     def _blocks_that_fit(self, device: torch.device, kv_dtype: torch.dtype) -> int:
         cfg = self.engine_config
         if cfg.kv_cache_gib is not None:
@@ -210,6 +223,21 @@ class LLM:
         if blocks < 1:
             raise InputError("kv_cache_gib", cfg.kv_cache_gib, "leaves no room for a single KV block")
         return blocks
+
+    def _tier_blocks(self, kv_dtype: torch.dtype) -> tuple[int, int]:
+        """Blocks of the host and disk tiers; the host tier is checked against this machine's
+        memory before any of it is allocated."""
+        cfg, block_bytes = self.engine_config, self.kv_bytes_per_block(kv_dtype)
+        host, disk = tier_blocks(cfg.kv_offload_host_gib, block_bytes), tier_blocks(cfg.kv_offload_disk_gib, block_bytes)
+        for name, gib, blocks in (("kv_offload_host_gib", cfg.kv_offload_host_gib, host),
+                                  ("kv_offload_disk_gib", cfg.kv_offload_disk_gib, disk)):
+            if gib and not blocks:
+                raise InputError(name, gib, f"holds no KV block of {block_bytes:,} bytes; give at least {block_bytes / GIB:.3g}")
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if host * block_bytes > physical / 2:
+            raise InputError("kv_offload_host_gib", cfg.kv_offload_host_gib,
+                             f"must leave half of this machine's {physical / GIB:.1f} GiB of memory to everything else")
+        return host, disk
 
     def kv_bytes_per_block(self, kv_dtype: torch.dtype) -> int:
         """Real bytes of one KV block across all layers in one process (quantised caches count their

@@ -8,14 +8,16 @@ each running request's block table, kept in step with the scheduler's block ids.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import nullcontext
 import itertools
 
 import torch
 
 from engine.config import ModelConfig
-from engine.core import ExecutedStep, SchedulerOutput
+from engine.core import ExecutedStep, KVTransfers, SchedulerOutput
 from engine.graphs import DecodeGraphs, Recorder
 from engine.kernels.metadata import build_attention_metadata
+from engine.kv_offload import ExternalKV, TierStore
 from engine.model.attention import allocate_kv_caches
 from engine.sampler import Sampler
 
@@ -39,6 +41,11 @@ class ModelRunner:
         # False on tensor-parallel ranks but the first: they compute the logits, whose gather
         # every rank joins, and leave sampling to rank 0.
         self.samples = True
+        self.tiers: TierStore | None = None  # offload tiers, when the engine has them
+        # Externally computed KV (a disaggregated decode worker's transport); without one, external
+        # tokens are taken as they lie in their blocks (calibration's synthetic context).
+        self.external: ExternalKV | None = None
+        self._copy_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def capture_decode_graphs(self, max_batch_size: int, max_model_len: int, record: Recorder) -> None:
         """From now on, decode-only steps of <= max_batch_size requests replay captured graphs."""
@@ -54,8 +61,32 @@ class ModelRunner:
             self.sampler.forget(request_id)
 
     def execute(self, output: SchedulerOutput) -> ExecutedStep:
-        """Run one step on the device; the sampled token ids of every request that samples."""
+        """Run one step on the device: its KV copies, then the forward pass; the sampled token ids
+        of every request that samples."""
+        if output.kv_transfers is not None:
+            self._transfer(output.kv_transfers)
         return ExecutedStep(self._run(output))
+
+    @torch.inference_mode()
+    def _transfer(self, transfers: KVTransfers) -> None:
+        """The step's copies, in order. On CUDA they go on a side stream, after the previous step's
+        writes, and overlap the host building this step's inputs; _run waits for them."""
+        stream = self._copy_stream
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream) if stream is not None else nullcontext():
+            if transfers.copies:
+                if self.tiers is None:
+                    raise RuntimeError("the scheduler listed tier copies, but this runner has no offload tiers")
+                self.tiers.copy(transfers)
+            for load in transfers.external:
+                if self.external is None:
+                    continue
+                blocks = self.external.read(load.request_id, load.first_block, len(load.block_ids))
+                index = torch.tensor(load.block_ids, device=self.device)
+                for cache, layer in zip(self.kv_caches, blocks, strict=True):
+                    cache.index_copy_(1, index, layer.to(self.device, non_blocking=stream is not None))
+                self.external.loaded(load.request_id)
 
     @torch.inference_mode()
     def _run(self, output: SchedulerOutput) -> dict[str, list[int]]:
@@ -78,6 +109,8 @@ class ModelRunner:
             tables.append(table)
         positions, metadata = build_attention_metadata(query_lens, seq_lens, tables, self.block_size, self.device)
         ids = torch.tensor(input_ids, dtype=torch.long, device=self.device)
+        if self._copy_stream is not None and output.kv_transfers is not None:
+            torch.cuda.current_stream(self.device).wait_stream(self._copy_stream)
         if self.graphs is not None and self.graphs.can_run(query_lens):
             hidden = self.graphs.run(ids, positions, metadata)
         else:

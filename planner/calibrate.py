@@ -68,6 +68,27 @@ class DeviceInfo(_Rec):
     torch_version: str
 
 
+class CopyRate(_Rec):
+    """time = latency + bytes / rate, fitted through two sizes of the same copy."""
+
+    gb_s: float
+    latency_us: float
+
+
+class KVCopyBenchmarks(_Rec):
+    """The engine's own KV block copies on its cache layout, as offload tiers and the disaggregated
+    transport make them (each timed as a batch of 8 and of 64 blocks, every layer)."""
+
+    block_bytes: int = Field(description="One block, every layer")
+    host_write: CopyRate = Field(description="Device cache -> host tier (TierStore)")
+    host_read: CopyRate = Field(description="Host tier -> device cache")
+    disk_write: CopyRate = Field(description="Host tier -> disk tier (a memory-mapped file; here in the page cache)")
+    disk_read: CopyRate = Field(description="Disk tier -> device cache")
+    transport_send: CopyRate = Field(description="Device cache -> shared-memory staging (a prefill worker's send)")
+    transport_receive: CopyRate = Field(description="Staging -> device cache (a decode worker's load)")
+    ipc_latency_us: float = Field(description="One message between two processes through a multiprocessing queue")
+
+
 class MicroBenchmarks(_Rec):
     memory_bandwidth_gb_s: float = Field(description="Best sustained copy bandwidth (read + write bytes / time)")
     matmul_tflops: dict[str, float] = Field(description="'dtype MxKxN' -> achieved TFLOPS")
@@ -75,6 +96,7 @@ class MicroBenchmarks(_Rec):
     collectives_us: dict[Collective, list[tuple[int, float]]] = Field(
         default_factory=dict, description="CPU: the engine's collectives between COMM_RANKS processes over gloo, "
         "collective -> [(payload bytes, median microseconds)] (engine/parallel/commbench.py)")
+    kv_copies: KVCopyBenchmarks | None = Field(None, description="KV block copies (absent in calibrations made before them)")
 
 
 class StepMeasurement(_Rec):
@@ -259,9 +281,109 @@ def gloo_link(micro: MicroBenchmarks, cpus: int) -> Link | None:
                 collectives=curves)
 
 
+KV_COPY_SMALL_BLOCKS = 8
+KV_COPY_LARGE_BYTES = 32 * 2**20  # the large batch: enough bytes that the per-call cost is a small share
+
+
+def kv_copy_block_counts(block_bytes: int) -> tuple[int, int]:
+    """The two batch sizes the copy benchmarks time: latency from the small, rate from the difference."""
+    return KV_COPY_SMALL_BLOCKS, max(8 * KV_COPY_SMALL_BLOCKS, -(-KV_COPY_LARGE_BYTES // block_bytes))
+
+
+def kv_copy_benchmarks(llm: LLM, reps: int) -> KVCopyBenchmarks:
+    """Time the copies an offload tier and the shared-memory transport make, on `llm`'s caches
+    (which need kv_copy_block_counts()[1] blocks), through the engine's own code."""
+    import tempfile
+
+    import torch
+
+    from engine.disagg.transport import (
+        SharedMemoryReceiver, SharedMemorySender, SharedMemoryStaging, StagingLayout, TransferHandle,
+    )
+    from engine.kv_offload import TierStore, copy_blocks
+
+    caches = llm.runner.kv_caches
+    sync = torch.cuda.synchronize if caches[0].device.type == "cuda" else (lambda: None)
+    block_bytes = llm.kv_bytes_per_block(caches[0].dtype)
+    counts = kv_copy_block_counts(block_bytes)
+    slots = counts[1]
+    with tempfile.TemporaryDirectory(prefix="serveplan-calibrate-") as folder:
+        tiers = TierStore(caches, slots, slots, folder)
+        layout = StagingLayout(len(caches), (2, *caches[0].shape[2:]), caches[0].dtype, slots)
+        shm = SharedMemoryStaging.create(layout)
+        try:
+            staging = SharedMemoryStaging(shm.name, layout)
+            sender, receiver = SharedMemorySender(0, staging), SharedMemoryReceiver([staging])
+
+            def send(n: int) -> None:
+                handle = sender.send([c[:, :n] for c in caches])
+                assert handle is not None
+                sender.release(handle)
+
+            def receive(n: int) -> None:
+                blocks = receiver.read(TransferHandle(0, 0, n, 0), 0, n)
+                index = torch.arange(n, device=caches[0].device)
+                for cache, layer in zip(caches, blocks, strict=True):
+                    cache.index_copy_(1, index, layer.to(cache.device))
+
+            def tier(src: str, dst: str) -> Callable[[int], None]:
+                return lambda n: copy_blocks(tiers.places[src], range(n), tiers.places[dst], range(n))
+
+            ops = {"host_write": tier("device", "host"), "host_read": tier("host", "device"),
+                   "disk_write": tier("host", "disk"), "disk_read": tier("disk", "device"),
+                   "transport_send": send, "transport_receive": receive}
+            rates = {name: _copy_rate(op, counts, block_bytes, reps, sync) for name, op in ops.items()}
+            staging.close()
+        finally:
+            shm.close()
+            shm.unlink()
+    return KVCopyBenchmarks(block_bytes=block_bytes, ipc_latency_us=ipc_latency_s(reps) * 1e6, **rates)
+
+
+def _copy_rate(op: Callable[[int], None], counts: tuple[int, int], block_bytes: int, reps: int,
+               sync: Callable[[], None]) -> CopyRate:
+    """time = latency + blocks x block_bytes / rate through the two batch sizes. The large batch is
+    big enough that a fixed cost should be a small share of it: when the fit puts more than half of
+    it in the latency (noise in a short measurement), the large batch's own rate, with no latency."""
+    small, large = (_median_time(lambda n=n: op(n), reps, sync) for n in counts)
+    per_block = (large - small) / (counts[1] - counts[0])
+    if per_block <= 0 or per_block < large / counts[1] / 2:
+        per_block = large / counts[1]
+    return CopyRate(gb_s=block_bytes / per_block / 1e9, latency_us=max(0.0, small - counts[0] * per_block) * 1e6)
+
+
+def _echo(inbox: object, outbox: object) -> None:
+    """A child process that sends back what it gets, until None."""
+    while (message := inbox.get()) is not None:  # type: ignore[attr-defined]
+        outbox.put(message)  # type: ignore[attr-defined]
+
+
+def ipc_latency_s(reps: int) -> float:
+    """Half the median round trip of a small message to another process and back (spawned, as the
+    disaggregated engine's workers are)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    inbox, outbox = context.Queue(), context.Queue()
+    child = context.Process(target=_echo, args=(inbox, outbox), daemon=True)
+    child.start()
+    try:
+        times = []
+        for i in range(10 * reps + 1):
+            start = time.perf_counter()
+            inbox.put(("ping", i))
+            outbox.get(timeout=60)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times[1:]) / 2  # the first round trip waits for the child to start
+    finally:
+        inbox.put(None)
+        child.join(timeout=10)
+
+
 def local_profile(device: DeviceInfo, micro: MicroBenchmarks, dtype: str) -> HardwareProfile:
     """The device as a HardwareProfile whose peaks are the best micro-benchmark figures, so the
-    fitted efficiencies read as shares of what this machine demonstrably reaches."""
+    fitted efficiencies read as shares of what this machine demonstrably reaches. Its KV tiers and
+    its link between engine processes (shared memory) are the measured copy rates, used as they are."""
     peak_tflops = max(micro.matmul_tflops.values())
     return HardwareProfile(
         name=device.slug,
@@ -272,6 +394,7 @@ def local_profile(device: DeviceInfo, micro: MicroBenchmarks, dtype: str) -> Har
         memory_gib=round(device.memory_gib, 2),
         memory_bandwidth_gb_s=round(micro.memory_bandwidth_gb_s, 2),
         peak_tflops={dtype: round(peak_tflops, 4)},
+        **_copy_figures(device, micro.kv_copies),
         provenance={
             "memory_bandwidth_gb_s": "measured: best sustained copy by serveplan calibrate",
             **({"scale_up": "measured: the engine's collectives over gloo by serveplan calibrate; bandwidth_gb_s is "
@@ -279,10 +402,39 @@ def local_profile(device: DeviceInfo, micro: MicroBenchmarks, dtype: str) -> Har
                if micro.collectives_us else {}),
             f"peak_tflops.{dtype}": "measured: best matmul by serveplan calibrate (not a datasheet peak)",
             "memory_gib": "physical memory of the machine",
+            **({} if micro.kv_copies is None else {
+                "host_memory": "measured: the engine's block copies cache <-> host tier (latency + bytes / rate, 8 and 64 blocks)",
+                "local_disk": "measured: host tier -> disk tier and disk tier -> cache through a memory-mapped file, which "
+                              "sits in the page cache here; capacity: half the free space where calibrate ran",
+                "scale_up": "measured: shared-memory staging copies of the disaggregated transport (mean of send and "
+                            "receive rates) and one message between processes",
+                "efficiency.interconnect": "1.0: the link and tier rates are measured achieved rates"}),
         },
         sources=[f"measured by `serveplan calibrate` on {dt.date.today().isoformat()} (torch {device.torch_version})"],
         scale_up=gloo_link(micro, os.cpu_count() or 1),
     )
+
+
+def _copy_figures(device: DeviceInfo, copies: KVCopyBenchmarks | None) -> dict[str, object]:
+    """The profile's tiers and inter-process link from the KV copy benchmarks (none without them)."""
+    if copies is None:
+        return {}
+    import shutil
+    import tempfile
+
+    free_gib = shutil.disk_usage(tempfile.gettempdir()).free / GIB
+    return {
+        "host_memory": {"name": "this machine's memory (host KV tier)", "capacity_gib": round(device.memory_gib / 2, 2),
+                        "write_gb_s": copies.host_write.gb_s, "read_gb_s": copies.host_read.gb_s,
+                        "latency_us": (copies.host_write.latency_us + copies.host_read.latency_us) / 2},
+        "local_disk": {"name": "a memory-mapped file (disk KV tier; page cache)", "capacity_gib": round(max(free_gib / 2, 0.25), 2),
+                       "write_gb_s": copies.disk_write.gb_s, "read_gb_s": copies.disk_read.gb_s,
+                       "latency_us": (copies.disk_write.latency_us + copies.disk_read.latency_us) / 2},
+        "scale_up": {"name": "shared memory between engine processes", "domain_size": 1,
+                     "bandwidth_gb_s": (copies.transport_send.gb_s + copies.transport_receive.gb_s) / 2,
+                     "latency_us": copies.ipc_latency_us},
+        "efficiency": {"interconnect": 1.0},
+    }
 
 
 # --------------------------------------------------------------------------- engine step grid
@@ -415,11 +567,6 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
     info = detect_device(device)
     cm_dtype = SHORT_NAME[dtype]
     micro = micro_benchmarks(info.kind, cm_dtype, quick)
-    profile = local_profile(info, micro, cm_dtype)
-    profile_path = PROFILE_DIR / f"{profile.name}.yaml"
-    if write_profile and not profile_path.exists():
-        profile_path.write_text(yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False))
-        hardware_catalog.cache_clear()
 
     block_size = 16
     probe = LLM(model_name, device=info.kind, dtype=dtype, random_weights=random_weights, num_kv_blocks=1,
@@ -429,8 +576,15 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
     del probe
     repeats = 2 if quick else 3
     llm = LLM(model_name, device=info.kind, dtype=dtype, random_weights=random_weights,
-              num_kv_blocks=grid_blocks_needed(grid, block_size, repeats), block_size_tokens=block_size,
-              max_num_batched_tokens=4096, max_num_seqs=64, enable_prefix_caching=False)
+              num_kv_blocks=max(grid_blocks_needed(grid, block_size, repeats),
+                                kv_copy_block_counts(config.kv_bytes_per_token(cm_dtype) * block_size)[1]),
+              block_size_tokens=block_size, max_num_batched_tokens=4096, max_num_seqs=64, enable_prefix_caching=False)
+    micro = micro.model_copy(update={"kv_copies": kv_copy_benchmarks(llm, 3 if quick else 5)})
+    profile = local_profile(info, micro, cm_dtype)
+    profile_path = PROFILE_DIR / f"{profile.name}.yaml"
+    if write_profile and not profile_path.exists():
+        profile_path.write_text(yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False))
+        hardware_catalog.cache_clear()
     with Progress(console=Console(stderr=True), disable=not progress) as bar:
         task = bar.add_task(f"timing {len(grid)} engine steps of {model_name}", total=len(grid))
         steps = measure_steps(llm, grid, repeats, progress=lambda: bar.advance(task))

@@ -37,7 +37,9 @@ from planner.validate_memory import MemoryValidation, validate_startup_logs
 from planner.metrics import RunSummary
 from planner.playback import Replay
 from planner.sim import ROUTERS, simulate
-from planner.specs import SLO, Deployment, EngineKnobs, HardwareProfile, MemoryQuery, PlanSettings, WorkloadOverrides
+from planner.specs import (
+    SLO, Deployment, Disaggregation, EngineKnobs, HardwareProfile, MemoryQuery, PlanSettings, WorkloadOverrides,
+)
 from planner.workload import PRESETS, Workload, get_workload
 
 if TYPE_CHECKING:
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
 
 DEPLOYMENT = settings(Deployment)
 KNOBS = settings(EngineKnobs)
+DISAGGREGATION = settings(Disaggregation)
 WORKLOAD = settings(WorkloadOverrides)
 TRACE_SUFFIXES = (".jsonl", ".csv")
 # `engine bench` on a preset: a CPU serves a few requests per second at best, and a preset asks
@@ -67,10 +70,14 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="llama-3.1-8b", help="catalog name (see `serveplan models list`) or path to a config.json / checkpoint folder")
     p.add_argument("--hw", dest="hardware", default="h100-sxm", help="hardware profile name (see `serveplan hw list`) or a YAML file")
     add_flags(p, [*DEPLOYMENT, *KNOBS])
+    # Not given: every instance does both prefill and decode.
+    add_flags(p, DISAGGREGATION, **{s.name: None for s in DISAGGREGATION})
 
 
 def deployment_from_args(args: argparse.Namespace) -> Deployment:
-    return Deployment(hardware=args.hardware, **values(args, DEPLOYMENT), knobs=EngineKnobs(**values(args, KNOBS)))
+    given = {name: v for name, v in values(args, DISAGGREGATION).items() if v is not None}
+    return Deployment(hardware=args.hardware, **values(args, DEPLOYMENT), knobs=EngineKnobs(**values(args, KNOBS)),
+                      disaggregation=Disaggregation(**given) if given else None)
 
 
 def print_json(model: BaseModel | list | dict) -> None:
@@ -399,6 +406,14 @@ def render_summary(s: RunSummary, deployment: str) -> None:
         f"prefix cache: {s.prefix_cache_hit_rate:.1%} of prompt tokens hit; preemptions: {s.preemptions:,}; "
         f"KV blocks: {s.kv_cache_blocks_total:,}; steps: {s.num_steps:,}",
     ]
+    if (o := s.offload) is not None:
+        lines.append(f"offload tiers: {o.host_hit_tokens:,} prompt tokens hit in host memory, {o.disk_hit_tokens:,} on disk; "
+                     f"{o.stored_blocks:,} blocks stored, {o.loaded_host_blocks + o.loaded_disk_blocks:,} loaded; "
+                     f"{o.swapped_out_requests:,} preemptions by swap ({o.swap_out_refusals:,} recomputed for lack of room)")
+    if (x := s.kv_transfer) is not None:
+        lines.append(f"KV transfers: {x.requests:,}, {x.mb_per_request_mean:,.1f} MB each per GPU on average; "
+                     f"{x.total_ms.mean:,.2f} ms mean, {x.total_ms.p99:,.2f} ms P99 (send {x.send_ms.mean:,.2f} + "
+                     f"wire {x.wire_ms.mean:,.2f} + load {x.load_ms.mean:,.2f} ms)")
     if g.slo_met is not None:
         checks = ", ".join(f"{k.target} {k.observed_ms:,.1f} {'<=' if k.met else '>'} {k.limit_ms:g}" for k in g.checks)
         lines.append(f"SLO {'MET' if g.slo_met else 'MISSED'}: goodput {g.requests_per_s:,.2f} req/s = {g.share:.1%} "
@@ -701,8 +716,9 @@ def cmd_plan(args: argparse.Namespace) -> None:
         args.model, workload, args.rate_per_s, slo, hardware=_csv(args.hardware),
         max_gpus_per_replica=args.max_gpus_per_replica, budget_usd_per_hour=args.budget_usd_per_hour,
         weight_dtypes=_csv(args.weight_dtypes), kv_dtypes=_csv(args.kv_dtypes), engine=args.engine, headroom=args.headroom,
-        confidence=args.confidence, max_quality_loss_pct=args.max_quality_loss_pct,
-        prefix_caching=args.enable_prefix_caching, widen=True, requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
+        confidence=args.confidence, max_quality_loss_pct=args.max_quality_loss_pct, pd_ratios=args.pd_ratios,
+        offload=args.offload, prefix_caching=args.enable_prefix_caching, widen=True,
+        requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
         cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
     )
     if args.json:
@@ -767,6 +783,13 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
         table(f"top {min(10, len(r.ranked))} of {len(r.ranked)} candidates that meet the SLO (latency ms at the "
               "per-replica load sized with headroom)", r.ranked[:10])
         table(f"cost vs {r.pareto_metric} Pareto front", r.pareto)
+    if r.pd_comparison:
+        t = Table(title="prefill/decode disaggregation vs colocated, per hardware")
+        for col in ("hardware", "winner", "why"):
+            t.add_column(col)
+        for c in r.pd_comparison:
+            t.add_row(c.hardware, c.winner, c.reason)
+        console.print(t)
     t = Table(title="each hardware's answer: its cheapest candidate that meets the SLO, else its closest (all in --json)")
     for col in ("hardware", "candidate", "US$/h", "verdict"):
         t.add_column(col, justify="right" if col == "US$/h" else "left")
@@ -874,20 +897,24 @@ def cmd_validate(args: argparse.Namespace) -> None:
     t = Table(title=f"{report.model}: simulator vs engine on {report.hardware_profile} "
                     f"(signed error %, calibration fit residual {report.fit_median_abs_error_pct:.1f} %)")
     columns = ["ttft_ms.mean", "ttft_ms.p99", "tpot_ms.mean", "itl_ms.p99", "e2e_ms.mean",
-               "throughput.output_tokens_per_s", "prefix_cache_hit_rate", "preemptions"]
+               "throughput.output_tokens_per_s", "prefix_cache_hit_rate", "preemptions", "kv_transfer.total_ms.mean"]
     t.add_column("workload")
     for col in columns:
-        t.add_column(col.replace("throughput.", "").replace("_ms", ""), justify="right")
+        t.add_column(col.replace("throughput.", "").replace("kv_transfer.total_ms", "transfer").replace("_ms", ""),
+                     justify="right")
     for row in report.rows:
-        t.add_row(row.scenario, *("n/a" if row.error_pct[c] is None else f"{row.error_pct[c]:+.1f}" for c in columns))
+        t.add_row(row.scenario, *("-" if c not in row.error_pct else "n/a" if row.error_pct[c] is None
+                                  else f"{row.error_pct[c]:+.1f}" for c in columns))
     console.print(t)
     if report.tensor_parallel > 1:
         console.print("communication share of step time, engine rank 0 vs simulator: " + ", ".join(
             f"{r.scenario} {_pct(r.engine.utilisation.communication_share)} vs "
             f"{_pct(r.simulator.utilisation.communication_share)}" for r in report.rows))
-    for metric, bound in report.bounds_pct.items():
-        value = report.median_abs_error_pct[metric]
-        console.print(f"median |error| {metric}: {value:.1f} % (bound {bound:g} %) {'ok' if value <= bound else 'MISSED'}")
+    for group, values in {"all workloads": report.median_abs_error_pct, **report.median_abs_error_pct_by_group}.items():
+        for metric, bound in report.bounds_pct.items():
+            value = values[metric]
+            console.print(f"median |error| {metric}, {group}: {value:.1f} % (bound {bound:g} %) "
+                          f"{'ok' if value <= bound else 'MISSED'}")
     if not report.passed:
         raise SystemExit(1)
 

@@ -24,6 +24,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.core.kv_cache_manager import PrefixCacheStats
+from engine.core.kv_tiers import TierStats
 from engine.core.metrics import RequestMetrics, StepSample
 from planner.specs import SLO
 
@@ -31,6 +32,17 @@ TIMESERIES_POINTS = 120
 # Published figures and prediction bands are grouped so: rates, time to first token, time between
 # tokens (TPOT and ITL), whole-request latency.
 MetricFamily = Literal["throughput", "ttft", "tpot_itl", "e2e"]
+
+
+@dataclass(frozen=True)
+class KVTransferRecord:
+    """One request's prompt KV moved from its prefill to its decode instance (disaggregation)."""
+
+    nbytes: float  # what each GPU of the prefill instance sends (a CPU engine: the whole)
+    num_blocks: int
+    send_s: float  # prefill engine time putting it on its way (0 for DMA/RDMA)
+    wire_s: float  # on its way: from the end of the send to the decode side taking it in
+    load_s: float  # decode engine time copying it into its cache (0 for DMA/RDMA)
 
 
 @dataclass
@@ -51,6 +63,8 @@ class RunRecord:
     # Seconds of the replicas' steps spent communicating, as one GPU (rank 0) sees it; None where
     # nothing measured or priced it (a one-process engine).
     comm_s: float | None = None
+    offload: TierStats | None = None  # summed over replicas; None without offload tiers
+    transfers: list[KVTransferRecord] | None = None  # None without disaggregation
 
 
 @dataclass(frozen=True)
@@ -159,6 +173,28 @@ class TimeSeries(_Out):
     batch_tokens: list[float] = Field(description="Tokens per step, summed over replicas")
 
 
+class TransferStats(_Out):
+    """Prompt KV moved from prefill to decode instances, per request."""
+
+    requests: int = Field(description="Transfers (requests with more than one prompt token)")
+    mb_per_request_mean: float = Field(description="Mean MB (1e6 bytes) each GPU of a prefill instance sent per request")
+    total_ms: LatencyStats = Field(description="send + wire + load")
+    send_ms: LatencyStats = Field(description="Prefill engine time putting the KV on its way (0 for DMA/RDMA)")
+    wire_ms: LatencyStats = Field(description="From the end of the send to the decode side taking it in, link queueing included")
+    load_ms: LatencyStats = Field(description="Decode engine time copying it into its cache (0 for DMA/RDMA)")
+
+
+class OffloadStats(_Out):
+    """The offload tiers over the run, all replicas."""
+
+    host_hit_tokens: int = Field(description="Prompt tokens found in the host tier (copied back, not recomputed)")
+    disk_hit_tokens: int = Field(description="Prompt tokens found in the disk tier")
+    stored_blocks: int = Field(description="Blocks copied device -> host: evicted prefix blocks and swap-outs")
+    demoted_blocks: int = Field(description="Blocks the host tier moved on to disk")
+    loaded_host_blocks: int = Field(description="Blocks copied host -> device: prefix hits and swap-ins")
+    loaded_disk_blocks: int
+    swapped_out_requests: int = Field(description="Preemptions by swap")
+    swap_out_refusals: int = Field(description="Preemptions that recomputed because the host tier had no room")
 class PredictionInterval(_Out):
     """Where a measurement of each figure would likely fall: the prediction times the P10 and P90 of
     measured / predicted over published figures whose source the fit never saw."""
@@ -191,7 +227,8 @@ class RunSummary(_Out):
     mean_batch_requests: float | None = Field(
         None, description="Mean requests per engine step over all steps of all replicas (None: steps unseen, a client's view)")
     goodput: Goodput
-    prefix_cache_hit_rate: float = Field(description="Prompt tokens served from the prefix cache / prompt tokens looked up")
+    prefix_cache_hit_rate: float = Field(description="Prompt tokens served from the prefix cache (device memory and "
+                                         "any offload tier) / prompt tokens looked up")
     prefix_cache_hit_tokens: int
     preemptions: int
     num_steps: int
@@ -200,16 +237,21 @@ class RunSummary(_Out):
     cost: Cost
     timeseries: TimeSeries
     assumptions: dict[str, object] = Field(description="Every figure the run's timing model used")
+    offload: OffloadStats | None = Field(None, description="Offload tiers (host, disk, swap); None without them")
+    kv_transfer: TransferStats | None = Field(None, description="Prefill-to-decode KV transfers; None without disaggregation")
     prediction_interval: PredictionInterval | None = Field(
         None, description="Simulated GPU runs with a public fit: the likely range of each figure if measured")
 
     def figure(self, path: str) -> float | None:
         """The figure at a dotted path, e.g. 'ttft_ms.p99', 'throughput.output_tokens_per_s',
-        'preemptions': the one way reports, comparisons and validations read a summary."""
+        'preemptions': the one way reports, comparisons and validations read a summary; None where
+        the run lacks the figure or its section."""
         value: object = self
         for part in path.split("."):
             value = getattr(value, part)
-        return None if value is None else float(value)  # type: ignore[arg-type]
+            if value is None:  # a section the run does not have (kv_transfer without disaggregation)
+                return None
+        return float(value)  # type: ignore[arg-type]
 
 
 def latency_stats_ms(values_s: Sequence[float] | np.ndarray) -> LatencyStats:
@@ -273,7 +315,7 @@ def summarize(
         mean_batch_requests=float(np.mean([s.num_running for s in record.samples])) if record.samples else None,
         goodput=_goodput(reqs, stats, slo, duration),
         prefix_cache_hit_rate=record.prefix_cache.hit_rate,
-        prefix_cache_hit_tokens=record.prefix_cache.hit_tokens,
+        prefix_cache_hit_tokens=record.prefix_cache.all_hit_tokens,
         preemptions=record.num_preemptions,
         num_steps=record.num_steps,
         kv_cache_blocks_total=record.kv_cache_blocks_total,
@@ -281,6 +323,27 @@ def summarize(
         cost=_cost(pricing, throughput),
         timeseries=_timeseries(record.samples, record.num_replicas, start, end),
         assumptions=assumptions,
+        offload=_offload(record.offload, record.prefix_cache),
+        kv_transfer=_transfers(record.transfers),
+    )
+
+
+def _offload(tiers: TierStats | None, prefix: PrefixCacheStats) -> OffloadStats | None:
+    if tiers is None:
+        return None
+    return OffloadStats(host_hit_tokens=prefix.host_hit_tokens, disk_hit_tokens=prefix.disk_hit_tokens, **vars(tiers))
+
+
+def _transfers(records: list[KVTransferRecord] | None) -> TransferStats | None:
+    if records is None:
+        return None
+    return TransferStats(
+        requests=len(records),
+        mb_per_request_mean=float(np.mean([r.nbytes for r in records]) / 1e6) if records else 0.0,
+        total_ms=latency_stats_ms([r.send_s + r.wire_s + r.load_s for r in records]),
+        send_ms=latency_stats_ms([r.send_s for r in records]),
+        wire_ms=latency_stats_ms([r.wire_s for r in records]),
+        load_ms=latency_stats_ms([r.load_s for r in records]),
     )
 
 

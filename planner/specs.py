@@ -17,7 +17,8 @@ from engine.errors import InputError, from_validation_error
 from engine.knobs import Knob
 from planner.quality import DEFAULT_MAX_QUALITY_LOSS_PCT, NO_QUALITY_LIMIT_PCT
 
-__all__ = ["SLO", "Deployment", "Dtype", "EngineKnobs", "HardwareProfile", "MemoryQuery", "PlanSettings", "Spec", "WorkloadOverrides"]
+__all__ = ["SLO", "Deployment", "Disaggregation", "Dtype", "EngineKnobs", "HardwareProfile", "MemoryQuery", "MemoryTier",
+           "PlanSettings", "Spec", "WorkloadOverrides"]
 
 
 class Spec(BaseModel):
@@ -110,6 +111,21 @@ class Link(Spec):
         "priced from bandwidth_gb_s and latency_us (ring algorithm)")
 
 
+MAX_TIER_GIB = 1 << 24  # 16 PiB per device: beyond any host memory or disk
+
+
+class MemoryTier(Spec):
+    """Memory beside a device that the engine copies KV blocks to and back: host DRAM over the host
+    link, or a local NVMe disk. Per device; rates are achieved ones (measured, or a datasheet's
+    sequential rate), used as they are."""
+
+    name: str = Field(max_length=200, description="What it is, e.g. 'DDR5 over PCIe Gen5 x16', 'NVMe U.2 (PCIe Gen4)'")
+    capacity_gib: float = Field(gt=0, le=MAX_TIER_GIB, description="Capacity per device, GiB")
+    write_gb_s: float = _bandwidth("Device to tier, GB/s per device")
+    read_gb_s: float = _bandwidth("Tier to device, GB/s per device")
+    latency_us: float = Field(ge=0, le=MAX_LATENCY_US, description="Fixed cost of one step's batch of copies, microseconds")
+
+
 class Efficiencies(Spec):
     """Achieved fraction of datasheet peaks, used until a calibration overrides them."""
 
@@ -154,6 +170,9 @@ class HardwareProfile(Spec):
     scale_up: Link | None = Field(None, description="Intra-node device-to-device link (NVLink, xGMI, ICI); None if PCIe only")
     scale_out: Link | None = Field(None, description="Inter-node network per device")
     pcie: Link | None = Field(None, description="Host link")
+    host_memory: MemoryTier | None = Field(
+        None, description="Host memory for KV blocks (offload tier, swap space), reached over the host link; None: no figures")
+    local_disk: MemoryTier | None = Field(None, description="Local disk for KV blocks behind host memory; None: no figures")
     graph_capture: bool = Field(
         False, description="The engine can capture a decode step as one graph and replay it (CUDA/HIP graphs)"
     )
@@ -222,6 +241,30 @@ _COMPUTE_FALLBACK: dict[str, tuple[str, ...]] = {
 # The engine a deployment runs when none is named: the most widely used, its current release line.
 DEFAULT_ENGINE = "vllm-0.11"
 
+KVLink = Literal["auto", "scale_up", "scale_out", "pcie"]
+
+
+class Disaggregation(Spec):
+    """Prefill/decode disaggregation, xPyD: each replica is x prefill and y decode instances, each
+    of the deployment's parallelism; a router sends a request to a prefill instance, which computes
+    its prompt, then to a decode instance, which receives the prompt's KV and generates."""
+
+    prefill_instances: Annotated[int, Knob("--prefill-instances", "Prefill instances (x of xPyD)")] = Field(
+        1, ge=1, le=1024, description="Prefill instances per replica")
+    decode_instances: Annotated[int, Knob("--decode-instances", "Decode instances (y of xPyD)")] = Field(
+        1, ge=1, le=1024, description="Decode instances per replica")
+    kv_link: Annotated[KVLink, Knob("--kv-link", "KV transfer link")] = Field(
+        "auto", description="The link prompt KV moves over: auto (the scale-up domain when a replica's instances fit "
+        "in it, else scale-out; a CPU's shared memory), or one of the profile's links")
+
+    @property
+    def label(self) -> str:
+        return f"{self.prefill_instances}P{self.decode_instances}D"
+
+    @property
+    def instances(self) -> int:
+        return self.prefill_instances + self.decode_instances
+
 
 class Deployment(Spec):
     """How one model is served: hardware, parallelism, precision and engine settings."""
@@ -256,6 +299,8 @@ class Deployment(Spec):
         "(overheads api_request_ms, api_step_us, api_token_us) are priced; off for in-process runs (the LLM class, "
         "`engine bench`)")
     knobs: EngineKnobs = Field(default_factory=EngineKnobs)
+    disaggregation: Disaggregation | None = Field(
+        None, description="Separate prefill and decode instances (xPyD) per replica; None: every instance does both")
 
     @model_validator(mode="after")
     def _ep_within_replica(self) -> Deployment:
@@ -272,8 +317,18 @@ class Deployment(Spec):
         return self.tensor_parallel * self.pipeline_parallel * self.context_parallel
 
     @property
+    def instances_per_replica(self) -> int:
+        """Engine instances a replica is made of: x + y when disaggregated, else 1."""
+        return self.disaggregation.instances if self.disaggregation is not None else 1
+
+    @property
+    def gpus_per_group(self) -> int:
+        """GPUs of one replica with all its instances: what a replica costs."""
+        return self.gpus_per_replica * self.instances_per_replica
+
+    @property
     def total_gpus(self) -> int:
-        return self.gpus_per_replica * self.replicas
+        return self.gpus_per_group * self.replicas
 
 
 # --------------------------------------------------------------------------- workload overrides
@@ -329,6 +384,10 @@ class MemoryQuery(Spec):
 
 # --------------------------------------------------------------------------- plan
 
+# Prompts this long, on average, make a prefill chunk a visible stall in a colocated decode step:
+# the planner's `pd_ratios: auto` tries disaggregated candidates from here on.
+LONG_PROMPT_TOKENS = 1024
+
 
 class PlanSettings(Spec):
     """The search space and sizing of `serveplan plan` that the CLI and the Plan page share."""
@@ -339,6 +398,14 @@ class PlanSettings(Spec):
         None, gt=0, le=1e9, description="Most US$/h to spend on all replicas (default: no budget)")
     headroom: Annotated[float, Knob("--headroom", "Headroom", "share")] = Field(
         0.1, ge=0, le=100, description="Replicas are sized for rate x (1 + headroom)")
+    pd_ratios: Annotated[str, Knob("--pd-ratios", "Prefill:decode ratios")] = Field(
+        "auto", max_length=200, pattern=r"^(auto|none|[1-9]\d?:[1-9]\d?(,[1-9]\d?:[1-9]\d?)*)$",
+        description="Disaggregated candidates to try beside colocated ones, as x:y prefill:decode instances per "
+        "replica, e.g. 1:1,1:2,2:1; auto: those three when the SLO sets a TPOT or ITL target and prompts average "
+        f"{LONG_PROMPT_TOKENS:,}+ tokens (where prefill chunks stretch decode steps); none: colocated only")
+    offload: Annotated[Literal["auto", "always", "none"], Knob("--offload", "Host KV tier candidates")] = Field(
+        "auto", description="Candidates with a host KV tier of half the host memory the profile lists per GPU, beside "
+        "those without: auto when the workload reuses prompts (shared prefixes, conversations), always, or none")
     confidence: Annotated[float | None, Knob("--confidence", "Confidence", "probability")] = Field(
         None, ge=0.5, le=0.95, description="Size against the pessimistic bound that measurements stay within this "
         "often (from the public fit's held-out errors) instead of the prediction itself (default: the prediction)")
@@ -346,6 +413,15 @@ class PlanSettings(Spec):
         DEFAULT_MAX_QUALITY_LOSS_PCT, ge=0, le=NO_QUALITY_LIMIT_PCT, description=(
             "Leave out weight/KV formats whose published quality loss (weights + KV cache, % of the 16-bit score; "
             "planner/data/quality.yaml) exceeds this; 100 admits every format, even one without a published figure"))
+
+    def ratios(self, slo: SLO, mean_prompt_tokens: float) -> list[tuple[int, int]]:
+        """The (prefill, decode) instance counts to try for this question."""
+        if self.pd_ratios == "none":
+            return []
+        if self.pd_ratios == "auto":
+            tight = slo.tpot_p99_ms or slo.tpot_p50_ms or slo.itl_p99_ms
+            return [(1, 1), (1, 2), (2, 1)] if tight and mean_prompt_tokens >= LONG_PROMPT_TOKENS else []
+        return list(dict.fromkeys(tuple(int(n) for n in pair.split(":")) for pair in self.pd_ratios.split(",")))
 
 
 # --------------------------------------------------------------------------- SLO

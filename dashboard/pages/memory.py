@@ -54,6 +54,13 @@ def render() -> None:
     st.markdown("**Max concurrent sequences vs context length**")
     st.altair_chart(charts.concurrency_curve(curve), width="stretch")
     ui.table(curve, "Max concurrency by context", key="memory.curve")
+    if plan.fits:
+        tiers = state.attempt(lambda: compute.kv_tier_table(dep, plan))
+        st.markdown("**Where KV blocks live**: the device cache, then the offload tiers (host memory, local disk) "
+                    "set by the host and disk KV tier knobs")
+        ui.table(tiers, "KV tiers per replica", key="memory.tiers",
+                 caption="Evicted prefix-cache blocks move to host memory (LRU), then to disk; swapped-out requests "
+                         "wait in host memory. Rates are the profile's, per GPU (docs/offload.md).")
     ui.json_download("Memory plan (JSON, as serveplan memory --json)", plan, "memory-plan.json", key="memory.json")
     ui.assumptions("memory plan", plan.assumptions)
 

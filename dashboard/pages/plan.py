@@ -68,6 +68,17 @@ def _why_not(plans: list[CandidatePlan]) -> pd.DataFrame:
     } for p in plans])
 
 
+def _pd_comparison(result: PlanResult) -> pd.DataFrame:
+    return pd.DataFrame([{
+        "hardware": c.hardware, "winner": c.winner,
+        "colocated": c.colocated.label if c.colocated else None,
+        "colocated US$/h": c.colocated.usd_per_hour if c.colocated else None,
+        "disaggregated": c.disaggregated.label if c.disaggregated else None,
+        "disaggregated US$/h": c.disaggregated.usd_per_hour if c.disaggregated else None,
+        "why": c.reason,
+    } for c in result.pd_comparison])
+
+
 def _show(result: PlanResult) -> None:
     rec = result.recommended
     if rec is None:
@@ -105,6 +116,10 @@ def _show(result: PlanResult) -> None:
         st.altair_chart(charts.pareto(result.ranked, result.pareto, result.pareto_metric), width="stretch")
         ui.table(_candidates_frame(result.ranked), "Candidates that meet the SLO", key="plan.ranked",
                  caption="By US$/h; latencies at the per-replica load each was sized for (with headroom).")
+    if result.pd_comparison:
+        ui.table(_pd_comparison(result), "Prefill/decode disaggregation vs colocated", key="plan.pd",
+                 caption="Per hardware: the best colocated and the best disaggregated (xPyD) candidate, and why the "
+                         "winner won (docs/disaggregation.md).")
     ui.table(_why_not(result.rejected), "Why not: rejected candidates", key="plan.rejected",
              caption="Every other candidate with the reason it lost (memory, SLO, cost or budget).")
     ui.json_download("Whole plan (JSON)", result, "plan.json", key="plan.json")
@@ -147,6 +162,8 @@ def render() -> None:
         prefix_caching = setting_input(state, KNOB["enable_prefix_caching"])
         budget = setting_input(state, PLAN["budget_usd_per_hour"])
         headroom = setting_input(state, PLAN["headroom"], step=0.05)
+        pd_ratios = setting_input(state, PLAN["pd_ratios"])
+        offload = setting_input(state, PLAN["offload"])
         submitted = st.form_submit_button("Run plan", type="primary", icon=":material/play_arrow:")
     # A shared link carries run=true, so the recipient sees the plan without pressing the button.
     state.bind("run", False)
@@ -168,7 +185,7 @@ def render() -> None:
         model, workload, work.rate_per_s, slo, profiles, max_gpus, budget,
         # The default formats as the CLI's default: fp8 weights only where the hardware has them.
         None if set(weights) == set(DEFAULT_WEIGHT_DTYPES) else tuple(weights), tuple(kvs), knobs, headroom,
-        quality_loss, prefix_caching, work.requests))
+        quality_loss, prefix_caching, work.requests, pd_ratios, offload))
     _show(result)
 
 

@@ -5,6 +5,7 @@ Shared by the PyTorch engine and the planner's simulator; imports only the stand
 
 from engine.core.block_pool import BlockPool, KVCacheBlock
 from engine.core.kv_cache_manager import KVCacheManager, PrefixCacheStats, hash_block_tokens
+from engine.core.kv_tiers import BlockCopy, ExternalLoad, KVTiers, KVTransfers, TierStats
 from engine.core.metrics import RequestMetrics, StepSample
 from engine.core.request import BlockHash, Request, RequestStatus, SamplingParams, StructuredOutput
 from engine.core.request_queue import FCFSQueue, PriorityQueue, RequestQueue
@@ -20,13 +21,17 @@ from engine.core.speculative import Proposer, SpecStats, draft_budget
 from engine.core.step_loop import ExecutedStep, Executor, LaunchedStep, StepLoop
 
 __all__ = [
+    "BlockCopy",
     "BlockHash",
     "BlockPool",
     "ExecutedStep",
     "Executor",
+    "ExternalLoad",
     "FCFSQueue",
     "KVCacheBlock",
     "KVCacheManager",
+    "KVTiers",
+    "KVTransfers",
     "LaunchedStep",
     "PrefixCacheStats",
     "PriorityQueue",
@@ -46,6 +51,7 @@ __all__ = [
     "StepLoop",
     "StepSample",
     "StructuredOutput",
+    "TierStats",
     "draft_budget",
     "hash_block_tokens",
 ]

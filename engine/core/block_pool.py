@@ -4,7 +4,7 @@ prefix-cache map from block hash to block. Block ids only; the tensors live in t
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from engine.core.request import BlockHash, Request
@@ -32,11 +32,15 @@ class BlockPool:
     while free, and a never-used one cannot be hit, so no block ever moves between the parts.
     """
 
-    def __init__(self, num_blocks: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, enable_caching: bool,
+                 on_evict: Callable[[BlockHash, int], None] | None = None) -> None:
+        """`on_evict(hash, block_id)` hears of a cached block about to be reused, while its KV is
+        still intact (an offload tier copies it out)."""
         if num_blocks < 1:
             raise ValueError(f"num_blocks={num_blocks} is invalid: must be >= 1")
         self.num_blocks = num_blocks
         self.enable_caching = enable_caching
+        self.on_evict = on_evict
         self.blocks: list[KVCacheBlock] = []  # every block handed out so far; blocks[i].block_id == i
         self._uncached_free: list[KVCacheBlock] = []  # a stack: the head of the queue is its end
         # OrderedDict gives O(1) removal from the middle when a cache hit revives a free block.
@@ -71,6 +75,8 @@ class BlockPool:
             else:
                 _, block = self._cached_free.popitem(last=False)
                 if block.block_hash is not None:  # None only after reset_prefix_cache
+                    if self.on_evict is not None:
+                        self.on_evict(block.block_hash, block.block_id)
                     self._evict(block, block.block_hash)
             block.ref_cnt = 1
             out.append(block)

@@ -1,4 +1,5 @@
-"""Maps requests to KV blocks: allocation, prefix-cache lookup and release."""
+"""Maps requests to KV blocks: allocation, prefix-cache lookup and release; with offload tiers,
+the copies between device blocks and host or disk slots that each step needs (engine/core/kv_tiers.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from engine.core.block_pool import BlockPool, KVCacheBlock
+from engine.core.kv_tiers import BlockCopy, ExternalLoad, KVTiers, KVTransfers, Tier, TierStats
 from engine.core.request import BlockHash, Request
 
 # Parent of a request's first block: a fixed int keeps hashes identical across processes
@@ -25,24 +27,46 @@ class PrefixCacheStats:
 
     num_queries: int = 0  # admissions
     query_tokens: int = 0
-    hit_tokens: int = 0
+    hit_tokens: int = 0  # found in device memory
+    host_hit_tokens: int = 0  # found in the host tier (copied back to the device)
+    disk_hit_tokens: int = 0  # found in the disk tier
+
+    @property
+    def all_hit_tokens(self) -> int:
+        return self.hit_tokens + self.host_hit_tokens + self.disk_hit_tokens
 
     @property
     def hit_rate(self) -> float:
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+        """Share of looked-up prompt tokens found anywhere: device, host or disk."""
+        return self.all_hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+    def __add__(self, other: PrefixCacheStats) -> PrefixCacheStats:
+        return PrefixCacheStats(*(a + b for a, b in zip(vars(self).values(), vars(other).values(), strict=True)))
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
+                 host_blocks: int = 0, disk_blocks: int = 0) -> None:
+        """`host_blocks`, `disk_blocks`: slots of the offload tiers (0: none). The host tier keeps
+        evicted prefix-cache blocks and swapped-out requests; the disk tier keeps what the host
+        tier evicts."""
         if block_size < 1:
             raise ValueError(f"block_size={block_size} is invalid: must be >= 1")
+        for name, value in (("host_blocks", host_blocks), ("disk_blocks", disk_blocks)):
+            if value < 0:
+                raise ValueError(f"{name}={value} is invalid: must be >= 0")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
-        self.block_pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.tiers = KVTiers(host_blocks, disk_blocks) if host_blocks or disk_blocks else None
+        offload = self._offload_evicted if self.tiers is not None and enable_prefix_caching else None
+        self.block_pool = BlockPool(num_blocks, enable_prefix_caching, on_evict=offload)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         # How many leading blocks of each request are registered in the prefix cache.
         self.num_cached_blocks: dict[str, int] = {}
         self._stats = PrefixCacheStats()
+        # The step's transfers, in the order the runner must perform them.
+        self._copies: list[BlockCopy] = []
+        self._external: list[ExternalLoad] = []
 
     @property
     def num_blocks(self) -> int:
@@ -59,6 +83,23 @@ class KVCacheManager:
     @property
     def prefix_cache_stats(self) -> PrefixCacheStats:
         return self._stats
+
+    @property
+    def tier_stats(self) -> TierStats | None:
+        return None if self.tiers is None else self.tiers.stats
+
+    def begin_step(self) -> None:
+        """A new schedule(): the previous step's copies have run, so the slots they read are reusable."""
+        if self.tiers is not None:
+            self.tiers.begin_step()
+
+    def take_transfers(self) -> KVTransfers | None:
+        """The copies the step scheduled so far needs, in order; None when there are none."""
+        if not self._copies and not self._external:
+            return None
+        out = KVTransfers(tuple(self._copies), tuple(self._external))
+        self._copies, self._external = [], []
+        return out
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
@@ -79,18 +120,35 @@ class KVCacheManager:
             blocks.append(block)
         return blocks, len(blocks) * self.block_size
 
+    def get_tier_hits(self, request: Request, num_device_blocks: int) -> list[tuple[BlockHash, Tier]]:
+        """The full blocks after the device hit (`num_device_blocks` of them, from
+        get_computed_blocks) that an offload tier holds, in order. Pure lookup."""
+        if self.tiers is None or not self.enable_prefix_caching:
+            return []
+        hits: list[tuple[BlockHash, Tier]] = []
+        for block_hash in request.block_hashes[num_device_blocks:(request.num_tokens - 1) // self.block_size]:
+            tier = self.tiers.lookup(block_hash)
+            if tier is None:
+                break
+            hits.append((block_hash, tier))
+        return hits
+
     def allocate_slots(
         self,
         request: Request,
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock] = (),
         num_lookahead_tokens: int = 0,
+        tier_hits: Sequence[tuple[BlockHash, Tier]] = (),
     ) -> list[int] | None:
         """Make room for `num_new_tokens` (known + draft) after the request's computed tokens
         and the prefix hit `new_computed_blocks`. Returns the ids of newly allocated blocks, or
-        None, changing nothing, when the pool cannot hold them."""
+        None, changing nothing, when the pool cannot hold them. `tier_hits` (at admission, from
+        get_tier_hits; their tokens counted in num_new_tokens) fill the first new blocks by copies."""
         if num_new_tokens < 1:
             raise ValueError(f"request {request.request_id!r}: num_new_tokens={num_new_tokens} must be >= 1")
+        if len(tier_hits) * self.block_size > num_new_tokens:
+            raise ValueError(f"request {request.request_id!r}: {len(tier_hits)} tier hits exceed num_new_tokens={num_new_tokens}")
         bs = self.block_size
         held = self.req_to_blocks.get(request.request_id)
         num_computed = request.num_computed_tokens + len(new_computed_blocks) * bs
@@ -107,32 +165,24 @@ class KVCacheManager:
             held = self.req_to_blocks[request.request_id] = []
             self.num_cached_blocks[request.request_id] = len(new_computed_blocks)
             if self.enable_prefix_caching:
-                self._stats = PrefixCacheStats(
-                    self._stats.num_queries + 1,
-                    self._stats.query_tokens + request.num_tokens,
-                    self._stats.hit_tokens + len(new_computed_blocks) * bs,
-                )
+                disk = sum(1 for _, tier in tier_hits if tier == "disk")
+                self._stats += PrefixCacheStats(1, request.num_tokens, len(new_computed_blocks) * bs,
+                                                (len(tier_hits) - disk) * bs, disk * bs)
             self.block_pool.touch(new_computed_blocks)
             held.extend(new_computed_blocks)
-        elif new_computed_blocks:
+        elif new_computed_blocks or tier_hits:
             raise ValueError(f"request {request.request_id!r}: prefix hits are only taken at admission")
+        slots = self.tiers.pin(tier_hits) if self.tiers is not None and tier_hits else []
         new_block_ids: list[int] = []
         if num_to_allocate > 0:
+            # Evictions here list their copies to the host tier first (on_evict), ahead of the loads below.
             new_blocks = self.block_pool.get_new_blocks(num_to_allocate)
             held.extend(new_blocks)
             new_block_ids = [b.block_id for b in new_blocks]
-
-        if self.enable_prefix_caching:
-            # Registered now, before the forward pass fills them, as vLLM does: a request admitted
-            # later in this same step may hit them, which is sound because the runner writes the
-            # whole batch's KV before attention reads it. Only known tokens are hashed; draft
-            # tokens may be rejected.
-            num_full = min(num_computed + num_new_tokens, request.num_tokens) // bs
-            num_cached = self.num_cached_blocks[request.request_id]
-            if num_full > num_cached:
-                self._update_block_hashes(request)
-                self.block_pool.cache_full_blocks(request, held, num_cached, num_full)
-                self.num_cached_blocks[request.request_id] = num_full
+        if tier_hits:
+            assert self.tiers is not None
+            self._copies += self.tiers.load(tier_hits, slots, new_block_ids[: len(tier_hits)])
+        self._cache_full_blocks(request, held, num_computed + num_new_tokens)
         return new_block_ids
 
     def untouched_decode_steps(self, request: Request) -> int:
@@ -147,7 +197,79 @@ class KVCacheManager:
             steps = min(steps, (self.num_cached_blocks[rid] + 1) * bs - computed - 1)
         return steps
 
+    def _cache_full_blocks(self, request: Request, held: list[KVCacheBlock], num_tokens: int) -> None:
+        """Register the request's full blocks of known tokens among its first `num_tokens`.
+
+        Registered now, before the forward pass (or the step's copies) fill them, as vLLM does: a
+        request admitted later in this same step may hit them, which is sound because the runner
+        performs the step's copies and writes the whole batch's KV before attention reads it. Only
+        known tokens are hashed; draft tokens may be rejected."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = min(num_tokens, request.num_tokens) // self.block_size
+        num_cached = self.num_cached_blocks[request.request_id]
+        if num_full > num_cached:
+            self._update_block_hashes(request)
+            self.block_pool.cache_full_blocks(request, held, num_cached, num_full)
+            self.num_cached_blocks[request.request_id] = num_full
+
+    def load_external(self, request: Request, num_hit_tokens: int, num_external_tokens: int) -> None:
+        """At admission: the blocks of `num_external_tokens` tokens after the prefix hit are filled
+        from outside (a prefill instance's transfer), by the runner's external source."""
+        if not num_external_tokens:
+            return
+        bs = self.block_size
+        first = num_hit_tokens // bs
+        end = -(-(num_hit_tokens + num_external_tokens) // bs)
+        held = self.req_to_blocks[request.request_id]
+        self._external.append(ExternalLoad(request.request_id, first, tuple(b.block_id for b in held[first:end])))
+
+    # ---- swap ------------------------------------------------------------------------------
+
+    def is_swapped(self, request: Request) -> bool:
+        return self.tiers is not None and self.tiers.is_swapped(request.request_id)
+
+    def swap_out(self, request: Request) -> bool:
+        """Preemption by swap: copy the request's computed blocks to the host tier and free its
+        device blocks, keeping its progress. False, changing nothing, when the host tier cannot
+        take them (the caller recomputes instead)."""
+        if self.tiers is None:
+            return False
+        blocks = self.req_to_blocks.get(request.request_id, [])
+        num_filled = -(-request.num_computed_tokens // self.block_size)
+        copies = self.tiers.swap_out(request.request_id, [b.block_id for b in blocks[:num_filled]])
+        if copies is None:
+            return False
+        self._copies += copies
+        self._free_blocks(request)
+        return True
+
+    def allocate_swapped_in(self, request: Request, num_new_tokens: int) -> list[int] | None:
+        """Resume a swapped-out request with `num_new_tokens` to compute: its leading full blocks
+        still cached on the device are taken as they are, the rest copied back from its host slots.
+        Returns its whole block table, or None, changing nothing, when the pool cannot hold it."""
+        assert self.tiers is not None and self.tiers.is_swapped(request.request_id)
+        bs = self.block_size
+        num_computed = request.num_computed_tokens
+        hits = self.get_computed_blocks(request)[0][: num_computed // bs]
+        num_to_allocate = -(-(num_computed + num_new_tokens) // bs) - len(hits)
+        if num_to_allocate > self.block_pool.num_free_blocks - sum(1 for b in hits if b.ref_cnt == 0):
+            return None
+        self.block_pool.touch(hits)
+        held = self.req_to_blocks[request.request_id] = [*hits, *self.block_pool.get_new_blocks(num_to_allocate)]
+        self.num_cached_blocks[request.request_id] = len(hits)
+        num_swapped = self.tiers.num_swapped_blocks(request.request_id)
+        self._copies += self.tiers.swap_in(request.request_id, [(i, held[i].block_id) for i in range(len(hits), num_swapped)])
+        self._cache_full_blocks(request, held, num_computed + num_new_tokens)
+        return [b.block_id for b in held]
+
     def free(self, request: Request) -> None:
+        """Release everything the request holds: device blocks and, if it was swapped out, host slots."""
+        if self.tiers is not None:
+            self.tiers.drop_swapped(request.request_id)
+        self._free_blocks(request)
+
+    def _free_blocks(self, request: Request) -> None:
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_blocks.pop(request.request_id, None)
         if not blocks:
@@ -161,7 +283,15 @@ class KVCacheManager:
         self.block_pool.free_blocks(reversed(blocks))
 
     def reset_prefix_cache(self) -> bool:
-        return self.block_pool.reset_prefix_cache()
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        if self.tiers is not None:
+            self.tiers.clear_cache()
+        return True
+
+    def _offload_evicted(self, block_hash: BlockHash, block_id: int) -> None:
+        assert self.tiers is not None
+        self._copies += self.tiers.offload(block_hash, block_id)
 
     def _update_block_hashes(self, request: Request) -> None:
         """Extend request.block_hashes to every full block of known tokens."""

@@ -14,11 +14,13 @@ from typing import Literal, NamedTuple
 from engine.core.bulk_decodes import NO_BULK, BulkDecodes, BulkShape
 from engine.core.errors import InputError
 from engine.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
+from engine.core.kv_tiers import KVTransfers, TierStats
 from engine.core.request import FINISH_REASONS, Request, RequestStatus, SamplingParams
 from engine.core.request_queue import RequestQueue, make_request_queue
 
 Policy = Literal["fcfs", "priority"]
 Batching = Literal["mixed", "prefill_first"]
+PreemptionMode = Literal["recompute", "swap"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,10 @@ class SchedulerConfig:
     # Multi-step scheduling (vLLM 0.6): a decode-only batch runs this many steps without being
     # rescheduled, and its tokens are delivered together at the end.
     num_scheduler_steps: int = 1
+    # What a preempted request loses: recompute drops its KV (its tokens are prefilled again on
+    # resume); swap copies its blocks to the host tier and back (vLLM V0's swap space), falling
+    # back to recompute when the host tier has no room.
+    preemption_mode: PreemptionMode = "recompute"
 
     def __post_init__(self) -> None:
         for name in ("max_num_batched_tokens", "max_num_seqs", "block_size"):
@@ -77,6 +83,8 @@ class SchedulerConfig:
         if self.num_scheduler_steps > 1 and self.num_speculative_tokens:
             raise InputError("num_scheduler_steps", self.num_scheduler_steps,
                              "must be 1 with speculative decoding (vLLM refuses it too)")
+        if self.preemption_mode not in ("recompute", "swap"):
+            raise InputError("preemption_mode", self.preemption_mode, "must be 'recompute' or 'swap'")
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise InputError("max_num_batched_tokens", self.max_num_batched_tokens,
                              f"must be >= max_num_seqs={self.max_num_seqs}, or running requests cannot all decode in one step")
@@ -119,6 +127,9 @@ class SchedulerOutput:
     # Decodes applied in bulk (only when the scheduler was given a decode_token): one token each,
     # not in `scheduled`, sampling the decode token.
     bulk_decodes: BulkShape = NO_BULK
+    # Copies between device blocks, offload tiers and external KV that the runner performs before
+    # the forward pass (None: nothing to copy, the common case).
+    kv_transfers: KVTransfers | None = None
 
     @property
     def num_prefill_tokens(self) -> int:
@@ -130,7 +141,13 @@ class SchedulerOutput:
 
     @property
     def is_empty(self) -> bool:
+        """No request runs in this step (copies may still be due: has_work)."""
         return not self.scheduled and not self.bulk_decodes.num_requests
+
+    @property
+    def has_work(self) -> bool:
+        """Something for the executor: requests to run, or copies (a swap-out alone) to make."""
+        return not self.is_empty or self.kv_transfers is not None
 
 
 class RequestUpdate(NamedTuple):
@@ -149,6 +166,7 @@ class SchedulerStats:
     num_preemptions: int
     num_steps: int  # non-empty schedules
     prefix_cache: PrefixCacheStats
+    offload: TierStats | None = None  # copies to and from the offload tiers; None without tiers
 
 
 @dataclass
@@ -248,10 +266,10 @@ class Scheduler:
             self._bulk.leave(request)
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
-            self.kv_cache_manager.free(request)
             self._remaining_outputs -= request.max_tokens - request.num_output_tokens
         else:
             self.waiting.remove(request)
+        self.kv_cache_manager.free(request)  # a swapped-out request holds host slots
         self._finish(request, RequestStatus.FINISHED_ABORTED, now)
         return True
 
@@ -261,6 +279,7 @@ class Scheduler:
         if self._pending is not None:
             raise RuntimeError("schedule() called again before update() consumed the previous output")
         self._check_drafts()
+        self.kv_cache_manager.begin_step()
         step = _StepState(budget=self.config.max_num_batched_tokens)
         if self._group_steps_left:
             self._schedule_running(step)  # the multi-step group goes on: the same decodes, nobody admitted
@@ -286,6 +305,7 @@ class Scheduler:
             num_running=len(self.running),
             kv_cache_usage=self.kv_cache_manager.usage,
             bulk_decodes=bulk,
+            kv_transfers=self.kv_cache_manager.take_transfers(),
         )
         self._finished_ids.clear()
         if self.config.output_reservation is not None:
@@ -427,11 +447,13 @@ class Scheduler:
         undone = step.scheduled.pop(victim.request_id, None)
         if undone is not None:  # priority policy can pick a request already scheduled this step
             step.budget += len(undone.token_ids)
-        # free() reads num_computed_tokens to spot blocks registered but never filled: reset after.
-        self.kv_cache_manager.free(victim)
+        # Both read num_computed_tokens to spot blocks registered but never filled: reset after.
+        swapped = self.config.preemption_mode == "swap" and self.kv_cache_manager.swap_out(victim)
+        if not swapped:
+            self.kv_cache_manager.free(victim)
+            victim.num_computed_tokens = 0  # recompute: output tokens are kept and re-prefilled
         self._remaining_outputs -= victim.max_tokens - victim.num_output_tokens
         victim.status = RequestStatus.PREEMPTED
-        victim.num_computed_tokens = 0  # recompute: output tokens are kept and re-prefilled
         victim.spec_token_ids = []
         victim.num_preemptions += 1
         self._num_preemptions += 1
@@ -445,7 +467,14 @@ class Scheduler:
             request = self.waiting.peek()
             if request is None:
                 return
-            computed_blocks, num_hit = self.kv_cache_manager.get_computed_blocks(request)
+            if self.kv_cache_manager.is_swapped(request):
+                if not self._resume_swapped(request, step):
+                    return
+                continue
+            kv = self.kv_cache_manager
+            computed_blocks, num_device_hit = kv.get_computed_blocks(request)
+            tier_hits = kv.get_tier_hits(request, len(computed_blocks))
+            num_hit = num_device_hit + len(tier_hits) * self.config.block_size
             first_admission = request.first_scheduled_time is None
             # External KV counts only at first admission: a preempted request recomputes it all.
             num_external = max(0, request.num_external_computed_tokens - num_hit) if first_admission else 0
@@ -454,12 +483,17 @@ class Scheduler:
                 if not self.config.enable_chunked_prefill:
                     return
                 num_new = step.budget
-            if self.config.output_reservation is not None and not self._room_for_outputs(request, num_external + num_new):
-                return
-            # The external tokens need KV slots but no compute (and none of the step's budget).
-            new_block_ids = self.kv_cache_manager.allocate_slots(request, num_external + num_new, computed_blocks)
+            num_copied = num_hit - num_device_hit + num_external
+            if self.config.output_reservation is not None:
+                # Blocks this takes from the free pool: new ones, and hits nobody else holds.
+                taken = -(-(num_hit + num_external + num_new) // self.config.block_size) - len(computed_blocks)
+                if not self._room_for_outputs(request, taken + sum(1 for b in computed_blocks if b.ref_cnt == 0)):
+                    return
+            # Tier hits and external tokens need KV slots but no compute (and none of the step's budget).
+            new_block_ids = kv.allocate_slots(request, num_copied + num_new, computed_blocks, tier_hits=tier_hits)
             if new_block_ids is None:
                 return
+            kv.load_external(request, num_hit, num_external)
             self.waiting.pop()
             if first_admission:
                 request.first_scheduled_time = now
@@ -474,14 +508,36 @@ class Scheduler:
             )
             step.budget -= num_new
 
-    def _room_for_outputs(self, request: Request, num_new_tokens: int) -> bool:
-        """Whether admitting `request` (num_new_tokens now) leaves the reserved share of every
-        running request's remaining output, and of its own, free in the KV cache."""
+    def _resume_swapped(self, request: Request, step: _StepState) -> bool:
+        """Bring a swapped-out request back with its KV (copied from the host tier); False when
+        the step has no room for it."""
+        num_new = request.num_tokens - request.num_computed_tokens
+        if num_new > step.budget:
+            if not self.config.enable_chunked_prefill:
+                return False
+            num_new = step.budget
+        taken = -(-(request.num_computed_tokens + num_new) // self.config.block_size)  # at most: some may be cached
+        if self.config.output_reservation is not None and not self._room_for_outputs(request, taken):
+            return False
+        block_table = self.kv_cache_manager.allocate_swapped_in(request, num_new)
+        if block_table is None:
+            return False
+        self.waiting.pop()
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        self._remaining_outputs += request.max_tokens - request.num_output_tokens
+        step.scheduled[request.request_id] = self._scheduled_request(request, num_new, block_table, reset_block_table=True)
+        step.budget -= num_new
+        return True
+
+    def _room_for_outputs(self, request: Request, num_blocks_taken: int) -> bool:
+        """Whether admitting `request` (taking num_blocks_taken free blocks now) leaves the reserved
+        share of every running request's remaining output, and of its own, free in the KV cache."""
         bs = self.config.block_size
         ratio = self._reserve_ratio
         own = request.max_tokens - request.num_output_tokens
         reserved_blocks = -(-int(ratio * (self._remaining_outputs + own)) // bs)
-        return reserved_blocks + -(-num_new_tokens // bs) <= self.kv_cache_manager.num_free_blocks
+        return reserved_blocks + num_blocks_taken <= self.kv_cache_manager.num_free_blocks
 
     def _scheduled_request(
         self, request: Request, num_new: int, block_ids: Sequence[int], reset_block_table: bool
@@ -663,4 +719,5 @@ class Scheduler:
             num_preemptions=self._num_preemptions,
             num_steps=self._num_steps,
             prefix_cache=self.kv_cache_manager.prefix_cache_stats,
+            offload=self.kv_cache_manager.tier_stats,
         )

@@ -34,7 +34,8 @@ class ExecutedStep(NamedTuple):
 
 class Executor(Protocol):
     def execute(self, output: SchedulerOutput) -> ExecutedStep:
-        """Run (or price) one step the scheduler planned."""
+        """Run (or price) one step the scheduler planned: first its KV copies (`output.kv_transfers`,
+        in order), then the forward pass of its scheduled requests."""
         ...
 
     def forget(self, request_ids: Iterable[str]) -> None:
@@ -105,7 +106,7 @@ class StepLoop:
                 self.proposer.forget(output.finished_request_ids)
         if self.spec_stats is not None:
             self.spec_stats.draft_s += start - propose_start
-        if output.is_empty:
+        if not output.has_work:
             return None
         return LaunchedStep(output, self.executor.execute(output), start, rooms, proposed)
 

@@ -71,8 +71,21 @@ class WorkerPool:
 
     def _send(self, method: str, args: tuple[object, ...]) -> list[Any]:
         for conn in self._conns:
-            conn.send((method, args))
+            try:
+                conn.send((method, args))
+            except OSError:  # a rank's end of the pipe is gone: say which rank, not how the pipe broke
+                self._stop_for_a_dead_rank()
+                raise
         return self._gather()
+
+    def _stop_for_a_dead_rank(self) -> None:
+        """If a rank's process has exited, stop the engine naming it: the other ranks' errors
+        (a collective whose peer vanished) are consequences, not causes."""
+        for rank, proc in enumerate(self._procs):
+            if not proc.is_alive():  # polls the process without waiting on a live one
+                self.close()
+                raise RuntimeError(f"tensor-parallel rank {rank} exited (code {proc.exitcode}) "
+                                   "before answering; the engine has stopped")
 
     def close(self) -> None:
         self._close()
@@ -87,14 +100,16 @@ class WorkerPool:
             ready = wait([*pending, *sentinels])
             answered = [conn for conn in ready if conn in pending]
             if not answered:  # a rank exited without answering
-                rank = sentinels[ready[0]]  # type: ignore[index]
-                self.close()
-                raise RuntimeError(f"tensor-parallel rank {rank} exited (code {self._procs[rank].exitcode}) "
-                                   "before answering; the engine has stopped")
+                self._stop_for_a_dead_rank()
             for conn in answered:
                 rank = pending.pop(conn)  # type: ignore[call-overload]
-                status, payload = conn.recv()  # type: ignore[union-attr]
+                try:
+                    status, payload = conn.recv()  # type: ignore[union-attr]
+                except (EOFError, OSError):
+                    self._stop_for_a_dead_rank()
+                    raise
                 if status == "error":
+                    self._stop_for_a_dead_rank()
                     self.close()
                     if isinstance(payload, InputError):
                         raise payload

@@ -46,6 +46,7 @@ from planner.costmodel.operators import (
 from planner.costmodel.params import CostParams
 from planner.engines import EngineProfile, get_engine, resolve_deployment
 from planner.costmodel.shape import GraphPolicy, Number, ShapeReader, StepShape
+from planner.costmodel.transfer import KVCopyModel
 from planner.memory import SAMPLER_COPIES, WEIGHT_BYTES_PER_PARAM, check_parallelism
 from planner.specs import Deployment, HardwareProfile, Link
 
@@ -67,6 +68,7 @@ OPERATORS: tuple[str, ...] = (
     "host",
     "kernel_launch",
     "spec_draft",
+    "kv_copy",
 )
 """Keys of `CostModel.breakdown()`, always all present (0.0 where an operator does not apply)."""
 _DEVICE_OPS = OPERATORS[: OPERATORS.index("host")]
@@ -185,6 +187,11 @@ class CostModel:
                                p.interconnect_efficiency, p.collective_time_scale)) for c in self.ops.comms)
         self._draft = self._draft_model(model, hw, dep)
         self._row_memo: dict[tuple[float, float], _RowTerms] = {}
+        # One KV block on one GPU: its KV heads, its pipeline stage's layers (the largest stage).
+        stage_layers = -(-model.num_layers // dep.pipeline_parallel)
+        assert dep.knobs.block_size_tokens is not None  # resolved above
+        self.copies = KVCopyModel(hw, dep, self.ops.attention.kv_bytes_per_token * stage_layers * dep.knobs.block_size_tokens,
+                                  p.interconnect_efficiency)
 
     # ------------------------------------------------------------------ public API
 
@@ -194,16 +201,18 @@ class CostModel:
 
     def step(self, output: SchedulerOutput) -> StepCost:
         """Seconds, FLOPs and bytes of one engine step, per GPU of the replica."""
+        copy_s = self.copies.step_s(output.kv_transfers)
         if output.is_empty:
-            return NO_COST
-        times, flops, nbytes = self.times(self.reader.read(output), self._draft_cost(output))
+            return StepCost(copy_s, 0.0, 0.0) if copy_s else NO_COST
+        times, flops, nbytes = self.times(self.reader.read(output), self._draft_cost(output), copy_s)
         return StepCost(sum(times), flops, nbytes, sum(times[i] for i in _COMM_INDICES))
 
     def breakdown(self, output: SchedulerOutput) -> dict[str, float]:
         """Seconds per operator (keys: OPERATORS); the values sum to step_time(output)."""
+        copy_s = self.copies.step_s(output.kv_transfers)
         if output.is_empty:
-            return dict.fromkeys(OPERATORS, 0.0)
-        return dict(zip(OPERATORS, self.times(self.reader.read(output), self._draft_cost(output))[0], strict=True))
+            return {**dict.fromkeys(OPERATORS, 0.0), "kv_copy": copy_s}
+        return dict(zip(OPERATORS, self.times(self.reader.read(output), self._draft_cost(output), copy_s)[0], strict=True))
 
     def shape_cost(self, requests: list[tuple[int, int, bool]]) -> StepCost:
         """A step of (query tokens, cached tokens, is_prefill) requests that all sample."""
@@ -235,9 +244,10 @@ class CostModel:
     def prefill_breakdown(self, tokens: int, cached: int = 0) -> dict[str, float]:
         return self.shape_breakdown([(tokens, cached, True)])
 
-    def times(self, s: StepShape, draft: StepCost = NO_COST) -> tuple[tuple[Number, ...], Number, Number]:
+    def times(self, s: StepShape, draft: StepCost = NO_COST, copy_s: Number = 0.0) -> tuple[tuple[Number, ...], Number, Number]:
         """(seconds per operator in OPERATORS order, FLOPs, bytes moved), per GPU, for one step or, with
-        array fields, for many; `draft` is the step's draft-model cost, reported as its own operator."""
+        array fields, for many; `draft` is the step's draft-model cost and `copy_s` its KV copies
+        (offload tiers, received prompt KV), each reported as its own operator."""
         p, ops = self.params, self.ops
         # A replayed graph runs its padded batch through the dense operators; context parallelism gives
         # each GPU 1/cp of the prefill tokens.
@@ -252,13 +262,13 @@ class CostModel:
             launch = self._launch_wait(device, s.graph, r.graph_launch_s)
         else:  # a replayed graph: the same value the blend gives (1 x graph + 0 x eager), without the eager sum
             launch = r.graph_launch_s
-        busy = sum(device) + launch + draft.seconds
+        busy = sum(device) + launch + draft.seconds + copy_s
         host = p.step_overhead_s + p.per_request_overhead_s * s.requests + p.layer_overhead_s * ops.layers
         # Streaming the step's tokens (one per sampled row) through an API server in the engine's process.
         host = host + (p.api_step_s + p.api_token_s * s.sampled_rows) * _present(s.sampled_rows)
         if p.overlap_host:  # the host prepared this step while the previous one ran: only its excess shows
             host = _max(host - busy, 0.0)
-        return (*device, host, launch, draft.seconds), work[0] + r.lm_head_flops, work[1] + r.lm_head_bytes + r.norm_sample_bytes
+        return (*device, host, launch, draft.seconds, copy_s), work[0] + r.lm_head_flops, work[1] + r.lm_head_bytes + r.norm_sample_bytes
 
     def _rows(self, rows: Number, sampled_rows: Number, draft: StepCost) -> _RowTerms:
         """The row terms of a step, memoised for one step without a draft model."""
@@ -320,6 +330,10 @@ class CostModel:
                "process)" if self.params.api_step_s or self.params.api_token_s else "")
             + (", overlapped with the previous step's device work" if self.params.overlap_host else ", after the device work"),
             "an empty step costs 0 s",
+            "KV copies (kv_copy): tier copies in the step before its forward pass at the tier's rate plus its latency "
+            "once per direction; each GPU copies its own shard; between a prefill and a decode instance, KV moves device "
+            "to device over the link (DMA/RDMA, no engine time), or, for a CPU engine, through shared memory copied by "
+            "the engines themselves (planner/costmodel/transfer.py)",
             (f"decode-only steps of <= {self.graph_max} requests replay a captured graph: batch padded to the captured "
              "size (1, 2, 4, multiples of 8) for the dense operators, one launch; LM head, sampling and every other "
              "step run eagerly, each operator taking at least its kernels x kernel_launch_s")
@@ -391,6 +405,7 @@ class CostModel:
             "communication": [
                 {"operator": c.operator, "calls_per_step": c.calls, "payload_bytes_per_row": c.bytes_per_row,
                  "rows": c.rows, "payload_fixed_bytes": c.fixed_bytes, **cost.describe()} for c, cost in self.comms],
+            **self.copies.assumptions(),
             "notes": notes,
         }
 

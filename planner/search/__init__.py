@@ -16,9 +16,11 @@ import logging
 import math
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs, ModelConfig
-from engine.errors import InputError
+from engine.errors import InputError, from_validation_error
 from planner.costmodel.fitted import pessimistic
 from planner.engines import get_engine
 from planner.metrics import RunSummary
@@ -29,19 +31,19 @@ from planner.search.capacity import (
 )
 from planner.search.executors import EXECUTORS, Executor, Runner, progress_bar
 from planner.quality import DEFAULT_MAX_QUALITY_LOSS_PCT, NO_QUALITY_LIMIT_PCT, deployment_loss_pct, within_budget
-from planner.search.report import CandidatePlan, PlanResult, SearchSpace, Verdict, Widening, assemble
+from planner.search.report import CandidatePlan, PDComparison, PlanResult, SearchSpace, Verdict, Widening, assemble
 from planner.search.screen import Shape, screen_candidate
 from planner.search.space import (
     DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, DEFAULT_MAX_GPUS_PER_REPLICA, check_size, checked_dtypes, enumerate_candidates,
-    knobs_label, priced_profiles, weight_dtypes_for,
+    knobs_label, priced_profiles, variants, weight_dtypes_for,
 )
 from planner.search.widen import narrower_than_default, what_to_widen, wider_space
 from planner.slo_capacity import SLOCapacity, slo_capacity
-from planner.specs import DEFAULT_ENGINE, SLO, Deployment, HardwareProfile
+from planner.specs import DEFAULT_ENGINE, SLO, Deployment, HardwareProfile, PlanSettings
 from planner.workload import Workload, get_workload
 
-__all__ = ["DEFAULT_CACHE_DIR", "EXECUTORS", "CandidatePlan", "Executor", "PlanResult", "SearchSpace", "Verdict",
-           "Widening", "plan", "probe_requests", "probe_workload"]
+__all__ = ["DEFAULT_CACHE_DIR", "EXECUTORS", "CandidatePlan", "Executor", "PDComparison", "PlanResult", "SearchSpace",
+           "Verdict", "Widening", "plan", "probe_requests", "probe_workload"]
 
 # Each probe simulates this many requests (or 3 x max_num_seqs); P99 needs a tail, and memory and
 # time grow with the count. A limit of the planner, not a setting.
@@ -70,6 +72,8 @@ def plan(
     knobs_grid: Sequence[EngineKnobs] | None = None,
     engine: str = DEFAULT_ENGINE,
     headroom: float = 0.1,
+    pd_ratios: str = "auto",
+    offload: str = "auto",
     confidence: float | None = None,
     max_quality_loss_pct: float = DEFAULT_MAX_QUALITY_LOSS_PCT,
     prefix_caching: bool | None = None,
@@ -84,9 +88,10 @@ def plan(
     """The cheapest deployment of `model` serving `workload` at `rate_per_s` within `slo`.
 
     `hardware` defaults to every catalog profile with a price; `engine` is the engine profile every
-    candidate runs (its defaults fill the knobs the grid leaves unset). `cache_dir=None` disables the
-    cache. `confidence` sizes against the pessimistic bound of the public fit's held-out errors
-    (planner/costmodel/fitted.py: tighter latency targets, a higher rate). Weight and KV formats
+    candidate runs (its defaults fill the knobs the grid leaves unset). `pd_ratios` and `offload`
+    add disaggregated and host-KV-tier versions of the candidates (PlanSettings says when). `cache_dir=None`
+    disables the cache. `confidence` sizes against the pessimistic bound of the public fit's held-out
+    errors (planner/costmodel/fitted.py: tighter latency targets, a higher rate). Weight and KV formats
     whose published quality loss together exceeds `max_quality_loss_pct` (planner/quality.py; 100:
     no limit) are left out, and the result says which. When nothing is recommended and the space is
     narrower than the default one, `widen` searches the default space too and says what to widen
@@ -112,6 +117,10 @@ def plan(
     _check("confidence", confidence, confidence is None or 0.5 <= confidence <= 0.95, "must be between 0.5 and 0.95")
     _check("max_quality_loss_pct", max_quality_loss_pct, 0 <= max_quality_loss_pct <= NO_QUALITY_LIMIT_PCT,
            f"must be between 0 and {NO_QUALITY_LIMIT_PCT:g} (% of the 16-bit score; {NO_QUALITY_LIMIT_PCT:g}: no limit)")
+    try:
+        settings = PlanSettings(pd_ratios=pd_ratios, offload=offload)
+    except ValidationError as exc:
+        raise from_validation_error(exc) from None
     runner = Runner(capacity_search, executor, workers)
     cfg = resolve_model(model) if isinstance(model, str) else model
     slo = SLO.parse(slo) if isinstance(slo, str) else slo
@@ -139,6 +148,9 @@ def plan(
                                                   for k in knobs]
     candidates = enumerate_candidates(cfg, profiles, max_gpus_per_replica, weights, kvs, tried, shape.longest_tokens, engine,
                                       lambda w, k: (w, k) in kept)
+    reuse = base.shared_prefix is not None or base.conversation is not None
+    candidates += variants(candidates, tried[0], settings.ratios(slo, shape.mean_prompt_tokens),
+                           settings.offload == "always" or (settings.offload == "auto" and reuse))
     found = [Searched(c, screen_candidate(c, cfg, shape, q.sizing_slo, q.sized_rate_per_s)) for c in candidates]
     live = sum(s.screen.capacity_bound_per_s is not None for s in found)
     with runner, progress_bar(progress, live, on_progress) as advance:

@@ -100,6 +100,17 @@ class Widening(_Out):
                 f"{r.label} at US${r.usd_per_hour:,.2f}/h")
 
 
+class PDComparison(_Out):
+    """On one hardware: the best colocated candidate against the best disaggregated one, and why
+    the winner won."""
+
+    hardware: str
+    colocated: CandidatePlan | None = Field(description="Cheapest colocated candidate that meets the SLO, else the closest")
+    disaggregated: CandidatePlan | None = Field(description="The same among disaggregated (xPyD) candidates")
+    winner: Literal["colocated", "disaggregated", "neither"]
+    reason: str
+
+
 class PlanResult(_Out):
     """`serveplan plan --json`: the recommendation, the ranking, the Pareto front and every rejection."""
 
@@ -127,6 +138,8 @@ class PlanResult(_Out):
     quality: str | None = Field(None, description="What the recommendation's formats cost in quality, with sources")
     space: SearchSpace | None = None
     widening: Widening | None = Field(None, description="When nothing is recommended in a narrowed space: what to widen")
+    pd_comparison: list[PDComparison] = Field(
+        [], description="Per hardware with disaggregated candidates: colocated vs disaggregated, and why one wins")
     candidates: int
     simulated_candidates: int
     probes: int
@@ -262,9 +275,64 @@ def assemble(q: Question, shape: Shape, found: list[Searched], space: SearchSpac
         capacity=capacity(recommended) if recommended is not None else None,
         quality=describe_quality(rec_dep.weight_dtype, rec_dep.kv_dtype) if rec_dep is not None else None,
         space=space.model_copy(update={"outcomes": outcomes}),
+        pd_comparison=pd_comparison(list(plans.values()), shape),
         candidates=len(found), simulated_candidates=len(simulated), probes=sum(len(o.probes) for o in simulated),
         assumptions=_assumptions(q, shape, space),
     )
+
+
+def _best(plans: list[CandidatePlan]) -> CandidatePlan | None:
+    """The cheapest that meets the SLO, else the closest miss."""
+    feasible = [p for p in plans if p.usd_per_hour is not None]
+    if feasible:
+        return min(feasible, key=lambda p: (p.usd_per_hour, p.ttft_p99_ms or 0.0, p.label))
+    return min(plans, key=_closeness, default=None)
+
+
+def pd_comparison(plans: list[CandidatePlan], shape: Shape) -> list[PDComparison]:
+    """For each hardware that had disaggregated candidates: which kind wins, and why."""
+    out = []
+    for hw in dict.fromkeys(p.deployment.hardware for p in plans if p.deployment.disaggregation is not None):
+        mine = [p for p in plans if p.deployment.hardware == hw]
+        colocated = _best([p for p in mine if p.deployment.disaggregation is None])
+        split = _best([p for p in mine if p.deployment.disaggregation is not None])
+        winner, reason = _pd_reason(colocated, split, shape)
+        out.append(PDComparison(hardware=hw, colocated=colocated, disaggregated=split, winner=winner, reason=reason))
+    return out
+
+
+def _pd_reason(colocated: CandidatePlan | None, split: CandidatePlan | None,
+               shape: Shape) -> tuple[Literal["colocated", "disaggregated", "neither"], str]:
+    """The winner by cost (a tie goes to colocated: fewer moving parts), and the facts behind it:
+    requests/s each GPU serves within the SLO, and TPOT P99 at that load (prefill chunks in
+    colocated decode steps are what disaggregation removes)."""
+    def served(p: CandidatePlan) -> str:
+        assert p.sustained_rate_per_s is not None
+        per_gpu = p.sustained_rate_per_s / p.deployment.gpus_per_group
+        return (f"{p.replicas} x {p.label}: US${p.usd_per_hour:,.2f}/h, {per_gpu:,.3g} req/s per GPU within the SLO, "
+                f"TPOT P99 {p.tpot_p99_ms:,.1f} ms there")
+
+    prompts = f"prompts average {shape.mean_prompt_tokens:,.0f} tokens for {shape.mean_output_tokens:,.0f} output tokens"
+    best = {"colocated": colocated, "disaggregated": split}
+    meets = {kind: p for kind, p in best.items() if p is not None and p.usd_per_hour is not None}
+    if not meets:
+        return "neither", "neither meets the SLO; " + "; ".join(
+            f"{kind}: {p.reason if p else 'no candidate'}" for kind, p in best.items())
+    winner: Literal["colocated", "disaggregated"] = min(
+        meets, key=lambda kind: (meets[kind].usd_per_hour, kind != "colocated"))  # type: ignore[arg-type, return-value]
+    loser = "disaggregated" if winner == "colocated" else "colocated"
+    win, lose = meets[winner], best[loser]
+    head = "disaggregation wins" if winner == "disaggregated" else "colocated wins"
+    if loser not in meets:
+        return winner, f"{head}: {served(win)}; {loser} misses the SLO ({lose.reason if lose else 'no candidate'}); {prompts}"
+    assert lose is not None
+    if lose.usd_per_hour == win.usd_per_hour:
+        return winner, f"a tie on cost, colocated kept (fewer moving parts): {served(win)}; vs {served(lose)}; {prompts}"
+    why = ("each prefill chunk a colocated decode step carries stretches every running request's TPOT, so colocated "
+           "replicas must run emptier" if winner == "disaggregated" else
+           "the prefill chunks cost colocated decodes less than separate pools cost in instances that wait on each "
+           "other and in KV transfers")
+    return winner, f"{head}: {served(win)}, vs {served(lose)}; {prompts}: {why}"
 
 
 def _nearest_miss(ranked: list[CandidatePlan], rejected: list[CandidatePlan], budget: float | None) -> str:

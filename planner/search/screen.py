@@ -96,10 +96,13 @@ def screen_candidate(c: Candidate, model: ModelConfig, shape: Shape, slo: SLO, s
     # Unloaded latency is a floor: queueing and batching only add to it. Quantiles use the lower
     # order statistic and prompts without any cacheable prefix, so the floor stays a floor.
     ratios, misses = [], []
+    disagg = c.dep.disaggregation
     if "ttft" in limits:
         limit, q = limits["ttft"]
         tokens = int(np.quantile(shape.new_prompt_tokens, q, method="lower"))
         ttft_ms = 1e3 * sum(cm.prefill_time_s(min(chunk, tokens - done), done) for done in range(0, tokens, chunk))
+        if disagg is not None:  # then the transfer, and the decode instance's step that computes the last token
+            ttft_ms += 1e3 * (_transfer_s(cm, tokens) + cm.decode_time_per_token_s(1, max(1, tokens - 1)))
         ratios.append(ttft_ms / limit)
         if ttft_ms > limit:
             misses.append(f"TTFT of the {q:.0%} request {ttft_ms:,.0f} ms > {limit:g}")
@@ -127,6 +130,17 @@ def screen_candidate(c: Candidate, model: ModelConfig, shape: Shape, slo: SLO, s
             lo, hi = (mid, hi) if cm.decode_time_per_token_s(mid, context) <= limit_s else (lo, mid - 1)
         batch = lo
     decode_s_per_token = cm.decode_time_per_token_s(batch, context) / batch
-    capacity = 1.0 / (shape.mean_new_prompt_tokens * prefill_s_per_token + shape.mean_output_tokens * decode_s_per_token)
+    prefill_s = shape.mean_new_prompt_tokens * prefill_s_per_token
+    decode_s = shape.mean_output_tokens * decode_s_per_token
+    if disagg is None:
+        capacity = 1.0 / (prefill_s + decode_s)
+    else:  # the slower pool bounds a replica; each request's prompt and decode run on instances of their own
+        capacity = min(disagg.prefill_instances / prefill_s, disagg.decode_instances / decode_s)
     return Screen(capacity_bound_per_s=capacity,
                   min_replicas=max(1, math.ceil(sized_rate_per_s / (capacity * CAPACITY_SLACK))))
+
+
+def _transfer_s(cm: CostModel, prompt_tokens: int) -> float:
+    """A prompt's KV from its prefill to its decode instance: engine copies and the link."""
+    blocks = -(-(prompt_tokens - 1) // cm.copies.block_size_tokens)
+    return cm.copies.send_s(blocks) + cm.copies.wire_s(blocks) + cm.copies.receive_s(blocks)

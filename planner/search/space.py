@@ -14,7 +14,7 @@ from engine.errors import InputError
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
 from planner.engines import resolve_deployment
-from planner.specs import Deployment, Dtype, HardwareProfile, PlanSettings
+from planner.specs import Deployment, Disaggregation, Dtype, HardwareProfile, PlanSettings
 
 DEFAULT_KV_DTYPES: tuple[Dtype, ...] = ("bf16", "fp8")
 DEFAULT_MAX_GPUS_PER_REPLICA: int = PlanSettings.model_fields["max_gpus_per_replica"].default
@@ -42,8 +42,10 @@ class Candidate:
         d = self.dep
         par = f"tp{d.tensor_parallel}" + (f" pp{d.pipeline_parallel}" if d.pipeline_parallel > 1 else "") + (
             f" ep{d.expert_parallel}" if d.expert_parallel > 1 else "")
+        extras = (f" {d.disaggregation.label}" if d.disaggregation is not None else "") + (
+            f" host-kv{d.knobs.kv_offload_host_gib:g}G" if d.knobs.kv_offload_host_gib else "")
         return (f"{self.hw.name} {par} w:{d.weight_dtype} kv:{d.kv_dtype} "
-                f"mbt{d.knobs.max_num_batched_tokens} seqs{d.knobs.max_num_seqs}")
+                f"mbt{d.knobs.max_num_batched_tokens} seqs{d.knobs.max_num_seqs}{extras}")
 
     @property
     def price_usd_per_gpu_hour(self) -> float:
@@ -51,7 +53,8 @@ class Candidate:
         return self.hw.price_usd_per_hour
 
     def usd_per_hour(self, replicas: int) -> float:
-        return replicas * self.dep.gpus_per_replica * self.price_usd_per_gpu_hour
+        """A replica is all its instances: x + y of them when disaggregated."""
+        return replicas * self.dep.gpus_per_group * self.price_usd_per_gpu_hour
 
 
 _SHORT = {"max_num_batched_tokens": "mbt", "max_num_seqs": "seqs"}
@@ -161,4 +164,23 @@ def enumerate_candidates(model: ModelConfig, profiles: Sequence[HardwareProfile]
                 if tried[-1].memory.fits:
                     break
             out += tried
+    return out
+
+
+def variants(candidates: Sequence[Candidate], knobs: EngineKnobs, ratios: Sequence[tuple[int, int]],
+             host_tier: bool) -> list[Candidate]:
+    """Disaggregated (xPyD per ratio) and host-KV-tier versions of the candidates that fit with the
+    engine knobs `knobs` (the grid's first: one setting, so the space grows by a few times, not a
+    few times per knob). A host tier holds half the host memory the profile lists per GPU."""
+    out: list[Candidate] = []
+    for c in candidates:
+        if not c.memory.fits or c.dep.knobs != knobs.with_defaults(c.dep.knobs.model_dump()):
+            continue
+        for prefill, decode in ratios:
+            dep = c.dep.model_copy(update={"disaggregation": Disaggregation(prefill_instances=prefill, decode_instances=decode)})
+            out.append(Candidate(c.hw, dep, c.memory))
+        if host_tier and c.hw.host_memory is not None:
+            gib = c.hw.host_memory.capacity_gib * c.dep.gpus_per_replica / 2
+            out.append(Candidate(c.hw, c.dep.model_copy(update={"knobs": c.dep.knobs.model_copy(
+                update={"kv_offload_host_gib": gib})}), c.memory))
     return out

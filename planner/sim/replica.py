@@ -29,6 +29,9 @@ class Replica:
         self.on_finished = on_finished
         self.outstanding_requests = 0
         self.outstanding_tokens = 0  # prompt + output tokens of unfinished requests: what routers balance
+        # Engine time owed once the current step ends (a CPU prefill instance copying a finished
+        # prompt's KV out to its decode instance): the next step starts that much later.
+        self.hold_s = 0.0
         self._wake: simpy.Event | None = None
         loop.on_finished = self._finished
 
@@ -66,3 +69,6 @@ class Replica:
             updates = loop.complete(launched)
             if self.recorder is not None:
                 self.recorder.stepped(self.index, launched.output, updates)
+            if self.hold_s:
+                hold, self.hold_s = self.hold_s, 0.0
+                yield env.timeout(hold)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 import dataclasses
 from dataclasses import dataclass
 
 import simpy
 
 from engine.config import ModelConfig
-from engine.core import KVCacheManager, Request, SamplingParams, Scheduler, StepLoop
+from engine.core import KVCacheManager, Request, SamplingParams, Scheduler, StepLoop, TierStats
 from engine.core.metrics import RequestMetrics
 from engine.core.kv_cache_manager import PrefixCacheStats
 from engine.errors import InputError, unknown_name_error
@@ -18,12 +19,14 @@ from planner.engines import get_engine, resolve_deployment
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import PricingBasis, RunRecord, RunSummary, StepSample, summarize
 from planner.playback import Playback, Replay, Submission, check_lengths
+from planner.sim.disagg import Disaggregated
 from planner.sim.executor import SYNTHETIC_TOKEN_ID, CostModelExecutor
 from planner.sim.frontend import FrontEnd
 from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
 from planner.sim.speculative import SyntheticDrafts
 from planner.sim.trace import RunTrace, TraceRecorder
+from planner.tiers import offload_blocks
 from planner.specs import SLO, Deployment, HardwareProfile
 from planner.workload import Workload
 
@@ -79,6 +82,7 @@ def simulate(
     if memory.kv_cache_blocks < 1:
         raise InputError("deployment", f"{memory.model} on {dep.replicas} x {dep.gpus_per_replica} {hw.name}", memory.reason)
     cost_model = CostModel(model, hw, dep, calibration)
+    host_blocks, disk_blocks = offload_blocks(hw, dep, memory)
     spec = dep.knobs.speculative
     acceptance = None if spec is None else spec.acceptance_probabilities()
     if spec is not None and acceptance is None:
@@ -105,7 +109,7 @@ def simulate(
             due = (wr.arrival_s or 0.0) if gate else sub.due_s
             recorder.submitted(wr.request_id, due, gate, wr.think_time_s if gate else 0.0,
                                request.num_prompt_tokens, wr.output_tokens)
-        api.forward(request, lambda r: replicas[route.choose(r, replicas)].submit(r))
+        api.forward(request, cluster.submit if cluster is not None else lambda r: replicas[route.choose(r, replicas)].submit(r))
 
     def send_later(sub: Submission, gate: str | None):  # noqa: ANN202 (a SimPy process generator)
         yield env.timeout(sub.due_s - env.now)
@@ -126,11 +130,14 @@ def simulate(
             send(sub)
 
     # The executor samples SYNTHETIC_TOKEN_ID for every decode, so the scheduler may apply them in bulk.
-    decode_token = SYNTHETIC_TOKEN_ID if bulk_decodes and not trace and cost_model.reader.reads_bulk_decodes else None
+    # Offload tiers stay one by one: the bulk path's equivalence is proven (tests) without them.
+    decode_token = (SYNTHETIC_TOKEN_ID if bulk_decodes and not trace and not host_blocks
+                    and cost_model.reader.reads_bulk_decodes else None)
 
     def replica(index: int) -> Replica:
         scheduler = Scheduler(sched_config, KVCacheManager(memory.kv_cache_blocks, sched_config.block_size,
-                                                           sched_config.enable_prefix_caching), decode_token)
+                                                           sched_config.enable_prefix_caching, host_blocks, disk_blocks),
+                              decode_token)
         drafts = None if spec is None or acceptance is None else SyntheticDrafts(
             spec.num_speculative_tokens, acceptance, (seed, index), SYNTHETIC_TOKEN_ID, spec.proposal_rate)
         executor = CostModelExecutor(cost_model, drafts)
@@ -138,9 +145,19 @@ def simulate(
         loop = StepLoop(scheduler, executor, lambda: env.now, proposer=drafts, replica=index)
         return Replica(env, loop, on_finished, samples, recorder)
 
-    route = ROUTERS[router]()
     executors: list[CostModelExecutor] = []
-    replicas = [replica(i) for i in range(dep.replicas)]
+    disagg = dep.disaggregation
+    if disagg is None:
+        route = ROUTERS[router]()
+        replicas = [replica(i) for i in range(dep.replicas)]
+        prefilling = replicas  # where prompts are computed: the prefix-cache statistics
+        cluster = None
+    else:
+        n_prefill = dep.replicas * disagg.prefill_instances
+        replicas = [replica(i) for i in range(n_prefill + dep.replicas * disagg.decode_instances)]
+        prefilling = replicas[:n_prefill]
+        cluster = Disaggregated(env, prefilling, replicas[n_prefill:], ROUTERS[router](), ROUTERS[router](),
+                                cost_model.copies, sched_config.block_size, on_finished)
     env.process(arrivals())
     env.run()  # the replicas idle on an event once everything is done, so the queue drains
     if len(finished) != playback.num_requests:
@@ -148,27 +165,25 @@ def simulate(
 
     stats = [r.scheduler.stats() for r in replicas]
     reasons: dict[str, int] = {}
-    for s in stats:
+    for s in stats[len(prefilling) if cluster is not None else 0:]:  # a prefill instance's one token is not the answer
         for reason, n in s.num_finished.items():
             if n:
                 reasons[reason] = reasons.get(reason, 0) + n
     record = RunRecord(
         requests=[RequestMetrics.from_request(r) for r in finished],
         num_submitted=playback.num_requests,
-        num_replicas=dep.replicas,
+        num_replicas=len(replicas),
         samples=samples,
-        prefix_cache=PrefixCacheStats(
-            num_queries=sum(s.prefix_cache.num_queries for s in stats),
-            query_tokens=sum(s.prefix_cache.query_tokens for s in stats),
-            hit_tokens=sum(s.prefix_cache.hit_tokens for s in stats),
-        ),
+        prefix_cache=sum((r.scheduler.stats().prefix_cache for r in prefilling), PrefixCacheStats()),
         num_preemptions=sum(s.num_preemptions for s in stats),
         num_steps=sum(s.num_steps for s in stats),
-        kv_cache_blocks_total=memory.kv_cache_blocks * dep.replicas,
+        kv_cache_blocks_total=memory.kv_cache_blocks * len(replicas),
         flops=sum(e.flops for e in executors) * dep.tensor_parallel,
         bytes=sum(e.bytes for e in executors) * dep.tensor_parallel,
         comm_s=sum(e.comm_s for e in executors),
         finish_reasons=reasons,
+        offload=sum_tier_stats(s.offload for s in stats),
+        transfers=cluster.transfers if cluster is not None else None,
     )
     peak, peak_dtype = hw.peak_flops(cost_model.gemm_dtype)
     pricing = PricingBasis(
@@ -186,8 +201,18 @@ def simulate(
         **cost_model.assumptions(),
         "engine": f"{engine.display_name} ({engine.name})",
         "replicas": dep.replicas,
+        "disaggregation": None if disagg is None else {
+            "instances": disagg.label, "prefill_instances": disagg.prefill_instances * dep.replicas,
+            "decode_instances": disagg.decode_instances * dep.replicas,
+            "rule": "a prefill instance runs each request for one token; its prompt's KV but the last token moves to a "
+                    "decode instance, which computes that token again (vLLM's disaggregated prefill); prefix-cache "
+                    "figures are the prefill instances'"},
+        "kv_offload": None if not host_blocks else {
+            "host_blocks_per_replica": host_blocks, "disk_blocks_per_replica": disk_blocks,
+            "preemption_mode": sched_config.preemption_mode},
         "router": router,
         "kv_cache_blocks_per_replica": memory.kv_cache_blocks,
+        "engine_instances": len(replicas),
         "block_size_tokens": sched_config.block_size,
         "max_model_len": max_len,
         "max_num_batched_tokens": sched_config.max_num_batched_tokens,
@@ -211,3 +236,10 @@ def simulate(
     summary = summary.model_copy(update={"prediction_interval": prediction_interval(summary, hw, engine.name)})
     return SimulationResult(summary=summary, record=record, memory=memory,
                             trace=None if recorder is None else recorder.trace())
+
+
+def sum_tier_stats(stats: Iterable[TierStats | None]) -> TierStats | None:
+    present = [s for s in stats if s is not None]
+    if not present:
+        return None
+    return TierStats(**{f.name: sum(getattr(s, f.name) for s in present) for f in dataclasses.fields(TierStats)})

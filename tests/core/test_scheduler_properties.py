@@ -35,10 +35,14 @@ class Plan:
 @st.composite
 def scenarios(draw: st.DrawFn) -> tuple[SchedulerConfig, int, list[Plan], int]:
     config = draw_config(draw, [1, 2, 4], st.integers(12, 40), st.integers(1, 6),
-                         num_speculative_tokens=draw(st.integers(0, 3)))
+                         num_speculative_tokens=draw(st.integers(0, 3)),
+                         preemption_mode=draw(st.sampled_from(["recompute", "swap"])))
     block_size = config.block_size
     # Small pools force preemption; some requests will not fit at all and must be refused.
     num_blocks = draw(st.integers(12 // block_size, 24 // block_size) | st.integers(12 // block_size, 64 // block_size))
+    # Offload tiers: none, a host tier, or host and disk; small ones, so they fill and evict too.
+    host_blocks = draw(st.sampled_from([0, 0, 2, 8, 32]))
+    disk_blocks = draw(st.sampled_from([0, 4, 16])) if host_blocks else 0
     seed = draw(st.integers(0, 2**32 - 1))
     rng = random.Random(seed)
     prefixes = [[rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 10))] for _ in range(3)]
@@ -55,12 +59,15 @@ def scenarios(draw: st.DrawFn) -> tuple[SchedulerConfig, int, list[Plan], int]:
             stop_token_ids=(STOP,) if rng.random() < 0.5 else (),
             ignore_eos=rng.random() < 0.2,
         )
-        request = Request(f"r{i}", prompt, params, arrival_time=0.0, eos_token_id=EOS, priority=rng.randint(0, 3))
+        # Some prompts arrive with external KV (a prefill instance's transfer) for all but their last token.
+        external = len(prompt) - 1 if rng.random() < 0.2 else 0
+        request = Request(f"r{i}", prompt, params, arrival_time=0.0, eos_token_id=EOS, priority=rng.randint(0, 3),
+                          num_external_computed_tokens=external)
         arrival = rng.randint(0, arrival_window)
         request.arrival_time = float(arrival)
         abort = arrival + rng.randint(0, 20) if rng.random() < 0.15 else None
         plans.append(Plan(request, truth, arrival, abort))
-    return config, num_blocks, plans, seed
+    return config, (num_blocks, host_blocks, disk_blocks), plans, seed
 
 
 def _expected_output(plan: Plan) -> list[int]:
@@ -101,6 +108,11 @@ def _record_events(out) -> None:
     """Shows, with --hypothesis-show-statistics, that the paths under test are exercised."""
     if out.preempted_request_ids:
         event("preemption")
+    if out.kv_transfers is not None:
+        for c in out.kv_transfers.copies:
+            event(f"copy {c.src} -> {c.dst}")
+        if out.kv_transfers.external:
+            event("external KV")
     for s in out.scheduled:
         if s.reset_block_table and s.num_computed_tokens:
             event("prefix hit")
@@ -115,10 +127,11 @@ def _record_events(out) -> None:
 @settings(max_examples=200, deadline=None)
 @given(scenarios())
 def test_random_workloads_keep_invariants_and_finish(scenario):
-    config, num_blocks, plans, seed = scenario
+    config, (num_blocks, host_blocks, disk_blocks), plans, seed = scenario
     rng = random.Random(seed + 1)
-    sched = Scheduler(config, KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching))
-    runner = FakeRunner(sched)
+    sched = Scheduler(config, KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                             host_blocks=host_blocks, disk_blocks=disk_blocks))
+    runner = FakeRunner(sched, external={p.request.request_id: list(p.request.prompt_token_ids) for p in plans})
     truth = {p.request.request_id: p.truth for p in plans}
     accepted: list[Plan] = []
     aborted: set[str] = set()
@@ -151,7 +164,9 @@ def test_random_workloads_keep_invariants_and_finish(scenario):
         check_invariants(sched, out)
         runner.execute(out)
         for rid in out.preempted_request_ids:
-            assert sched.get_request(rid).num_computed_tokens == 0
+            swapped = sched.kv_cache_manager.is_swapped(sched.get_request(rid))
+            assert swapped or sched.get_request(rid).num_computed_tokens == 0
+            assert not swapped or config.preemption_mode == "swap"
         _record_events(out)
         sched.update(out, _sample(sched, out, truth), now)
         step += 1
@@ -160,6 +175,9 @@ def test_random_workloads_keep_invariants_and_finish(scenario):
     assert all(b.ref_cnt == 0 for b in pool.blocks), "leaked blocks"
     assert pool.num_free_blocks == pool.num_blocks
     assert not sched.kv_cache_manager.req_to_blocks
+    tiers = sched.kv_cache_manager.tiers
+    if tiers is not None:
+        assert tiers.host.num_held == 0, "leaked swap slots"
     stats = sched.stats()
     assert stats.num_requests == len(accepted)
     assert sum(stats.num_finished.values()) == len(accepted)

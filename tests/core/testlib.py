@@ -50,6 +50,9 @@ def make_scheduler(
     enable_prefix_caching: bool = True,
     policy: str = "fcfs",
     num_speculative_tokens: int = 0,
+    preemption_mode: str = "recompute",
+    host_blocks: int = 0,
+    disk_blocks: int = 0,
 ) -> Scheduler:
     config = SchedulerConfig(
         max_num_batched_tokens=max_num_batched_tokens,
@@ -60,8 +63,9 @@ def make_scheduler(
         enable_prefix_caching=enable_prefix_caching,
         policy=policy,  # type: ignore[arg-type]
         num_speculative_tokens=num_speculative_tokens,
+        preemption_mode=preemption_mode,  # type: ignore[arg-type]
     )
-    return Scheduler(config, KVCacheManager(num_blocks, block_size, enable_prefix_caching))
+    return Scheduler(config, KVCacheManager(num_blocks, block_size, enable_prefix_caching, host_blocks, disk_blocks))
 
 
 def make_request(
@@ -145,18 +149,49 @@ def check_invariants(sched: Scheduler, out: SchedulerOutput) -> None:
 
 class FakeRunner:
     """Mirrors what the torch runner does with a SchedulerOutput: it keeps block tables from
-    reset/append deltas alone and writes each token into its KV slot. Reading the slots back
-    proves that shared prefix blocks, preemption and draft rollback never corrupt a context."""
+    reset/append deltas alone, performs the step's KV copies (offload tiers, external KV) and
+    writes each token into its KV slot. Reading the slots back proves that shared prefix blocks,
+    preemption (recompute or swap), tier hits, external KV and draft rollback never corrupt a
+    context. External KV of a request is its true prompt (`external[request_id]`)."""
 
-    def __init__(self, sched: Scheduler) -> None:
+    def __init__(self, sched: Scheduler, external: dict[str, list[int]] | None = None) -> None:
         self.sched = sched
         self.block_tables: dict[str, list[int]] = {}
         self.slots: dict[tuple[int, int], int] = {}  # (block id, offset) -> token whose KV is there
+        self.tiers: dict[tuple[str, int], tuple[int | None, ...]] = {}  # (tier, slot) -> a block's tokens
+        self.external = external or {}
+
+    def _copy(self, out: SchedulerOutput) -> None:
+        bs = self.sched.config.block_size
+        transfers = out.kv_transfers
+        if transfers is None:
+            return
+        for c in transfers.copies:
+            if c.src == "device":
+                content = tuple(self.slots.get((c.src_id, o)) for o in range(bs))
+            else:
+                content = self.tiers[(c.src, c.src_id)]
+            if c.dst == "device":
+                for o, token in enumerate(content):
+                    if token is None:
+                        self.slots.pop((c.dst_id, o), None)
+                    else:
+                        self.slots[(c.dst_id, o)] = token
+            else:
+                self.tiers[(c.dst, c.dst_id)] = content
+        for load in transfers.external:
+            prompt = self.external[load.request_id]
+            for i, block_id in enumerate(load.block_ids):
+                for o in range(bs):
+                    pos = (load.first_block + i) * bs + o
+                    if pos < len(prompt):
+                        self.slots[(block_id, o)] = prompt[pos]
 
     def execute(self, out: SchedulerOutput) -> None:
         bs = self.sched.config.block_size
         for rid in out.finished_request_ids + out.preempted_request_ids:
             self.block_tables.pop(rid, None)
+        self._copy(out)
         for s in out.scheduled:
             if s.reset_block_table:
                 self.block_tables[s.request_id] = list(s.new_block_ids)

@@ -58,6 +58,14 @@ def test_plan_waits_for_the_button_then_recommends_from_the_url():
                for i in at.info)
 
 
+def test_plan_with_pd_ratios_compares_disaggregated_and_colocated():
+    at = open_page("plan", hw="h100-sxm", requests="40", pd_ratios="1:1", run="true")
+    assert not at.exception and not errors(at)
+    table = next(d.value for d in at.dataframe if "winner" in d.value.columns)
+    assert list(table.hardware) == ["h100-sxm"] and table.winner[0] in ("colocated", "disaggregated")
+    assert table.why[0].startswith(("colocated wins", "disaggregation wins", "a tie"))
+
+
 def test_plan_bad_slo_is_an_in_page_error():
     at = open_page("plan", hw="h100-sxm", slo="ttft_p99<=abc")
     at.button[0].click().run()
@@ -155,6 +163,19 @@ def test_memory_breakdown_and_concurrency_curve():
     assert lines.rule.str.len().min() > 0 and lines.source.str.len().min() > 0
     curve = at.dataframe[2].value
     assert curve["max concurrent sequences"].is_monotonic_decreasing
+
+
+def test_memory_shows_the_kv_tiers_a_host_tier_adds():
+    at = open_page("memory", kv_offload_host_gib="64")
+    assert not at.exception and not errors(at)
+    tiers = next(d.value for d in at.dataframe if "tier" in d.value.columns).set_index("tier")
+    assert list(tiers.index) == ["device", "host", "disk"]  # the H100 profile lists host memory and a local disk
+    assert tiers.loc["host", "GiB per replica"] == pytest.approx(64, rel=0.01)  # whole blocks of 64 GiB
+    assert tiers.loc["host", "blocks"] > 0 and tiers.loc["disk", "blocks"] == 0
+    # More than the profile lists per GPU is refused in the page, naming the knob.
+    at = open_page("memory", kv_offload_host_gib="100000")
+    assert not at.exception
+    assert any("kv_offload_host_gib" in e or "Host KV tier" in e for e in errors(at)), errors(at)
 
 
 def test_memory_bad_context_is_an_in_page_error():

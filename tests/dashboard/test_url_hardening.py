@@ -116,6 +116,7 @@ def test_an_uploaded_hardware_profile_is_read_with_the_profile_checks():
     ("plan", {"knobs": "mbt2048 seqs64,mbt2048 seqs99999"},
      "URL parameter knobs='mbt2048 seqs64,mbt2048 seqs99999' is invalid: unknown name"),
     ("plan", {"max_quality_loss": "-1"}, "URL parameter max_quality_loss='-1' is invalid"),
+    ("plan", {"pd_ratios": "1:0"}, "URL parameter pd_ratios='1:0' is invalid: must be Disaggregated candidates"),
     ("hardware", {"chips": "h100-sxm,nonesuch"}, "URL parameter chips='h100-sxm,nonesuch' is invalid"),
 ])
 def test_an_invalid_url_value_is_named_and_never_replaced(page: str, params: dict[str, str], message: str):

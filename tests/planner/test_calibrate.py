@@ -66,7 +66,7 @@ def test_validation_report_compares_the_same_requests(tiny: Path, calibrated: tu
     for row in report.rows:
         assert row.engine.source == "engine" and row.simulator.source == "simulator"
         assert row.engine.num_finished == row.simulator.num_finished == row.engine.num_requests
-        assert set(row.error_pct) == set(COMPARED)
+        assert set(row.error_pct) == {m for m in COMPARED if not m.startswith(("kv_transfer", "offload"))}
     overload = report.rows[1]
     # A 48-block cache cannot hold everyone: both the engine and the simulator preempt.
     assert overload.engine.preemptions > 0 and overload.simulator.preemptions > 0
@@ -104,10 +104,37 @@ def test_tensor_parallel_validation_prices_the_measured_collectives(tiny: Path, 
         validate(str(tiny), old, random_weights=True, quick=True, only=["chat-low"], progress=False, tensor_parallel=2)
 
 
+def test_disaggregation_and_offload_scenarios_run_engine_and_simulator_alike(
+        tiny: Path, calibrated: tuple[Calibration, Path]) -> None:
+    _, path = calibrated
+    report = validate(str(tiny), path, random_weights=True, quick=True,
+                      only=["disagg-long-prompt", "swap-overload", "agent-host-tier"], progress=False)
+    disagg, swap, host = report.rows
+    for row in report.rows:
+        assert row.engine.num_finished == row.simulator.num_finished == row.engine.num_requests
+    # Both moved every prompt's KV from a prefill to a decode instance, and priced or timed it.
+    assert disagg.engine.kv_transfer.requests == disagg.simulator.kv_transfer.requests == disagg.engine.num_requests
+    assert "kv_transfer.total_ms.mean" in disagg.error_pct
+    # Both preempted by swap, never by recompute.
+    for summary in (swap.engine, swap.simulator):
+        assert summary.preemptions > 0 and summary.offload.swapped_out_requests == summary.preemptions
+    # Both found evicted prefixes in the host tier.
+    assert host.engine.offload.host_hit_tokens > 0 and host.simulator.offload.host_hit_tokens > 0
+    assert set(report.median_abs_error_pct_by_group) == {"disaggregation and offload"}
+
+
 def test_scenarios_cover_the_required_behaviours() -> None:
-    names = {s.name for s in scenarios(quick=False)}
+    chosen = scenarios(quick=False)
+    names = {s.name for s in chosen}
     assert {"chat-low", "chat-high", "long-prompt", "shared-prefix", "overload"} <= names
     assert sum(n.startswith("closed-loop") for n in names) >= 3
+    assert {"disagg-long-prompt", "swap-overload", "agent-device-only", "agent-host-tier"} <= names
+    by_name = {s.name: s for s in chosen}
+    assert by_name["disagg-long-prompt"].disaggregated and by_name["swap-overload"].preemption_mode == "swap"
+    # The host-tier scenario differs from its device-only twin by the tier alone.
+    assert by_name["agent-host-tier"].workload.model_copy(update={"name": "x"}) == \
+        by_name["agent-device-only"].workload.model_copy(update={"name": "x"})
+    assert by_name["agent-host-tier"].host_blocks > 0 == by_name["agent-device-only"].host_blocks
 
 
 def test_a_calibration_for_another_model_is_refused_unless_forced(calibrated: tuple[Calibration, Path]) -> None:

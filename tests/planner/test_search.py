@@ -271,3 +271,57 @@ def test_ray_executor_on_a_local_instance_gives_the_serial_answer(monkeypatch: p
         ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
     assert on_ray.recommended is not None and on_ray == serial
+
+
+# --------------------------------------------------------------------------- disaggregation and offload
+
+
+def long_prompts(rate: float = 3.0) -> "Workload":
+    from planner.workload import FixedLength, NormalLength, PoissonArrivals, Workload
+
+    return Workload(name="long-prompt-chat", arrival=PoissonArrivals(rate_per_s=rate), num_requests=100,
+                    input_tokens=NormalLength(mean_tokens=6000, std_tokens=1500, min_tokens=2000, max_tokens=12000),
+                    output_tokens=FixedLength(tokens=256))
+
+
+PD_SPACE = dict(hardware=["h100-sxm"], max_gpus_per_replica=1, weight_dtypes=["bf16"], kv_dtypes=["bf16"],
+                knobs_grid=[EngineKnobs(max_num_batched_tokens=8192, max_num_seqs=16)], executor="serial",
+                progress=False, requests_per_probe=48)
+
+
+def test_long_prompts_with_a_tight_tpot_plan_disaggregated_and_say_why(cache_dir) -> None:
+    # pd_ratios "auto": prompts average 6,000 tokens and the SLO bounds TPOT, so 1P1D, 1P2D and 2P1D are tried.
+    r = plan(MODEL, long_prompts(6.0), 6.0, "ttft_p99_ms<=3000,tpot_p99_ms<=12", cache_dir=cache_dir, **PD_SPACE)
+    labels = {p.label.rsplit(" ", 1)[-1] for p in r.ranked + r.rejected}
+    assert {"1P1D", "1P2D", "2P1D"} <= labels
+    [comparison] = r.pd_comparison
+    assert comparison.hardware == "h100-sxm" and comparison.winner == "disaggregated"
+    assert comparison.reason.startswith("disaggregation wins") and "TPOT P99" in comparison.reason
+    assert r.recommended is not None and r.recommended.deployment.disaggregation is not None
+    split, colocated = comparison.disaggregated, comparison.colocated
+    assert split.usd_per_hour < colocated.usd_per_hour
+    # A replica costs all its instances' GPUs.
+    dep = r.recommended.deployment
+    assert r.recommended.usd_per_hour == pytest.approx(dep.replicas * dep.gpus_per_group * get_hardware("h100-sxm").price_usd_per_hour)
+
+
+def test_short_prompts_keep_colocated_and_say_why(cache_dir) -> None:
+    r = plan(MODEL, get_workload("chat"), 3.0, "ttft_p99_ms<=2000,tpot_p99_ms<=60", cache_dir=cache_dir,
+             **{**PD_SPACE, "pd_ratios": "1:1"})
+    [comparison] = r.pd_comparison
+    assert comparison.winner == "colocated" and comparison.reason.startswith("colocated wins")
+    assert r.recommended is not None and r.recommended.deployment.disaggregation is None
+    # Without a TPOT target or long prompts, "auto" tries no disaggregated candidate at all.
+    assert not plan(MODEL, get_workload("chat"), 3.0, "ttft_p99_ms<=2000", cache_dir=cache_dir, **PD_SPACE).pd_comparison
+
+
+def test_host_tier_candidates_for_workloads_that_reuse_prompts(cache_dir) -> None:
+    from planner.workload import SharedPrefix
+
+    agent = get_workload("chat").model_copy(update={
+        "shared_prefix": SharedPrefix(num_prefixes=4, prefix_tokens=1024, share=1.0)})
+    r = plan(MODEL, agent, 2.0, "ttft_p99_ms<=2000", cache_dir=cache_dir, **PD_SPACE)
+    tiered = [p for p in r.ranked + r.rejected if p.deployment.knobs.kv_offload_host_gib]
+    assert tiered and all("host-kv128G" in p.label for p in tiered)  # half of the 256 GiB listed per H100
+    assert not [p for p in plan(MODEL, get_workload("chat"), 2.0, "ttft_p99_ms<=2000", cache_dir=cache_dir,
+                                **PD_SPACE).rejected if p.deployment.knobs.kv_offload_host_gib]
