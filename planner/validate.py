@@ -175,7 +175,7 @@ def validate(model_name: str, calibration_path: str | Path, *, random_weights: b
                       num_kv_blocks=sc.num_kv_blocks, tensor_parallel=parallel.tensor_parallel,
                       expert_parallel=expert_parallel, threads=torch.get_num_threads(),
                       **knobs.model_dump()) if llm is None else llm.with_settings(num_kv_blocks=sc.num_kv_blocks)
-            replay = Replay.of(sc.workload, vocab_size=model.vocab_size)
+            replay = Replay.of(sc.workload, vocab_size=model.vocab_size, max_model_len=llm.max_model_len)
             engine, _ = bench_engine(llm, replay, model_name=model.name or model_name)
             sim = simulate(model, hw, dep, replay, calibration=cal.cost_params(), kv_cache_blocks=sc.num_kv_blocks).summary
             rows.append(ValidationRow(scenario=sc.name, description=sc.description, engine=engine, simulator=sim,
