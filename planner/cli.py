@@ -28,7 +28,7 @@ from engine.catalog import catalog, resolve_model
 from engine.cli import add_engine_commands, add_engine_flags, engine_settings
 from engine.config import EngineConfig
 from engine.cpu import default_threads
-from engine.errors import InputError, from_validation_error
+from engine.errors import InputError, excerpt, from_validation_error
 from engine.files import output_file
 from engine.knobs import add_flags, command, read_flags, settings, values
 from planner.engines import engine_catalog, get_engine
@@ -37,7 +37,7 @@ from planner.memory import MemoryPlan, plan_memory
 from planner.validate_memory import MemoryValidation, validate_startup_logs
 from planner.metrics import RunSummary
 from planner.playback import Replay
-from planner.sim import ROUTERS, simulate
+from planner.sim import ROUTERS, context_length, simulate
 from planner.specs import SLO, Deployment, EngineKnobs, HardwareProfile, MemoryQuery, PlanSettings, WorkloadOverrides
 from planner.workload import PRESETS, Workload, get_workload
 
@@ -361,7 +361,8 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     hw = get_hardware(args.hardware)
     dep = deployment_from_args(args)
     slo = SLO.parse(args.slo) if args.slo else None
-    replay = replay_from_args(args, model.vocab_size, args.max_model_len or model.max_position_embeddings)
+    max_len = context_length(model, args.max_model_len)
+    replay = replay_from_args(args, model.vocab_size, max_len)
     params, fit = None, None
     if args.calibration:
         from planner.costmodel import CostParams
@@ -371,7 +372,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         fit = load_fitted_model(args.calibration)
         params = CostParams.fitted(hw, get_engine(dep.engine), fit)
     result = simulate(model, hw, dep, replay, slo=slo, router=args.router, calibration=params,
-                      max_model_len=args.max_model_len)
+                      max_model_len=max_len)
     if fit is not None:  # the band of the fit that was used, not the public one
         result = replace(result, summary=result.summary.model_copy(update={
             "prediction_interval": prediction_interval(result.summary, hw, dep.engine, fit)}))
@@ -1074,8 +1075,8 @@ def error_line(exc: BaseException, flags: dict[str, str]) -> str | None:
         return str(exc)
     if isinstance(exc, UnicodeDecodeError):  # its text holds only the offending byte, never the file
         return f"input is not {exc.encoding} text (byte {exc.start}: {exc.reason}); is it a binary file?"
-    if isinstance(exc, OSError):
-        what = exc.filename if exc.filename is not None else "input/output"
+    if isinstance(exc, OSError):  # the name as an excerpt: a 5,000-character path is an input too
+        what = excerpt(exc.filename) if exc.filename is not None else "input/output"
         return f"{what}: {exc.strerror or type(exc).__name__}"
     if isinstance(exc, RecursionError):
         return "the input is nested too deeply to read (beyond Python's recursion limit)"

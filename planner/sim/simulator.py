@@ -36,6 +36,15 @@ class SimulationResult:
     trace: RunTrace | None = None  # the schedule, when asked for (trace=True): what a fit re-times
 
 
+def context_length(model: ModelConfig, max_model_len: int | None) -> int:
+    """The longest prompt + output a simulated engine accepts: `max_model_len` (0 is a value, not
+    "unset") within 2..the model's context, or the model's context when None."""
+    max_len = model.max_position_embeddings if max_model_len is None else max_model_len
+    if not 2 <= max_len <= model.max_position_embeddings:
+        raise InputError("max_model_len", max_len, f"must be in 2..{model.max_position_embeddings} (the model's context)")
+    return max_len
+
+
 def simulate(
     model: ModelConfig,
     hw: HardwareProfile,
@@ -61,9 +70,7 @@ def simulate(
     engine does. A traced run is always one by one: its trace records every request's steps."""
     if router not in ROUTERS:
         raise unknown_name_error("router", router, ROUTERS)
-    max_len = max_model_len or model.max_position_embeddings
-    if not 2 <= max_len <= model.max_position_embeddings:
-        raise InputError("max_model_len", max_len, f"must be in 2..{model.max_position_embeddings} (the model's context)")
+    max_len = context_length(model, max_model_len)
     engine = get_engine(dep.engine)
     asked, dep = dep, resolve_deployment(dep, hw, max_model_len=max_len)
     memory = plan_memory(model, hw, dep, context_tokens=max_len)

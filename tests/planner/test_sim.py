@@ -282,6 +282,8 @@ def test_impossible_deployments_are_clear_errors() -> None:
         (["--slo", "ttft<=5"], "--slo='ttft<=5' is invalid"),
         (["--workload", "chatt"], "did you mean chat"),
         (["--max-graph-batch-size", "0"], "--max-graph-batch-size='0' is invalid"),
+        # 0 was read as "unset" and replaced by the model's context (found by bench/hostile_inputs.py).
+        (["--max-model-len", "0"], "--max-model-len=0 is invalid: must be in 2..131072 (the model's context)"),
     ],
 )
 def test_cli_bad_input(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
