@@ -97,7 +97,7 @@ def simulate(
 
     env = simpy.Environment()
     samples: list[StepSample] = []
-    finished: list[Request] = []
+    finished: list[RequestMetrics] = []  # each request as it finishes; the scheduler drops it
     playback = Playback(replay)
     recorder = TraceRecorder(cost_model.reader) if trace else None
     api = FrontEnd(env, cost_model.params.api_request_s)
@@ -119,7 +119,7 @@ def simulate(
         send(sub, gate)
 
     def on_finished(request: Request) -> None:
-        finished.append(request)
+        finished.append(RequestMetrics.from_request(request))
         for sub in playback.finished(request.request_id, request.output_token_ids, env.now):
             if sub.due_s > env.now:
                 env.process(send_later(sub, request.request_id))
@@ -160,7 +160,7 @@ def simulate(
             if n:
                 reasons[reason] = reasons.get(reason, 0) + n
     record = RunRecord(
-        requests=[RequestMetrics.from_request(r) for r in finished],
+        requests=finished,
         num_submitted=playback.num_requests,
         num_replicas=dep.replicas,
         samples=samples,
