@@ -72,6 +72,9 @@ def _variants(**b: object) -> str:
     ({"token_budget": "lots"}, "max_num_batched_tokens='lots' is invalid"),
     ({"weight_dtype": "fp64"}, "weight_dtype='fp64' is invalid"),
     ({"colour": "red"}, "unknown columns"),
+    # Was simulated and drawn in every heading (found by bench/hostile_inputs.py).
+    ({"name": "n" * 10_000}, "a name of 1..64 printable characters"),
+    ({"name": "B\nforged line"}, "a name of 1..64 printable characters"),
 ])
 def test_compare_refuses_bad_variants_from_the_url_and_reads_no_file(secret_file: Path, change: dict, message: str):
     change = {k: (v.format(secret=secret_file) if isinstance(v, str) else v) for k, v in change.items()}
