@@ -21,6 +21,7 @@ import streamlit as st
 from engine.catalog import catalog, resolve_model
 from engine.config import EngineKnobs, ModelConfig
 from engine.errors import InputError, from_validation_error, unknown_name_error
+from engine.files import read_bytes
 from planner.compare import Comparison, Side, compare
 from planner.costmodel import CostModel
 from planner.hardware import hardware_catalog, load_profile_file
@@ -64,16 +65,18 @@ def _slo(text: str) -> SLO | None:
     return SLO.parse(text) if text.strip() else None
 
 
-def _replay(workload: Workload | None, trace_name: str | None, trace_bytes: bytes | None, vocab_size: int) -> Replay:
+def _replay(workload: Workload | None, trace_name: str | None, trace_bytes: bytes | None, vocab_size: int,
+            max_model_len: int) -> Replay:
+    """The requests to simulate; one longer than `max_model_len` is refused before any token id is drawn."""
     if workload is not None:
-        return Replay.of(workload, vocab_size=vocab_size)
+        return Replay.of(workload, vocab_size=vocab_size, max_model_len=max_model_len)
     if trace_name is None or trace_bytes is None:
         raise InputError("workload", None, "choose a preset or upload a trace")
     # load_trace reads a path and picks the format by suffix; the upload lives in memory.
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / Path(trace_name).name
         path.write_bytes(trace_bytes)
-        return Replay.from_trace(path, vocab_size=vocab_size)
+        return Replay.from_trace(path, vocab_size=vocab_size, max_model_len=max_model_len)
 
 
 # --------------------------------------------------------------------------- simulate
@@ -97,8 +100,8 @@ def simulate_view(model_name: str, dep: Deployment, workload: Workload | None, t
     model = _catalog_model(model_name)
     hw = _catalog_profile(dep.hardware)
     slo = _slo(slo_text)
-    result = simulate(model, hw, dep, _replay(workload, trace_name, trace_bytes, model.vocab_size), slo=slo,
-                      router=router)
+    replay = _replay(workload, trace_name, trace_bytes, model.vocab_size, model.max_position_embeddings)
+    result = simulate(model, hw, dep, replay, slo=slo, router=router)
     reqs = pd.DataFrame([
         {"ttft_ms": r.ttft_s * 1e3, "tpot_ms": r.tpot_s * 1e3 if r.output_tokens > 1 else math.nan,
          "e2e_ms": r.e2e_s * 1e3, "queueing_ms": r.queueing_s * 1e3, "prompt_tokens": r.prompt_tokens,
@@ -166,7 +169,8 @@ def comparisons(model_name: str, workload: Workload, slo_text: str,
     with its hardware profile: a name in a variant is never resolved here, so never read as a path."""
     model = _catalog_model(model_name)
     slo = _slo(slo_text)
-    replay = Replay.of(workload, vocab_size=model.vocab_size)  # one draw: every variant serves the same requests
+    # One draw (every variant serves the same requests), none of them beyond the model's context.
+    replay = Replay.of(workload, vocab_size=model.vocab_size, max_model_len=model.max_position_embeddings)
     sides = []
     for name, dep, hw in variants:
         try:
@@ -260,7 +264,6 @@ def roofline(model_name: str, chips: tuple[str, ...], weight_dtype: str, decode_
 
 # The only folder whose files the dashboard reads by a name it was sent (validation reports).
 REPORTS_DIR = Path(__file__).resolve().parents[1] / "docs"
-MAX_REPORT_BYTES = 32 * 2**20
 
 
 def project_reports() -> list[str]:
@@ -270,13 +273,11 @@ def project_reports() -> list[str]:
 
 
 def project_report(name: str) -> bytes:
-    """The bytes of report `name` in docs/, by name only, size checked before reading."""
+    """The bytes of report `name` in docs/, by name only, read as any user file is (a regular
+    file, opened without blocking, size checked on the opened file: engine.files)."""
     if name not in project_reports():
         raise unknown_name_error("report", name, project_reports())
-    path = REPORTS_DIR / name
-    if (size := path.stat().st_size) > MAX_REPORT_BYTES:
-        raise InputError("report", name, f"is {size:,} bytes; the limit is {MAX_REPORT_BYTES:,}")
-    return path.read_bytes()
+    return read_bytes(REPORTS_DIR / name, "report", "MAX_JSON_BYTES")
 
 
 Report = TypeVar("Report", bound=BaseModel)

@@ -226,3 +226,23 @@ def profile_folder(folder: Path, load: Callable[[Path], Profile]) -> dict[str, P
             raise InputError(f"{path.name}: name", profile.name, f"must equal the file name {path.stem!r}")
         profiles[profile.name] = profile
     return profiles
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def output_file(path: str | Path, field: str) -> Path:
+    """`path` as a file that will be written once the work is done, checked before the work starts,
+    so that a typo in an output path does not throw away minutes of measuring: not a folder or a
+    device, in an existing folder this process may write into. An existing file is replaced."""
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(field, str(path), "is a folder; give the name of a file to write")
+    if path.exists() and not path.is_file():
+        raise InputError(field, str(path), "exists and is not a regular file (a FIFO, device or socket)")
+    folder = path.parent
+    if not folder.is_dir():
+        raise InputError(field, str(path), f"its folder {str(folder)[:EXCERPT_CHARS]!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(field, str(path), f"its folder {str(folder)[:EXCERPT_CHARS]!r} is not writable")
+    return path

@@ -16,7 +16,7 @@ never saw. Torch is imported inside functions only (planner/ must start without 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, fields
 import datetime as dt
 import hashlib
 import itertools
@@ -30,15 +30,15 @@ import time
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from scipy.optimize import least_squares
 import yaml
 
 from engine.config import ModelConfig
 from engine.dtypes import SHORT_NAME
 from engine.core import Request, SamplingParams, SchedulerOutput
-from engine.errors import InputError, from_validation_error
-from engine.files import load_json
+from engine.errors import EXCERPT_CHARS, InputError, from_validation_error
+from engine.files import load_json, output_file
 from hwprofiles import PROFILE_DIR
 from planner.costmodel import CostModel, CostParams
 from planner.hardware import hardware_catalog
@@ -114,7 +114,7 @@ class Calibration(_Rec):
     created_utc: str
     device: DeviceInfo
     hardware_profile: str
-    profile: HardwareProfile = Field(description="The measured profile (also written to hwprofiles/ when absent)")
+    profile: HardwareProfile = Field(description="The measured profile (written to hwprofiles/ only when asked)")
     model: str
     model_fingerprint: str = Field(description="SHA-256 of the model's architecture (config), to refuse a mismatch")
     dtype: str
@@ -128,6 +128,23 @@ class Calibration(_Rec):
 
     def cost_params(self) -> CostParams:
         return CostParams(**self.params)  # type: ignore[arg-type]
+
+    @field_validator("params")
+    @classmethod
+    def _usable_params(cls, params: dict[str, float | str]) -> dict[str, float | str]:
+        """Checked as the file is read, not once the engine has run with it: every name a cost
+        parameter, every value of its type and within its range."""
+        known = {f.name for f in fields(CostParams)}
+        for name in params:
+            if name not in known:
+                raise ValueError(f"{name[:EXCERPT_CHARS]!r} is not a cost parameter; known: {', '.join(sorted(known))}")
+        try:
+            CostParams(**params)  # type: ignore[arg-type]
+        except InputError as exc:
+            raise ValueError(exc.message()) from None
+        except TypeError:  # a text where a number belongs: CostParams' range checks compare it
+            raise ValueError("every parameter but attention_pairs must be a number") from None
+        return params
 
 
 # What decides the FLOPs and bytes of a step; numerics (norm eps, RoPE base, dtype tags, token
@@ -551,7 +568,11 @@ def fit_cost_params(model: ModelConfig, hw: HardwareProfile, dep: Deployment,
 
 def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", quick: bool = False,
               out: str | Path | None = None, random_weights: bool = False, threads: int | None = None,
-              write_profile: bool = True, progress: bool = True) -> tuple[Calibration, Path]:
+              write_profile: bool = False, progress: bool = True) -> tuple[Calibration, Path]:
+    """Measure this device and engine steps of `model_name`, fit the cost model, write the
+    calibration to `out` (default under hwprofiles/calibrations/) and, with `write_profile`, the
+    measured profile to hwprofiles/ when none of that name exists. Every input and the output path
+    are checked, and the model loaded, before anything is measured."""
     import torch
     from rich.console import Console
     from rich.progress import Progress
@@ -564,16 +585,18 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
         if not 1 <= threads <= (os.cpu_count() or 1):
             raise InputError("threads", threads, f"must be in 1..{os.cpu_count()} (this machine's CPUs)")
         torch.set_num_threads(threads)
+    if out is not None:
+        output_file(out, "out")
     info = detect_device(device)
     cm_dtype = SHORT_NAME[dtype]
-    micro = micro_benchmarks(info.kind, cm_dtype, quick)
-
     block_size = 16
     probe = LLM(model_name, device=info.kind, dtype=dtype, random_weights=random_weights, num_kv_blocks=1,
                 block_size_tokens=block_size, max_num_batched_tokens=4096, max_num_seqs=64)
     config = probe.config
     grid = step_grid(quick, config.max_position_embeddings)
     del probe
+    micro = micro_benchmarks(info.kind, cm_dtype, quick)
+    profile = local_profile(info, micro, cm_dtype)
     repeats = 2 if quick else 3
     llm = LLM(model_name, device=info.kind, dtype=dtype, random_weights=random_weights,
               num_kv_blocks=max(grid_blocks_needed(grid, block_size, repeats),
@@ -618,4 +641,8 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
     path = Path(out) if out else CALIBRATION_DIR / f"{profile.name}__{_slug(config.name or model_name)}__{cm_dtype}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(cal.model_dump_json(indent=1) + "\n")
+    profile_path = PROFILE_DIR / f"{profile.name}.yaml"
+    if write_profile and not profile_path.exists():
+        profile_path.write_text(yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False))
+        hardware_catalog.cache_clear()
     return cal, path

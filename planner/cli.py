@@ -28,7 +28,8 @@ from engine.catalog import catalog, resolve_model
 from engine.cli import add_engine_commands, add_engine_flags, engine_settings
 from engine.config import EngineConfig
 from engine.cpu import default_threads
-from engine.errors import InputError, from_validation_error
+from engine.errors import InputError, excerpt, from_validation_error
+from engine.files import output_file
 from engine.knobs import add_flags, command, read_flags, settings, values
 from planner.engines import engine_catalog, get_engine
 from planner.hardware import get_hardware, hardware_catalog
@@ -36,7 +37,7 @@ from planner.memory import MemoryPlan, plan_memory
 from planner.validate_memory import MemoryValidation, validate_startup_logs
 from planner.metrics import RunSummary
 from planner.playback import Replay
-from planner.sim import ROUTERS, simulate
+from planner.sim import ROUTERS, context_length, simulate
 from planner.specs import (
     SLO, Deployment, Disaggregation, EngineKnobs, HardwareProfile, MemoryQuery, PlanSettings, WorkloadOverrides,
 )
@@ -367,7 +368,8 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     hw = get_hardware(args.hardware)
     dep = deployment_from_args(args)
     slo = SLO.parse(args.slo) if args.slo else None
-    replay = replay_from_args(args, model.vocab_size, args.max_model_len or model.max_position_embeddings)
+    max_len = context_length(model, args.max_model_len)
+    replay = replay_from_args(args, model.vocab_size, max_len)
     params, fit = None, None
     if args.calibration:
         from planner.costmodel import CostParams
@@ -377,7 +379,7 @@ def cmd_simulate(args: argparse.Namespace) -> None:
         fit = load_fitted_model(args.calibration)
         params = CostParams.fitted(hw, get_engine(dep.engine), fit)
     result = simulate(model, hw, dep, replay, slo=slo, router=args.router, calibration=params,
-                      max_model_len=args.max_model_len)
+                      max_model_len=max_len)
     if fit is not None:  # the band of the fit that was used, not the public one
         result = replace(result, summary=result.summary.model_copy(update={
             "prediction_interval": prediction_interval(result.summary, hw, dep.engine, fit)}))
@@ -573,7 +575,7 @@ def render_sweep(result: BenchReport) -> None:
 # refused when given, not dropped.
 _MODE_FLAGS: dict[str, tuple[str, ...]] = {
     "cpu": ("model", "device", "dtype", "threads", "random_weights", "quick", "workloads", "force", "tensor_parallel",
-            "expert_parallel"),
+            "expert_parallel", "write_profile"),
     "public": ("rounds", "workers", "public_report"),
     "memory": ("rounds", "workers"),
     "from_bench": ("model", "rounds", "workers", "hardware", "max_model_len", *(s.name for s in (*DEPLOYMENT, *KNOBS))),
@@ -673,6 +675,8 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
     from planner.calibrate import calibrate
 
     _check_mode(args)
+    if args.out:  # every mode writes it after minutes of work: checked first
+        output_file(args.out, "out")
     if args.public:
         cmd_calibrate_public(args)
         return
@@ -681,7 +685,8 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
         return
 
     cal, path = calibrate(args.model or "smollm2-135m", device=args.device, dtype=args.dtype, quick=args.quick, out=args.out,
-                          random_weights=args.random_weights, threads=args.threads or default_threads())
+                          random_weights=args.random_weights, threads=args.threads or default_threads(),
+                          write_profile=args.write_profile)
     t = Table(title=f"{cal.model} on {cal.device.name} ({cal.hardware_profile}): "
                     f"fit median |error| {cal.fit_median_abs_error_pct:.1f} %, max {cal.fit_max_abs_error_pct:.1f} %")
     for col in ("grid step", "measured ms", "predicted ms", "error %"):
@@ -846,6 +851,10 @@ def cmd_validate_public(args: argparse.Namespace) -> None:
     from planner.public.report import validate_public, write_report
 
     path = args.calibration or PUBLIC_FIT_FILE
+    if args.report:  # checked before the minutes of work, not after; the plot and JSON go beside it
+        for suffix in (".png", ".json"):
+            output_file(Path(args.report).with_suffix(suffix), "report")
+        output_file(args.report, "report")
     with stages() as progress:
         report, fit = validate_public(path, workers=args.workers or default_threads(), progress=progress)
     if args.report:
@@ -886,6 +895,8 @@ def cmd_validate(args: argparse.Namespace) -> None:
         return
     if args.calibration is None:
         raise UsageError("--calibration is required (a file written by `serveplan calibrate`), or give --public or --memory")
+    if args.report:  # checked before the engine runs, not after
+        output_file(args.report, "report")
     report = validate(args.model, args.calibration, random_weights=args.random_weights, quick=args.quick,
                       only=args.workloads, force=args.force, tensor_parallel=args.tensor_parallel,
                       expert_parallel=args.expert_parallel)
@@ -1036,6 +1047,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "--from-bench, the model name the first bench file records)")
     add_flags(p, [engine_flags[n] for n in ("random_weights", "device", "dtype", "threads")])
     p.add_argument("--quick", action="store_true", help="a smaller grid and fewer repeats")
+    p.add_argument("--write-profile", action="store_true",
+                   help="also write the measured device profile to hwprofiles/<device>.yaml when none exists, so that "
+                        "--hw <device> finds it (default: only the calibration file is written)")
     p.add_argument("--out", help="calibration file (default: hwprofiles/calibrations/<device>__<model>__<dtype>.json; "
                                  "with --public, hwprofiles/calibrations/public-gpu.json)")
     p.add_argument("--rounds", type=_at_least_one, default=3,
@@ -1088,8 +1102,8 @@ def error_line(exc: BaseException, flags: dict[str, str]) -> str | None:
         return str(exc)
     if isinstance(exc, UnicodeDecodeError):  # its text holds only the offending byte, never the file
         return f"input is not {exc.encoding} text (byte {exc.start}: {exc.reason}); is it a binary file?"
-    if isinstance(exc, OSError):
-        what = exc.filename if exc.filename is not None else "input/output"
+    if isinstance(exc, OSError):  # the name as an excerpt: a 5,000-character path is an input too
+        what = excerpt(exc.filename) if exc.filename is not None else "input/output"
         return f"{what}: {exc.strerror or type(exc).__name__}"
     if isinstance(exc, RecursionError):
         return "the input is nested too deeply to read (beyond Python's recursion limit)"

@@ -67,16 +67,17 @@ def bench_engine(llm: LLM, replay: Replay, *, model_name: str, slo: SLO | None =
     if comm_stats is not None:
         comm_stats()  # start counting at the run's start
     samples: list[StepSample] = []
-    finished: list[str] = []
+    finished: list[RequestMetrics] = []  # each request as it finishes; the scheduler drops it
     t0 = llm.now()  # run time 0; requests arrive at t0 + due_s on the engine's clock
 
     def on_step(output: SchedulerOutput, sample: StepSample) -> None:
         samples.append(sample._replace(start_s=sample.start_s - t0, end_s=sample.end_s - t0))
 
     def on_finished(request: Request) -> None:
-        finished.append(request.request_id)
+        finished.append(RequestMetrics.from_request(request))
         assert request.finish_time is not None
         due.add(playback.finished(request.request_id, request.output_token_ids, request.finish_time - t0))
+        scheduler.pop_finished(request.request_id)  # memory follows live requests, not all served
 
     loop.on_step, loop.on_finished = on_step, on_finished
     try:
@@ -92,7 +93,7 @@ def bench_engine(llm: LLM, replay: Replay, *, model_name: str, slo: SLO | None =
 
     stats = scheduler.stats()
     record = RunRecord(
-        requests=[RequestMetrics.from_request(scheduler.get_request(rid)) for rid in finished],
+        requests=finished,
         num_submitted=playback.num_requests,
         num_replicas=1,
         samples=samples,

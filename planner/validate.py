@@ -231,7 +231,7 @@ def validate(model_name: str, calibration_path: str | Path, *, random_weights: b
         for sc in chosen:
             host_gib = sc.host_blocks * block_bytes / GIB
             engine_knobs = knobs.model_copy(update={"kv_offload_host_gib": host_gib, "preemption_mode": sc.preemption_mode})
-            replay = Replay.of(sc.workload, vocab_size=model.vocab_size)
+            replay = Replay.of(sc.workload, vocab_size=model.vocab_size, max_model_len=model.max_position_embeddings)
             if sc.disaggregated:
                 settings = {"device": cal.device.kind, "dtype": engine_dtype, "random_weights": random_weights,
                             "threads": cal.device.threads, "num_kv_blocks": sc.num_kv_blocks, **engine_knobs.model_dump()}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine import limits
 from engine.errors import InputError, from_validation_error, over_limit, unknown_name_error
@@ -349,6 +349,15 @@ class Workload(_Spec):
         30_000, ge=2, description="Synthetic token ids are < this (and < the model's vocab when drawing for one)"
     )
     seed: int = Field(0, ge=0, description="Seed of every random draw")
+
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, name: str) -> str:
+        # The name is part of every request id, printed in tables and sent to endpoints: a newline
+        # or a terminal escape sequence in it would forge lines or colours there.
+        if any(not ch.isprintable() for ch in name):
+            raise ValueError("must be printable: no control characters (newlines, tabs, escape sequences)")
+        return name
 
     @model_validator(mode="after")
     def _id_range(self) -> Workload:
@@ -750,7 +759,11 @@ def _parse_row(path: Path, line: int, row: Mapping[str, object]) -> _TraceRow:
 
     def label(field: str) -> str | None:
         raw = row.get(field)
-        return None if raw is None or raw == "" else str(raw)
+        if raw is None or raw == "":
+            return None
+        if isinstance(raw, bool) or not isinstance(raw, (str, int)):  # an id, not a structure to print
+            raise InputError(where(field), raw, "must be a text or an integer id")
+        return str(raw)
 
     arrival_s = number("arrival_s", integer=False, limit="MAX_ARRIVAL_S")
     if arrival_s < 0:

@@ -120,6 +120,13 @@ def test_files_that_cannot_be_read_are_one_line_naming_the_file(capsys, tmp_path
     assert "model=" in line and "deep.json" in line and "MAX_NESTING_DEPTH" in line
 
 
+def test_a_path_too_long_for_the_os_is_named_by_an_excerpt(capsys) -> None:
+    """The OS refuses a 5,000-character name (ENAMETOOLONG); the line shows an excerpt of it, not all
+    of it (found by bench/hostile_inputs.py)."""
+    err = one_line_error(capsys, "simulate", "--model", "x" * 5000)
+    assert "File name too long" in err and len(err) < 200
+
+
 def test_ctrl_c_is_interrupted_exit_130_without_traceback(capsys, monkeypatch) -> None:
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt

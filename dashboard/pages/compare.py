@@ -65,6 +65,9 @@ def _rows(text: str, hardware: dict[str, HardwareProfile]) -> list[dict[str, Any
     for row in rows:
         if unknown := set(row) - set(COLUMNS):
             raise InputError("variants", sorted(unknown), f"unknown columns; the columns are {', '.join(COLUMNS)}")
+        name = row.get("name")  # drawn in headings, tables and charts
+        if not isinstance(name, str) or not 1 <= len(name) <= MAX_NAME_CHARS or not name.isprintable():
+            raise InputError("variants", text, f"each variant needs a name of 1..{MAX_NAME_CHARS} printable characters")
         try:
             _deployment(row, hardware)
         except InputError as exc:

@@ -139,10 +139,9 @@ def plan(
                          f"leaves no weight/KV format to try (their quality loss: {losses}); raise it or add formats")
     runs = RunCache.open(cache_dir) if cache_dir is not None else None
 
-    shape = Shape.of(Replay.of(probe_workload(base, rate_per_s, requests_per_probe), vocab_size=cfg.vocab_size), base)
-    if shape.longest_tokens > cfg.max_position_embeddings:
-        raise InputError("workload", base.name, f"its longest request ({shape.longest_tokens} tokens) exceeds "
-                         f"{cfg.name}'s context of {cfg.max_position_embeddings}")
+    # A request beyond the model's context is refused before its token ids are drawn.
+    shape = Shape.of(Replay.of(probe_workload(base, rate_per_s, requests_per_probe), vocab_size=cfg.vocab_size,
+                               max_model_len=cfg.max_position_embeddings), base)
     q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs, margin)
     tried = knobs if prefix_caching is None else [k.model_copy(update={"enable_prefix_caching": prefix_caching})
                                                   for k in knobs]

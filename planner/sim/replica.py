@@ -52,6 +52,8 @@ class Replica:
         self.outstanding_requests -= 1
         self.outstanding_tokens -= request.num_prompt_tokens + request.max_tokens
         self.on_finished(request)
+        # Reported: the scheduler lets go of it, so memory follows live requests, not all served.
+        self.scheduler.pop_finished(request.request_id)
 
     def _serve(self):  # noqa: ANN202 (a SimPy process generator)
         env, loop = self.env, self.loop

@@ -39,6 +39,15 @@ class SimulationResult:
     trace: RunTrace | None = None  # the schedule, when asked for (trace=True): what a fit re-times
 
 
+def context_length(model: ModelConfig, max_model_len: int | None) -> int:
+    """The longest prompt + output a simulated engine accepts: `max_model_len` (0 is a value, not
+    "unset") within 2..the model's context, or the model's context when None."""
+    max_len = model.max_position_embeddings if max_model_len is None else max_model_len
+    if not 2 <= max_len <= model.max_position_embeddings:
+        raise InputError("max_model_len", max_len, f"must be in 2..{model.max_position_embeddings} (the model's context)")
+    return max_len
+
+
 def simulate(
     model: ModelConfig,
     hw: HardwareProfile,
@@ -64,9 +73,7 @@ def simulate(
     engine does. A traced run is always one by one: its trace records every request's steps."""
     if router not in ROUTERS:
         raise unknown_name_error("router", router, ROUTERS)
-    max_len = max_model_len or model.max_position_embeddings
-    if not 2 <= max_len <= model.max_position_embeddings:
-        raise InputError("max_model_len", max_len, f"must be in 2..{model.max_position_embeddings} (the model's context)")
+    max_len = context_length(model, max_model_len)
     engine = get_engine(dep.engine)
     asked, dep = dep, resolve_deployment(dep, hw, max_model_len=max_len)
     memory = plan_memory(model, hw, dep, context_tokens=max_len)
@@ -94,7 +101,7 @@ def simulate(
 
     env = simpy.Environment()
     samples: list[StepSample] = []
-    finished: list[Request] = []
+    finished: list[RequestMetrics] = []  # each request as it finishes; the scheduler drops it
     playback = Playback(replay)
     recorder = TraceRecorder(cost_model.reader) if trace else None
     api = FrontEnd(env, cost_model.params.api_request_s)
@@ -116,7 +123,7 @@ def simulate(
         send(sub, gate)
 
     def on_finished(request: Request) -> None:
-        finished.append(request)
+        finished.append(RequestMetrics.from_request(request))
         for sub in playback.finished(request.request_id, request.output_token_ids, env.now):
             if sub.due_s > env.now:
                 env.process(send_later(sub, request.request_id))
@@ -170,7 +177,7 @@ def simulate(
             if n:
                 reasons[reason] = reasons.get(reason, 0) + n
     record = RunRecord(
-        requests=[RequestMetrics.from_request(r) for r in finished],
+        requests=finished,
         num_submitted=playback.num_requests,
         num_replicas=len(replicas),
         samples=samples,

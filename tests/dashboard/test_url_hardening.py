@@ -72,6 +72,9 @@ def _variants(**b: object) -> str:
     ({"token_budget": "lots"}, "max_num_batched_tokens='lots' is invalid"),
     ({"weight_dtype": "fp64"}, "weight_dtype='fp64' is invalid"),
     ({"colour": "red"}, "unknown columns"),
+    # Was simulated and drawn in every heading (found by bench/hostile_inputs.py).
+    ({"name": "n" * 10_000}, "a name of 1..64 printable characters"),
+    ({"name": "B\nforged line"}, "a name of 1..64 printable characters"),
 ])
 def test_compare_refuses_bad_variants_from_the_url_and_reads_no_file(secret_file: Path, change: dict, message: str):
     change = {k: (v.format(secret=secret_file) if isinstance(v, str) else v) for k, v in change.items()}
@@ -136,3 +139,48 @@ def test_a_parameter_the_page_does_not_have_is_reported_not_silently_dropped():
     at = open_page("simulate", gpu_mem="0", **SMALL)
     assert not at.exception and not at.error
     assert any("URL parameter 'gpu_mem' is not one of this page's" in w.value for w in at.warning)
+
+
+# --------------------------------------------------------------------------- defect 3: limits before memory
+
+
+def _refusal_and_peak_bytes(fn) -> tuple[InputError, int]:
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError) as info:
+            fn()
+        return info.value, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+# A 10M-token prompt (the most a URL may ask for) is beyond every catalog context: refused before
+# its token ids are drawn (they took ~530 MB before this change, in every page session that asked).
+LONG = {"num_requests": 1, "input_tokens": 10_000_000, "output_tokens": 8}
+
+
+def test_simulate_refuses_a_prompt_beyond_the_context_before_drawing_it():
+    from planner.specs import Deployment
+    from planner.workload import get_workload
+
+    error, peak = _refusal_and_peak_bytes(lambda: compute.simulate_view(
+        "llama-3.2-1b", Deployment(hardware="l4"), get_workload("chat", **LONG), None, None, "", "round_robin"))
+    assert "must fit max_model_len=131072" in str(error) and peak < 64 * 2**20
+
+
+def test_compare_refuses_a_prompt_beyond_the_context_before_drawing_it():
+    from planner.specs import Deployment
+    from planner.workload import get_workload
+
+    variant = ("A", Deployment(hardware="l4"), compute._catalog_profile("l4"))
+    error, peak = _refusal_and_peak_bytes(lambda: compute.comparisons(
+        "llama-3.2-1b", get_workload("chat", **LONG), "", (variant, variant)))
+    assert "must fit max_model_len=131072" in str(error) and peak < 64 * 2**20
+
+
+def test_an_uploaded_trace_beyond_the_context_is_refused_while_streaming():
+    row = b'{"arrival_s": 0, "input_tokens": 10000000, "output_tokens": 8}\n'
+    error, peak = _refusal_and_peak_bytes(lambda: compute._replay(None, "t.jsonl", row, 128_256, 131_072))
+    assert "must fit max_model_len=131072" in str(error) and peak < 64 * 2**20

@@ -93,3 +93,19 @@ def test_warm_up_fits_a_tiny_cache(model_dir: Path, num_kv_blocks: int) -> None:
     summary, _ = bench_engine(engine, Replay.of(w, 256), model_name="tiny")
     assert summary.num_finished == 3
     assert engine.scheduler.stats().num_requests == 3  # the warm-up's own requests are not the engine's
+
+
+def test_cli_replays_a_trace_and_keeps_a_workload_files_request_count(tiny_model, tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 14 defect 5: a trace was always refused ("--requests does not apply to a trace", from a
+    default of 16 requests) and a workload file's num_requests was silently replaced by that 16."""
+    spec = tmp_path / "w.json"
+    spec.write_text(workload(num_requests=5).model_dump_json())
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("".join(json.dumps({"arrival_s": i * 0.01, "input_tokens": 6, "output_tokens": 2}) + "\n"
+                             for i in range(3)))
+    model_dir = tiny_model("tiny-llama-2k", vocab_size=2048)  # a trace's token ids start at 1000
+    base = ["engine", "bench", "--model", str(model_dir), "--random-weights", "--block-size", "4", "--json"]
+    for path, requests in ((spec, 5), (trace, 3)):
+        assert main([*base, "--workload", str(path)]) == 0, capsys.readouterr().err
+        assert json.loads(capsys.readouterr().out)["num_finished"] == requests

@@ -25,10 +25,17 @@ def tiny(tiny_model: Callable[..., Path]) -> Path:
 
 
 @pytest.fixture(scope="module")
-def calibrated(tiny: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Calibration, Path]:
+def profile_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Stands in for hwprofiles/ while calibrating: what a calibration writes there lands here."""
+    return tmp_path_factory.mktemp("hwprofiles")
+
+
+@pytest.fixture(scope="module")
+def calibrated(tiny: Path, tmp_path_factory: pytest.TempPathFactory, profile_dir: Path) -> tuple[Calibration, Path]:
     out = tmp_path_factory.mktemp("cal") / "tiny.json"
-    return calibrate(str(tiny), device="cpu", quick=True, out=out, random_weights=True, write_profile=False,
-                     progress=False)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("planner.calibrate.PROFILE_DIR", profile_dir)
+        return calibrate(str(tiny), device="cpu", quick=True, out=out, random_weights=True, progress=False)
 
 
 def test_calibration_file_holds_measurements_fit_and_provenance(calibrated: tuple[Calibration, Path]) -> None:
@@ -159,3 +166,67 @@ def test_corrupt_calibration_and_unknown_device_are_clear_errors(tmp_path: Path,
     assert "no such file" in capsys.readouterr().err
     assert main(["calibrate", "--device", "tpu"]) == 2
     assert "--device='tpu' is invalid" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- issue 14, defect 7
+# Work is not thrown away at the end of a long run: outputs, the model and the calibration's
+# figures are checked before anything is measured or run, and nothing lands in hwprofiles/
+# unless asked. Each test failed before this change.
+
+SHIPPED = Path(__file__).resolve().parents[2] / "hwprofiles/calibrations/cpu-amd-epyc-1t__smollm2-135m__fp32.json"
+
+
+def test_a_calibration_writes_no_profile_into_hwprofiles_unless_asked(calibrated: tuple[Calibration, Path],
+                                                                     profile_dir: Path) -> None:
+    assert list(profile_dir.iterdir()) == []
+
+
+@pytest.fixture
+def nothing_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    def measured(*args: object, **kwargs: object) -> None:
+        raise AssertionError("measured before every input was checked")
+
+    monkeypatch.setattr("planner.calibrate.micro_benchmarks", measured)
+    monkeypatch.setattr("planner.calibrate.measure_steps", measured)
+
+
+@pytest.mark.usefixtures("nothing_measured")
+def test_calibrate_checks_the_output_and_the_model_before_measuring(tiny: Path, tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(InputError, match="^out=.* is invalid: its folder .* does not exist"):
+        calibrate(str(tiny), device="cpu", quick=True, out=tmp_path / "missing" / "c.json", random_weights=True)
+    with pytest.raises(InputError, match="^out=.* is invalid: is a folder"):
+        calibrate(str(tiny), device="cpu", quick=True, out=tmp_path, random_weights=True)
+    with pytest.raises(InputError, match="nonesuch-7b"):
+        calibrate("nonesuch-7b", device="cpu", quick=True, out=tmp_path / "c.json", random_weights=True)
+    assert main(["calibrate", "--model", str(tiny), "--random-weights", "--out", str(tmp_path / "no" / "c.json")]) == 2
+    assert capsys.readouterr().err.startswith("serveplan: error: --out=")
+
+
+def test_validate_checks_its_report_path_before_the_engine_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    def ran(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the engine ran before the report path was checked")
+
+    monkeypatch.setattr("planner.validate.validate", ran)
+    for report in (tmp_path / "missing" / "r.md", tmp_path):
+        assert main(["validate", "--calibration", str(SHIPPED), "--report", str(report)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("serveplan: error: --report=") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"bogus_knob": 1.0}, "'bogus_knob' is not a cost parameter"),
+    ({"compute_efficiency": "Infinity"}, "must be a number"),
+    ({"compute_efficiency": 7.0}, "compute_efficiency=7.0 is invalid"),
+])
+def test_a_calibration_the_cost_model_cannot_use_is_refused_when_read(tmp_path: Path, change: dict,
+                                                                      message: str) -> None:
+    import json
+
+    data = json.loads(SHIPPED.read_text())
+    bad = tmp_path / "cal.json"
+    bad.write_text(json.dumps({**data, "params": {**data["params"], **change}}))
+    with pytest.raises(InputError, match="not a valid calibration file") as info:
+        load_calibration(bad)
+    assert message in str(info.value)

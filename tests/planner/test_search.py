@@ -325,3 +325,19 @@ def test_host_tier_candidates_for_workloads_that_reuse_prompts(cache_dir) -> Non
     assert tiered and all("host-kv128G" in p.label for p in tiered)  # half of the 256 GiB listed per H100
     assert not [p for p in plan(MODEL, get_workload("chat"), 2.0, "ttft_p99_ms<=2000", cache_dir=cache_dir,
                                 **PD_SPACE).rejected if p.deployment.knobs.kv_offload_host_gib]
+
+
+def test_a_probe_request_beyond_the_context_is_refused_before_drawing_it() -> None:
+    """20 probe prompts of 500k tokens (10M token ids, ~460 MB when drawn) for a 131k-token model."""
+    import tracemalloc
+
+    workload = get_workload("chat", input_tokens=500_000, output_tokens=8)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InputError, match="must fit max_model_len=131072"):
+            plan("llama-3.2-1b", workload, 1.0, "ttft_p99_ms<=1000", hardware=["l4"], requests_per_probe=20,
+                 cache_dir=None, executor="serial")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20

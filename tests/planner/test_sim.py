@@ -201,6 +201,22 @@ def test_one_token_blocks_on_a_large_memory_device_cost_little() -> None:
     assert peak < 64 * 2**20
 
 
+def test_schedulers_hold_live_requests_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished request leaves its scheduler once reported, so a long simulation's memory follows
+    the requests in flight (before: every request served stayed, token ids and times included)."""
+    held: list[int] = []
+    add_request = Scheduler.add_request
+
+    def counting(self: Scheduler, request) -> None:  # noqa: ANN001
+        add_request(self, request)
+        held.append(len(self.requests))
+
+    monkeypatch.setattr(Scheduler, "add_request", counting)
+    w = workload(n=60, arrival=ClosedLoopArrivals(concurrency=3))
+    assert simulate(LLAMA_8B, H100, Deployment(hardware="h100-sxm"), w).summary.num_finished == 60
+    assert len(held) == 60 and max(held) <= 3
+
+
 # --------------------------------------------------------------------------- overload
 
 
@@ -282,6 +298,8 @@ def test_impossible_deployments_are_clear_errors() -> None:
         (["--slo", "ttft<=5"], "--slo='ttft<=5' is invalid"),
         (["--workload", "chatt"], "did you mean chat"),
         (["--max-graph-batch-size", "0"], "--max-graph-batch-size='0' is invalid"),
+        # 0 was read as "unset" and replaced by the model's context (found by bench/hostile_inputs.py).
+        (["--max-model-len", "0"], "--max-model-len=0 is invalid: must be in 2..131072 (the model's context)"),
     ],
 )
 def test_cli_bad_input(args: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

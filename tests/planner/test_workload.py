@@ -467,6 +467,9 @@ def test_bad_csv_rows_are_refused_with_file_and_line(tmp_path, text: str, match:
     ('{"arrival_s": 0, "input_tokens": Infinity, "output_tokens": 1}', "input_tokens=inf.*finite"),
     ('{"arrival_s": 0, "input_tokens": 1' + "0" * 5000 + ', "output_tokens": 1}', "too long"),
     ('{"arrival_s": 0, "input_tokens": ' + "[" * 5000 + "]" * 5000 + ', "output_tokens": 1}', "MAX_NESTING_DEPTH"),
+    # Ids are texts or integers; a structure was printed into the id (found by bench/hostile_inputs.py).
+    ('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1, "prefix_id": [1, 2]}', "prefix_id=.*a text or an integer"),
+    ('{"arrival_s": 0, "input_tokens": 5, "output_tokens": 1, "conversation_id": {"a": 1}}', "conversation_id=.*integer id"),
 ])
 def test_bad_jsonl_values_are_refused(tmp_path, row: str, match: str) -> None:
     p = tmp_path / "bad.jsonl"
@@ -522,3 +525,11 @@ def test_a_trace_prefix_is_drawn_no_longer_than_its_longest_prompt(tmp_path) -> 
     assert exc is None and peak < 20 * 2**20
     reqs = load_trace(p, prefix_tokens=10**9)
     assert reqs[1].prompt_token_ids[:50] == reqs[0].prompt_token_ids
+
+
+@pytest.mark.parametrize("name", ["a\nb", "red\x1b[31m", "tab\there"])
+def test_a_workload_name_with_control_characters_is_refused(name: str) -> None:
+    """The name is part of every request id and printed in tables: no forged lines or terminal escapes
+    (accepted before; found by bench/hostile_inputs.py)."""
+    with pytest.raises(ValidationError, match="must be printable"):
+        wl(name=name)
