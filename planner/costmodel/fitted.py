@@ -73,11 +73,16 @@ class FittedModel(_Fit):
     source: str = Field(description="What was fitted, when, with which command")
 
 
-@cache
 def fitted_model(path: Path = PUBLIC_FIT_FILE) -> FittedModel | None:
     """The public fit, or None before one was made (the profiles' estimates apply)."""
     if not path.exists():
         return None
+    return _read_model(path, path.stat().st_mtime_ns)
+
+
+@cache
+def _read_model(path: Path, _mtime_ns: int) -> FittedModel:
+    # Every simulated GPU run asks; the file (with its per-figure results) is parsed once per version.
     return FittedModel.model_validate(json.loads(path.read_text())["model"])
 
 

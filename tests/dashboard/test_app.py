@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from planner.costmodel.fitted import fitted_model
+
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402 (after the skip check)
 
@@ -88,9 +90,18 @@ def test_simulate_shows_latencies_cost_and_breakdown():
     assert not at.exception and not errors(at)
     assert float(metric(at, "TTFT P99 (ms)")) > 0
     assert float(metric(at, "Cost (US$/h)")) == pytest.approx(get_hardware("h100-sxm").price_usd_per_hour)
-    percentiles = at.dataframe[0].value
+    [percentiles] = [d.value for d in at.dataframe if "P50" in d.value.columns]
     assert list(percentiles.metric) == ["TTFT (ms)", "ITL (ms)", "TPOT (ms)", "E2E (ms)", "queueing (ms)"]
     assert any("US$" in c.value and "per GPU-hour" in c.value for c in at.caption)  # the cost basis is shown
+
+
+def test_simulate_draws_the_prediction_interval_of_a_gpu_run():
+    assert fitted_model() is not None  # hwprofiles/calibrations/public-gpu.json ships with the project
+    at = open_page("simulate", **SMALL)
+    assert not at.exception and not errors(at)
+    [bands] = [d.value for d in at.dataframe if {"figure", "low", "high"} <= set(d.value.columns)]
+    assert "ttft_ms.p99" in set(bands.figure) and "throughput.output_tokens_per_s" in set(bands.figure)
+    assert (bands.low < bands.high).all() and (bands.low > 0).all()
 
 
 def test_simulate_input_goes_to_the_url_and_a_cached_rerun_answers():
