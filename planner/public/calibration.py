@@ -17,8 +17,12 @@ and held-out prediction and the bands: everything `serveplan validate --public` 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 import datetime as dt
+from functools import partial
 import hashlib
+import json
+import pickle
 from pathlib import Path
 from typing import Literal
 
@@ -28,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.costmodel.fitted import BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band, FittedModel
 from planner.metrics import MetricFamily
 from planner.public.data import MEASUREMENTS_FILE, PublicRun, public_runs
-from planner.public.fit import Figures, Progress, Space, fit_folds, fit_rounds, no_progress, simulate_runs
+from planner.public.fit import Figures, Progress, Space, Traced, fit_folds, fit_rounds, no_progress, simulate_runs
 from planner.public.replay import ReplayRun, prepare
 
 class _Rec(BaseModel):
@@ -106,20 +110,72 @@ def prepare_all(runs: Sequence[PublicRun]) -> tuple[list[ReplayRun], list[Skippe
     return prepared, skipped
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """A folder where a long calibration keeps what it has done (the traced, fitted rounds, then each
+    held-out fold), so a run that is stopped resumes where it was. Its contents are pickles: keep it
+    a folder only you write to. Everything is filed under a key of the data, the code and the rounds,
+    so a change to any of them starts afresh."""
+
+    folder: Path
+
+    @classmethod
+    def of(cls, root: Path, rounds: int) -> Checkpoint:
+        from planner.search.cache import code_version
+
+        key = hashlib.sha256(f"{data_digest()} {code_version()} {rounds}".encode()).hexdigest()[:16]
+        folder = root / key
+        folder.mkdir(parents=True, exist_ok=True)
+        return cls(folder)
+
+    def rounds(self) -> tuple[Figures, list[Traced], dict[str, str]] | None:
+        path = self.folder / "rounds.pkl"
+        return pickle.loads(path.read_bytes()) if path.exists() else None
+
+    def save_rounds(self, done: tuple[Figures, list[Traced], dict[str, str]]) -> None:
+        _replace(self.folder / "rounds.pkl", pickle.dumps(done, protocol=pickle.HIGHEST_PROTOCOL))
+
+    def folds(self, unit: Unit) -> dict[str, Figures]:
+        path = self.folder / f"folds-{unit}.json"
+        table = json.loads(path.read_text()) if path.exists() else {}
+        return {name: Figures(f["families"], f["engines"]) for name, f in table.items()}
+
+    def save_fold(self, unit: Unit, name: str, figs: Figures) -> None:
+        table = {n: {"families": f.families, "engines": f.engines} for n, f in self.folds(unit).items()}
+        table[name] = {"families": figs.families, "engines": figs.engines}
+        _replace(self.folder / f"folds-{unit}.json", json.dumps(table).encode())
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write whole or not at all: a run stopped mid-write leaves the previous file."""
+    part = path.with_suffix(path.suffix + ".part")
+    part.write_bytes(data)
+    part.replace(path)
+
+
 def calibrate_public(*, command: str, rounds: int = 3, workers: int = 1, runs: Sequence[PublicRun] | None = None,
-                     max_nfev: int = 400, progress: Progress = no_progress) -> PublicFit:
-    """The whole study; `runs` defaults to every published run."""
+                     max_nfev: int = 400, progress: Progress = no_progress,
+                     checkpoint: Path | None = None) -> PublicFit:
+    """The whole study; `runs` defaults to every published run. With `checkpoint` (a folder), the
+    rounds and each held-out fold are kept there as they complete, and a new run resumes from them."""
     prepared, skipped = prepare_all(list(runs) if runs is not None else public_runs())
     space = Space.of(prepared)
-    figs, traced, refused = fit_rounds(prepared, space, rounds=rounds, workers=workers, max_nfev=max_nfev,
-                                       progress=progress)
+    store = Checkpoint.of(checkpoint, rounds) if checkpoint is not None else None
+    saved = store.rounds() if store is not None else None
+    if saved is None:
+        saved = fit_rounds(prepared, space, rounds=rounds, workers=workers, max_nfev=max_nfev, progress=progress)
+        if store is not None:
+            store.save_rounds(saved)
+    figs, traced, refused = saved
     skipped += [_skipped(r.run, refused[r.run.run_key]) for r in prepared if r.run.run_key in refused]
     fitted_runs = [t.run for t in traced]
     folds: dict[Unit, dict[str, Figures]] = {}
     for unit in UNITS:
         names = {unit_of(t.run.run, unit) for t in traced}
         folds[unit] = fit_folds(traced, lambda t, u=unit: unit_of(t.run.run, u), figs, workers=workers,
-                                max_nfev=max_nfev, progress=progress(f"fitting with each {unit} left out", len(names)))
+                                max_nfev=max_nfev, progress=progress(f"fitting with each {unit} left out", len(names)),
+                                done=store.folds(unit) if store is not None else None,
+                                on_fold=partial(store.save_fold, unit) if store is not None else None)
     results, refused_later = predict_public(fitted_runs, figs, folds, workers=workers, progress=progress)
     skipped += refused_later
     model = FittedModel(families=figs.families, engines=figs.engines, bands=bands(results),

@@ -17,10 +17,11 @@ schedules; a few rounds converge. Residuals are log(predicted / measured), so 10
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 import math
+import multiprocessing as mp
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -239,28 +240,46 @@ def fit(traced: Sequence[Traced], space: Space, start: Figures | None = None, *,
 
 
 def fit_folds(traced: Sequence[Traced], group: Callable[[Traced], str], start: Figures, *, workers: int = 1,
-              max_nfev: int = 400, progress: Callable[[], None] = lambda: None) -> dict[str, Figures]:
+              max_nfev: int = 400, progress: Callable[[], None] = lambda: None,
+              done: Mapping[str, Figures] | None = None,
+              on_fold: Callable[[str, Figures], None] | None = None) -> dict[str, Figures]:
     """For each group (a source, a publisher), the figures fitted on every other group's traces,
     from `start`. A family or engine only the left-out group has keeps the profiles' estimates:
-    never figures fitted on the group itself."""
+    never figures fitted on the group itself. Groups in `done` (a checkpoint) are not fitted again;
+    `on_fold` hears of each fold as it completes."""
     names = sorted({group(t) for t in traced})
-    tasks = [[t for t in traced if group(t) != name] for name in names]
-    if workers <= 1:
-        folds = []
-        for keep in tasks:
-            folds.append(_fit_fold(keep, start, max_nfev))
+    folds = {name: figs for name, figs in (done or {}).items() if name in names}
+    todo = [name for name in names if name not in folds]
+    global _FOLD_INPUT
+    _FOLD_INPUT = (traced, group, start, max_nfev)  # forked workers inherit it: traces are never pickled
+    try:
+        def completed(name: str, figs: Figures) -> None:
+            folds[name] = figs
+            if on_fold is not None:
+                on_fold(name, figs)
             progress()
-    else:
-        with ProcessPoolExecutor(workers) as pool:
-            futures = [pool.submit(_fit_fold, keep, start, max_nfev) for keep in tasks]
-            folds = []
-            for future in futures:
-                folds.append(future.result())
-                progress()
-    return dict(zip(names, folds, strict=True))
+
+        if workers <= 1:
+            for name in todo:
+                completed(name, _fit_fold(name))
+        else:
+            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+                futures = {pool.submit(_fit_fold, name): name for name in todo}
+                for future in as_completed(futures):
+                    completed(futures[future], future.result())
+    finally:
+        _FOLD_INPUT = None
+    return {name: folds[name] for name in names}
 
 
-def _fit_fold(keep: list[Traced], start: Figures, max_nfev: int) -> Figures:
+# What fit_folds' workers fit: the traces, the grouping, the start and the budget.
+_FOLD_INPUT: tuple[Sequence[Traced], Callable[[Traced], str], Figures, int] | None = None
+
+
+def _fit_fold(left_out: str) -> Figures:
+    assert _FOLD_INPUT is not None  # set by fit_folds
+    traced, group, start, max_nfev = _FOLD_INPUT
+    keep = [t for t in traced if group(t) != left_out]
     space = Space.of(t.run for t in keep)
     return fit(keep, space, _restrict(start, space), max_nfev=max_nfev) if keep else Figures()
 

@@ -179,8 +179,9 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     (["validate", "--memory", "--public"], "two different modes"),
     (["validate", "--memory", "--quick"], "--quick does not apply to --memory"),
     (["calibrate", "--report", "r.md"], "--report does not apply to a CPU calibration"),
-    (["calibrate", "--public", "--report", "/no/such/folder/r.md"], "must be a file in an existing folder"),
-    (["calibrate", "--public", "--out", "/no/such/folder/fit.json"], "must be a file in an existing folder"),
+    (["calibrate", "--public", "--report", "/no/such/folder/r.md"], "its folder '/no/such/folder' does not exist"),
+    (["calibrate", "--public", "--out", "/no/such/folder/fit.json"], "its folder '/no/such/folder' does not exist"),
+    (["calibrate", "--checkpoint", "/tmp/x"], "--checkpoint does not apply to a CPU calibration"),
 ])
 def test_public_and_cpu_flags_do_not_mix(argv: list[str], message: str, capsys) -> None:
     assert main(argv) == 2
@@ -192,3 +193,30 @@ def test_space_round_trip() -> None:
     space = Space.of(_prepared(_small_runs()))
     x = space.prior() + np.linspace(-0.5, 0.5, len(space.names))
     assert np.allclose(space.x_of(space.figures(x)), x)
+
+
+def test_a_stopped_calibration_resumes_from_its_checkpoint(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = _small_runs()
+    whole = calibrate_public(command="test", rounds=1, runs=runs)
+    # Stopped after the rounds and the first held-out source: the second source's fold never ran.
+    import planner.public.calibration as calibration
+
+    real = calibration.fit_folds
+    calls: list[str] = []
+
+    def stop_after_one(*args, on_fold, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        def first_only(name, figs):  # noqa: ANN001, ANN202
+            on_fold(name, figs)
+            calls.append(name)
+            raise KeyboardInterrupt
+        return real(*args, on_fold=first_only, **kwargs)
+
+    monkeypatch.setattr(calibration, "fit_folds", stop_after_one)
+    with pytest.raises(KeyboardInterrupt):
+        calibrate_public(command="test", rounds=1, runs=runs, checkpoint=tmp_path)
+    assert calls == ["tp1"]
+    monkeypatch.setattr(calibration, "fit_folds", real)
+    monkeypatch.setattr(calibration, "fit_rounds", lambda *a, **k: pytest.fail("the rounds were checkpointed"))
+    resumed = calibrate_public(command="test", rounds=1, runs=runs, checkpoint=tmp_path)
+    assert resumed.folds == whole.folds and resumed.model == whole.model
+    assert [f.held_out for f in resumed.figures] == [f.held_out for f in whole.figures]
