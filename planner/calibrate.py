@@ -414,26 +414,45 @@ def local_profile(device: DeviceInfo, micro: MicroBenchmarks, dtype: str) -> Har
         **_copy_figures(device, micro.kv_copies),
         provenance={
             "memory_bandwidth_gb_s": "measured: best sustained copy by serveplan calibrate",
-            **({"scale_up": "measured: the engine's collectives over gloo by serveplan calibrate; bandwidth_gb_s is "
-                "the all-reduce's at the largest message, latency_us half its time at the smallest"}
-               if micro.collectives_us else {}),
+
             f"peak_tflops.{dtype}": "measured: best matmul by serveplan calibrate (not a datasheet peak)",
             "memory_gib": "physical memory of the machine",
             **({} if micro.kv_copies is None else {
                 "host_memory": "measured: the engine's block copies cache <-> host tier (latency + bytes / rate, 8 and 64 blocks)",
                 "local_disk": "measured: host tier -> disk tier and disk tier -> cache through a memory-mapped file, which "
                               "sits in the page cache here; capacity: half the free space where calibrate ran",
-                "scale_up": "measured: shared-memory staging copies of the disaggregated transport (mean of send and "
-                            "receive rates) and one message between processes",
                 "efficiency.interconnect": "1.0: the link and tier rates are measured achieved rates"}),
+            **({"scale_up": _LINK_PROVENANCE[(micro.kv_copies is not None, bool(micro.collectives_us))]}
+               if micro.kv_copies is not None or micro.collectives_us else {}),
         },
         sources=[f"measured by `serveplan calibrate` on {dt.date.today().isoformat()} (torch {device.torch_version})"],
-        scale_up=gloo_link(micro, os.cpu_count() or 1),
+        scale_up=local_link(micro, os.cpu_count() or 1),
     )
 
 
+_LINK_PROVENANCE = {  # (KV transport measured, collectives measured)
+    (True, True): "measured: bandwidth_gb_s and latency_us are the disaggregated transport's shared-memory staging "
+                  "copies (mean of send and receive) and one message between processes; collectives: gloo curves",
+    (True, False): "measured: shared-memory staging copies of the disaggregated transport (mean of send and receive "
+                   "rates) and one message between processes",
+    (False, True): "measured: the engine's collectives over gloo by serveplan calibrate; bandwidth_gb_s is the "
+                   "all-reduce's at the largest message, latency_us half its time at the smallest",
+}
+
+
+def local_link(micro: MicroBenchmarks, cpus: int) -> Link | None:
+    """This machine's engine processes as one scale-up link: point to point (a disaggregated
+    prompt's KV) at the transport's measured rate, collectives on their measured gloo curves."""
+    gloo, copies = gloo_link(micro, cpus), micro.kv_copies
+    if copies is None:
+        return gloo
+    return Link(name="shared memory between engine processes" + (" (collectives over gloo)" if gloo else ""),
+                domain_size=cpus, bandwidth_gb_s=(copies.transport_send.gb_s + copies.transport_receive.gb_s) / 2,
+                latency_us=copies.ipc_latency_us, collectives=gloo.collectives if gloo is not None else {})
+
+
 def _copy_figures(device: DeviceInfo, copies: KVCopyBenchmarks | None) -> dict[str, object]:
-    """The profile's tiers and inter-process link from the KV copy benchmarks (none without them)."""
+    """The profile's KV tiers from the KV copy benchmarks (none without them)."""
     if copies is None:
         return {}
     import shutil
@@ -447,9 +466,6 @@ def _copy_figures(device: DeviceInfo, copies: KVCopyBenchmarks | None) -> dict[s
         "local_disk": {"name": "a memory-mapped file (disk KV tier; page cache)", "capacity_gib": round(max(free_gib / 2, 0.25), 2),
                        "write_gb_s": copies.disk_write.gb_s, "read_gb_s": copies.disk_read.gb_s,
                        "latency_us": (copies.disk_write.latency_us + copies.disk_read.latency_us) / 2},
-        "scale_up": {"name": "shared memory between engine processes", "domain_size": 1,
-                     "bandwidth_gb_s": (copies.transport_send.gb_s + copies.transport_receive.gb_s) / 2,
-                     "latency_us": copies.ipc_latency_us},
         "efficiency": {"interconnect": 1.0},
     }
 

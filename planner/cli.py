@@ -578,7 +578,8 @@ _MODE_FLAGS: dict[str, tuple[str, ...]] = {
             "expert_parallel", "write_profile"),
     "public": ("rounds", "workers", "public_report", "checkpoint"),
     "memory": ("rounds", "workers"),
-    "from_bench": ("model", "rounds", "workers", "hardware", "max_model_len", *(s.name for s in (*DEPLOYMENT, *KNOBS))),
+    "from_bench": ("model", "rounds", "workers", "hardware", "max_model_len",
+                   *(s.name for s in (*DEPLOYMENT, *KNOBS, *DISAGGREGATION))),
 }
 _MODE_NAMES = {"cpu": "a CPU calibration (without --public)", "public": "--public", "memory": "--memory",
                "from_bench": "--from-bench"}
@@ -1060,6 +1061,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, help="--from-bench: the endpoint's longest prompt + output "
                                                      "(default: the model's context)")
     add_flags(p, [*DEPLOYMENT, *KNOBS])
+    add_flags(p, DISAGGREGATION, **{s.name: None for s in DISAGGREGATION})
     p.add_argument("--checkpoint", metavar="FOLDER",
                    help="--public: keep the traced rounds and each held-out fold in this folder (yours only: it holds "
                         "pickles) as they complete, and resume from them; a full run takes hours on 2 cores")

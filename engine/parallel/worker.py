@@ -58,7 +58,6 @@ class Worker:
         import torch.distributed as dist
 
         from engine.config import EngineConfig
-        from engine.llm import TORCH_DTYPES
         from engine.model.loader import load_model
         from engine.parallel.group import TPGroup
         from engine.parallel.layers import shard_model
@@ -70,7 +69,7 @@ class Worker:
             torch.cuda.set_device(self.device)
         dist.init_process_group(spec.backend, init_method=spec.init_method, rank=rank, world_size=spec.world_size,
                                 timeout=COLLECTIVE_TIMEOUT)
-        loaded = load_model(spec.model, dtype=TORCH_DTYPES[cfg.dtype], device=self.device, seed=cfg.seed,
+        loaded = load_model(spec.model, dtype=getattr(torch, cfg.dtype), device=self.device, seed=cfg.seed,
                             random_weights=cfg.random_weights)
         self.group: TPGroup = TPGroup(rank, spec.world_size, timed=self.device.type == "cpu")
         shard_model(loaded.model, self.group, expert_parallel=cfg.expert_parallel > 1)

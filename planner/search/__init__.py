@@ -38,7 +38,7 @@ from planner.search.space import (
     knobs_label, priced_profiles, variants, weight_dtypes_for,
 )
 from planner.search.widen import narrower_than_default, what_to_widen, wider_space
-from planner.slo_capacity import SLOCapacity, slo_capacity
+from planner.search.slo_capacity import SLOCapacity, slo_capacity
 from planner.specs import DEFAULT_ENGINE, SLO, Deployment, HardwareProfile, PlanSettings
 from planner.workload import Workload, get_workload
 

@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.metrics import RunSummary
-from planner.slo_capacity import SLOCapacity
+from planner.search.slo_capacity import SLOCapacity
 from planner.search.capacity import LIGHT_LOAD_FACTOR, PROBE_SEQS_MULTIPLE, Question, Searched
 from planner.search.screen import CAPACITY_SLACK, Shape
 from planner.quality import NO_QUALITY_LIMIT_PCT, deployment_loss_pct

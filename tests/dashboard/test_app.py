@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from planner.costmodel.fitted import fitted_model
+from planner.costmodel import fitted
+from planner.costmodel.fitted import Band, FittedModel
 
 pytest.importorskip("streamlit", reason="the dashboard extra is not installed: pip install -e '.[dashboard]'")
 from streamlit.testing.v1 import AppTest  # noqa: E402 (after the skip check)
@@ -95,13 +96,18 @@ def test_simulate_shows_latencies_cost_and_breakdown():
     assert any("US$" in c.value and "per GPU-hour" in c.value for c in at.caption)  # the cost basis is shown
 
 
-def test_simulate_draws_the_prediction_interval_of_a_gpu_run():
-    assert fitted_model() is not None  # hwprofiles/calibrations/public-gpu.json ships with the project
-    at = open_page("simulate", **SMALL)
+def test_simulate_draws_the_prediction_interval_of_a_gpu_run(monkeypatch: pytest.MonkeyPatch):
+    # A public fit's bands (x0.8..x1.25 between P10 and P90), as `serveplan calibrate --public` writes them.
+    band = Band(probabilities=[0.05, 0.1, 0.5, 0.9, 0.95], ratios=[0.7, 0.8, 1.0, 1.25, 1.5], held_out_coverage=0.8,
+                figures=100)
+    model = FittedModel(families={}, engines={}, source="test", bands=dict.fromkeys(("throughput", "ttft", "tpot_itl", "e2e"), band))
+    monkeypatch.setattr(fitted, "fitted_model", lambda *_: model)
+    at = open_page("simulate", **{**SMALL, "rate": "3"})  # inputs no other test caches
     assert not at.exception and not errors(at)
     [bands] = [d.value for d in at.dataframe if {"figure", "low", "high"} <= set(d.value.columns)]
-    assert "ttft_ms.p99" in set(bands.figure) and "throughput.output_tokens_per_s" in set(bands.figure)
-    assert (bands.low < bands.high).all() and (bands.low > 0).all()
+    ttft = bands[bands.figure == "ttft_ms.p99"].iloc[0]
+    assert (ttft.low, ttft.high) == (pytest.approx(0.8 * ttft.predicted), pytest.approx(1.25 * ttft.predicted))
+    assert "throughput.output_tokens_per_s" in set(bands.figure)
 
 
 def test_simulate_input_goes_to_the_url_and_a_cached_rerun_answers():

@@ -30,8 +30,8 @@ def decode_heavy(n: int = 4) -> Workload:
 
 
 def dep(spec: dict | None) -> Deployment:
-    # ServePlan's own engine: no API server in front, so the step counts below are exact.
-    return Deployment(hardware="h100-sxm", engine="serveplan", knobs=EngineKnobs(speculative=spec))
+    # ServePlan's own engine in process (no API server in front), so the step counts below are exact.
+    return Deployment(hardware="h100-sxm", engine="serveplan", api_server=False, knobs=EngineKnobs(speculative=spec))
 
 
 def run(spec: dict | None, seed: int = 0):

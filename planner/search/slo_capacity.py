@@ -12,6 +12,7 @@ run (max_num_seqs, or what its KV cache holds of the mean request if fewer).
 
 from __future__ import annotations
 
+import logging
 import math
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -27,6 +28,7 @@ from planner.search.capacity import PROBE_SEQS_MULTIPLE, probe_workload
 from planner.specs import MAX_RATE_PER_S, MIN_RATE_PER_S, SLO, Deployment, HardwareProfile
 from planner.workload import Workload
 
+_log = logging.getLogger("planner.search")
 MAX_PROBES = 16  # doubling from 1e-3 to 1e6 req/s takes 30; a start near the answer takes a few
 
 
@@ -59,7 +61,9 @@ def slo_capacity(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workl
     failed: set[float] = set()
 
     def probe(rate: float) -> bool:
-        summary, _ = simulate_cached(model, hw, dep, probe_workload(workload, rate, n), slo, runs)
+        summary, notes = simulate_cached(model, hw, dep, probe_workload(workload, rate, n), slo, runs)
+        for note in notes:  # a bad cache entry met here is named like the search's own
+            _log.warning(note)
         if summary.goodput.slo_met:
             passed[rate] = summary
             return True
