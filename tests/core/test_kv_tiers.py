@@ -16,12 +16,7 @@ BS = 4
 def _serve(sched, request, runner: FakeRunner, now: float = 0.0) -> None:
     """Add `request` and run until everything has finished."""
     sched.add_request(request)
-    while sched.has_unfinished_requests():
-        out = sched.schedule(now)
-        check_invariants(sched, out)
-        runner.execute(out)
-        sched.update(out, sample_all(out), now)
-        now += 1.0
+    run_to_completion(sched, now, runner=runner)
 
 
 def test_an_evicted_prefix_comes_back_from_the_host_tier() -> None:

@@ -369,13 +369,7 @@ def test_undone_victim_leaves_no_unfilled_block_in_the_prefix_cache():
     assert num_hit == 4, "position 5 was never written: block 2 must not be a hit"
     sched.update(out, {"high": [51]}, 2.0)
     sched.add_request(copy)
-    now = 3.0
-    while sched.has_unfinished_requests():
-        out = sched.schedule(now)
-        check_invariants(sched, out)
-        runner.execute(out)
-        sched.update(out, sample_all(out), now)
-        now += 1.0
+    run_to_completion(sched, 3.0, runner=runner)
     assert [r.num_output_tokens for r in (low, high, copy)] == [6, 6, 4]
 
 

@@ -99,13 +99,18 @@ def sample_all(out: SchedulerOutput, token: int = 7) -> dict[str, list[int]]:
     return {s.request_id: [token] for s in out.scheduled if s.samples}
 
 
-def run_to_completion(sched: Scheduler, start: float = 0.0, max_steps: int = 1000, token: int = 7) -> float:
+def run_to_completion(sched: Scheduler, start: float = 0.0, max_steps: int = 1000, token: int = 7,
+                      runner: FakeRunner | None = None) -> float:
+    """Step until every request has finished (one second a step), checking the invariants each
+    step and, with a `runner`, executing each step's KV copies and writes on it."""
     now = start
     for _ in range(max_steps):
         if not sched.has_unfinished_requests():
             return now
         out = sched.schedule(now)
         check_invariants(sched, out)
+        if runner is not None:
+            runner.execute(out)
         sched.update(out, sample_all(out, token), now)
         now += 1.0
     raise AssertionError(f"not finished after {max_steps} steps")
