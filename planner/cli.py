@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 import sys
 import time
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
@@ -169,40 +169,37 @@ def render_memory_validation(report: MemoryValidation, as_json: bool) -> None:
 
 
 def cmd_hw_list(args: argparse.Namespace) -> None:
-    profiles = hardware_catalog()
-    if args.json:
-        print_json([p.model_dump(mode="json") for p in profiles.values()])
-        return
-    t = Table(title=f"{len(profiles)} hardware profiles (dense peaks; * = derived or estimated, see `hw show`)")
-    for col in ("name", "device", "memory GiB", "reported GiB", "bandwidth GB/s", "bf16 TFLOPS", "fp8 TFLOPS",
-                "scale-up GB/s", "US$/hour"):
-        t.add_column(col, justify="left" if col in ("name", "device") else "right", no_wrap=True)
-    for p in profiles.values():
-        t.add_row(
-            p.name,
-            p.display_name,
-            _fmt(p, "memory_gib", p.memory_gib),
-            _fmt(p, "memory_reported_gib", p.memory_reported_gib),
-            _fmt(p, "memory_bandwidth_gb_s", p.memory_bandwidth_gb_s),
-            _fmt(p, "peak_tflops.bf16", p.peak_tflops.bf16),
-            _fmt(p, "peak_tflops.fp8", p.peak_tflops.fp8),
-            _fmt(p, "scale_up.bandwidth_gb_s", p.scale_up.bandwidth_gb_s if p.scale_up else None),
-            _fmt(p, "price_usd_per_hour", p.price_usd_per_hour),
-        )
-    console.print(t)
+    _print_catalog(args, hardware_catalog(), "hardware profiles (dense peaks; * = derived or estimated, see `hw show`)",
+                   ("name", "device", "memory GiB", "reported GiB", "bandwidth GB/s", "bf16 TFLOPS", "fp8 TFLOPS",
+                    "scale-up GB/s", "US$/hour"), 2,
+                   lambda p: (p.name, p.display_name, _fmt(p, "memory_gib", p.memory_gib),
+                              _fmt(p, "memory_reported_gib", p.memory_reported_gib),
+                              _fmt(p, "memory_bandwidth_gb_s", p.memory_bandwidth_gb_s),
+                              _fmt(p, "peak_tflops.bf16", p.peak_tflops.bf16),
+                              _fmt(p, "peak_tflops.fp8", p.peak_tflops.fp8),
+                              _fmt(p, "scale_up.bandwidth_gb_s", p.scale_up.bandwidth_gb_s if p.scale_up else None),
+                              _fmt(p, "price_usd_per_hour", p.price_usd_per_hour)))
 
 
 def cmd_engines_list(args: argparse.Namespace) -> None:
-    profiles = engine_catalog()
+    _print_catalog(args, engine_catalog(), "engine profiles (`engines show NAME`: every figure with its source)",
+                   ("name", "engine", "releases", "batching", "chunked prefill", "host overlapped", "step overhead ms"), 6,
+                   lambda p: (p.name, p.engine, p.versions, p.scheduling.batching,
+                              str(p.scheduling.enable_chunked_prefill), str(p.execution.overlap_host),
+                              f"{p.overheads.step_us / 1e3:.2f}"))
+
+
+def _print_catalog(args: argparse.Namespace, profiles: dict[str, Any], what: str, columns: tuple[str, ...],
+                   text_columns: int, row: Callable[[Any], tuple[str, ...]]) -> None:
+    """A catalog as JSON (--json) or a table: its first `text_columns` columns left-aligned, figures right."""
     if args.json:
         print_json([p.model_dump(mode="json") for p in profiles.values()])
         return
-    t = Table(title=f"{len(profiles)} engine profiles (`engines show NAME`: every figure with its source)")
-    for col in ("name", "engine", "releases", "batching", "chunked prefill", "host overlapped", "step overhead ms"):
-        t.add_column(col, justify="right" if col == "step overhead ms" else "left", no_wrap=True)
+    t = Table(title=f"{len(profiles)} {what}")
+    for k, col in enumerate(columns):
+        t.add_column(col, justify="left" if k < text_columns else "right", no_wrap=True)
     for p in profiles.values():
-        t.add_row(p.name, p.engine, p.versions, p.scheduling.batching, str(p.scheduling.enable_chunked_prefill),
-                  str(p.execution.overlap_host), f"{p.overheads.step_us / 1e3:.2f}")
+        t.add_row(*row(p))
     console.print(t)
 
 

@@ -10,7 +10,7 @@ import pytest
 from engine.core import KVCacheManager, Scheduler, SchedulerConfig
 from engine.core.scheduler import OutputReservation
 
-from .testlib import FakeRunner, check_invariants, make_request, sample_all
+from .testlib import FakeRunner, check_invariants, make_request, run_to_completion, sample_all
 
 
 def scheduler(num_blocks: int = 64, block_size: int = 4, budget: int = 64, **policy: object) -> Scheduler:
@@ -84,15 +84,8 @@ def test_full_reservation_never_preempts(requests, num_blocks):
     for i, (prompt, out) in enumerate(requests):
         if -(-(prompt + out - 1) // 4) <= num_blocks:
             sched.add_request(make_request(f"r{i}", prompt, max_tokens=out))
-    runner = FakeRunner(sched)
-    for now in range(2000):
-        if not sched.has_unfinished_requests():
-            break
-        out = sched.schedule(float(now))
-        check_invariants(sched, out)
-        runner.execute(out)
-        sched.update(out, sample_all(out), float(now))
-    assert not sched.has_unfinished_requests() and sched.stats().num_preemptions == 0
+    run_to_completion(sched, max_steps=2000, runner=FakeRunner(sched))
+    assert sched.stats().num_preemptions == 0
 
 
 def test_a_decaying_reservation_admits_more_as_it_decays_and_resets_after_preemption():
