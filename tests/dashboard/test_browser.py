@@ -127,6 +127,8 @@ def test_plan_in_the_browser(server: str, browser: webdriver.Chrome, screenshots
                 "&knobs=mbt2048%20seqs64")
     button = WebDriverWait(browser, PAGE_TIMEOUT_S).until(
         ec.element_to_be_clickable((By.XPATH, "//button[.//*[contains(text(), 'Run plan')]]")))
+    # The sidebar form is taller than the window: bring the button to the middle before clicking it.
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", button)
     button.click()
     _wait_drawn(browser, "Recommended:")
     assert "Why not: rejected candidates" in browser.page_source
