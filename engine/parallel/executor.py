@@ -26,6 +26,9 @@ from engine.core import ExecutedStep, SchedulerOutput
 from engine.errors import InputError
 from engine.parallel.worker import ModelInfo, RankSpec, main
 
+# How long a rank whose pipe broke gets to finish exiting before the engine stops anyway.
+_REAP_TIMEOUT_S = 10.0
+
 
 class WorkerPool:
     """One process per tensor-parallel rank, each holding its shard of the model. Duck-types the
@@ -74,13 +77,16 @@ class WorkerPool:
             try:
                 conn.send((method, args))
             except OSError:  # a rank's end of the pipe is gone: say which rank, not how the pipe broke
-                self._stop_for_a_dead_rank()
+                self._stop_for_a_dead_rank(self._conns.index(conn))
                 raise
         return self._gather()
 
-    def _stop_for_a_dead_rank(self) -> None:
+    def _stop_for_a_dead_rank(self, broken_pipe_rank: int | None = None) -> None:
         """If a rank's process has exited, stop the engine naming it: the other ranks' errors
-        (a collective whose peer vanished) are consequences, not causes."""
+        (a collective whose peer vanished) are consequences, not causes. A rank whose pipe broke
+        is dying: its pipe closes before the kernel lets the parent reap it, so wait for that."""
+        if broken_pipe_rank is not None:
+            self._procs[broken_pipe_rank].join(timeout=_REAP_TIMEOUT_S)
         for rank, proc in enumerate(self._procs):
             if not proc.is_alive():  # polls the process without waiting on a live one
                 self.close()
@@ -106,7 +112,7 @@ class WorkerPool:
                 try:
                     status, payload = conn.recv()  # type: ignore[union-attr]
                 except (EOFError, OSError):
-                    self._stop_for_a_dead_rank()
+                    self._stop_for_a_dead_rank(rank)
                     raise
                 if status == "error":
                     self._stop_for_a_dead_rank()
