@@ -10,6 +10,7 @@ from engine.core.request import SamplingParams
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.errors import InputError
 from planner.costmodel import OPERATORS, CostModel, CostParams, expected_distinct_experts, gemm_compute_dtype
+from planner.engines import get_engine
 from planner.hardware import get_hardware
 from planner.memory import WEIGHT_BYTES_PER_PARAM
 from planner.specs import Deployment
@@ -46,10 +47,14 @@ def step(*reqs: ScheduledRequest) -> SchedulerOutput:
 
 
 def cost(model: str = "llama-3.1-8b", hw: str = "h100-sxm", calibration: CostParams | None = None, hw_update=None, **dep):
+    """The cost model at the profiles' own estimates (not the public fit's figures), so that each
+    check can derive its known answer from the profile it reads."""
     profile = get_hardware(hw)
     if hw_update:
         profile = profile.model_copy(update=hw_update)
-    return CostModel(resolve_model(model), profile, Deployment(hardware=hw, **dep), calibration)
+    deployment = Deployment(hardware=hw, **dep)
+    params = calibration or CostParams.defaults(profile, get_engine(deployment.engine))
+    return CostModel(resolve_model(model), profile, deployment, params)
 
 
 def read_weight_bytes(model: str, weight_dtype: str = "bf16") -> float:
