@@ -568,15 +568,23 @@ def render_sweep(result: BenchReport) -> None:
 # --------------------------------------------------------------------------- calibrate
 
 
-# The flags each mode of calibrate and validate reads: a flag the chosen mode does not read is
-# refused when given, not dropped.
-_MODE_FLAGS: dict[str, tuple[str, ...]] = {
-    "cpu": ("model", "device", "dtype", "threads", "random_weights", "quick", "workloads", "force", "tensor_parallel",
-            "expert_parallel", "write_profile"),
-    "public": ("rounds", "workers", "public_report", "checkpoint"),
-    "memory": ("rounds", "workers"),
-    "from_bench": ("model", "rounds", "workers", "hardware", "max_model_len",
-                   *(s.name for s in (*DEPLOYMENT, *KNOBS, *DISAGGREGATION))),
+# The flags each mode of calibrate and validate reads, per command: the two share flag names
+# (--model, --quick, --workers) but not what they read with them (validate runs the engine at
+# --tp, a CPU calibration measures one process). A flag the chosen mode does not read is refused
+# when given, not dropped.
+_MODE_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
+    "calibrate": {
+        "cpu": ("model", "device", "dtype", "threads", "random_weights", "quick", "write_profile"),
+        "public": ("rounds", "workers", "public_report", "checkpoint"),
+        "from_bench": ("model", "rounds", "workers", "hardware", "max_model_len",
+                       *(s.name for s in (*DEPLOYMENT, *KNOBS, *DISAGGREGATION))),
+    },
+    "validate": {
+        "cpu": ("model", "random_weights", "quick", "workloads", "force", "tensor_parallel", "expert_parallel",
+                "calibration", "report"),
+        "public": ("workers", "calibration", "report"),
+        "memory": (),
+    },
 }
 _MODE_NAMES = {"cpu": "a CPU calibration (without --public)", "public": "--public", "memory": "--memory",
                "from_bench": "--from-bench"}
@@ -588,9 +596,12 @@ def _check_mode(args: argparse.Namespace) -> None:
     if len(chosen) > 1:
         raise UsageError(f"{' and '.join(_MODE_NAMES[m] for m in chosen)} are two different modes: give one")
     mode = chosen[0] if chosen else "cpu"
+    modes = _MODE_FLAGS[args.command]
     for name, default in args.mode_defaults.items():
-        if name not in _MODE_FLAGS[mode] and getattr(args, name) != default:
-            raise UsageError(f"{args.flags.get(name, name)} does not apply to {_MODE_NAMES[mode]}")
+        if name not in modes[mode] and getattr(args, name) != default:
+            readers = " or ".join(_MODE_NAMES[m] for m, flags in modes.items() if name in flags)
+            raise UsageError(f"{args.flags.get(name, name)} does not apply to {_MODE_NAMES[mode]}; "
+                             f"{args.command} reads it with {readers} only")
 
 
 @contextmanager
@@ -948,11 +959,11 @@ def _at_least_one(text: str) -> int:
     return value
 
 
-def _add_public_flags(p: argparse.ArgumentParser, what: str) -> None:
-    """--public and its flags; called last, it records the command's defaults for _check_mode."""
+def _add_public_flags(p: argparse.ArgumentParser, command: str, what: str) -> None:
+    """--public and its flags; called last, it records `command`'s defaults for _check_mode."""
     p.add_argument("--public", action="store_true", help=what)
     p.add_argument("--workers", type=_at_least_one, help="--public: simulation processes (default: CPU count)")
-    moded = {name for flags in _MODE_FLAGS.values() for name in flags}
+    moded = {name for flags in _MODE_FLAGS[command].values() for name in flags}
     p.set_defaults(mode_defaults={a.dest: a.default for a in p._actions if a.dest in moded})
 
 
@@ -1065,8 +1076,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", dest="public_report",
                    help="--public: also write the validation of the fit's own predictions (markdown, with a plot and "
                         "the JSON the dashboard reads beside it), as `serveplan validate --public --report` would")
-    _add_public_flags(p, "instead, fit the GPU-family and engine figures to published measurements (slow: minutes to "
-                         "hours; see docs/validation-public.md)")
+    _add_public_flags(p, "calibrate", "instead, fit the GPU-family and engine figures to published measurements "
+                                      "(slow: minutes to hours; see docs/validation-public.md)")
     command(p, cmd_calibrate)
 
     p = sub.add_parser("validate", help="run the same workloads through the engine and the calibrated simulator")
@@ -1082,7 +1093,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", help="also write the comparison as markdown to this file (with --public, a plot and the JSON "
                         "the dashboard reads beside it)")
     p.add_argument("--json", action="store_true")
-    _add_public_flags(p, "instead, predict every published GPU figure with the public fit, each source held out")
+    _add_public_flags(p, "validate", "instead, predict every published GPU figure with the public fit, each source held out")
     command(p, cmd_validate)
 
     p = sub.add_parser("schema", help="export the JSON Schema of the specs")

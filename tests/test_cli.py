@@ -202,3 +202,31 @@ def test_engines_catalog_lists_and_shows_profiles(capsys) -> None:
     assert main(["engines", "show", "vllm-9"]) == 2
     err = capsys.readouterr().err
     assert "engine='vllm-9' is invalid: unknown name" in err and err.count("\n") == 1
+
+
+def _must_not_run(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the command ran with a flag its mode does not read")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    # validate runs the engine at --tp; a CPU calibration measures one process and used to drop it.
+    (["calibrate", "--tp", "2"], "--tp does not apply to a CPU calibration (without --public); "
+                                 "calibrate reads it with --from-bench only"),
+    (["calibrate", "--ep", "2"], "--ep does not apply to a CPU calibration"),
+    (["calibrate", "--public", "--tp", "2"], "--tp does not apply to --public; calibrate reads it with --from-bench"),
+    (["calibrate", "--from-bench", "run.json", "--hw", "h100-sxm", "--threads", "2"],
+     "--threads does not apply to --from-bench; calibrate reads it with a CPU calibration (without --public) only"),
+    (["validate", "--memory", "--workers", "2"], "--workers does not apply to --memory; validate reads it with --public"),
+    (["validate", "--memory", "--calibration", "cal.json"],
+     "--calibration does not apply to --memory; validate reads it with a CPU calibration (without --public) or --public"),
+])
+def test_a_flag_the_mode_does_not_read_is_refused(capsys, monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                                  message: str) -> None:
+    for target in ("planner.calibrate.calibrate", "planner.cli.validate_startup_logs"):
+        monkeypatch.setattr(target, _must_not_run)
+    assert message in one_line_error(capsys, *argv)
+
+
+def test_validate_still_reads_tensor_parallel(capsys) -> None:
+    """--tp is validate's (it runs the engine on that many ranks): past the mode check to the next question."""
+    assert "--calibration is required" in one_line_error(capsys, "validate", "--tp", "2")
