@@ -10,6 +10,7 @@ import sys
 import tempfile
 
 import pytest
+from pydantic import ValidationError
 
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs
@@ -120,6 +121,16 @@ def test_slo_no_hardware_meets_names_the_closest_miss(cache_dir) -> None:
     closest = min((p for p in r.rejected if p.slo_miss_ratio is not None), key=lambda p: p.slo_miss_ratio)
     assert closest.label in r.nearest_miss and closest.slo_miss_ratio > 1
     assert "ms > 5" in r.nearest_miss  # the observed latency against the limit
+
+
+def test_an_absurd_slo_is_refused_by_the_python_api_before_any_work(cache_dir) -> None:
+    """The CLI, the dashboard and plan() share SLO.parse; SLO itself holds the same ranges."""
+    with pytest.raises(InputError, match=r"slo='ttft_p99_ms<=1e300' is invalid: ttft_p99_ms must be a number in "
+                                         r"0\.01\.\.3,600,000 ms"):
+        plan(MODEL, get_workload("chat"), RATE_PER_S, "ttft_p99_ms<=1e300", cache_dir=cache_dir, **SPACE)
+    for field, value in (("tpot_p99_ms", 1e300), ("e2e_p99_ms", 1e-300), ("itl_p99_ms", -1.0)):
+        with pytest.raises(ValidationError, match=field):
+            SLO(**{field: value})
 
 
 def test_model_that_fits_nowhere_names_the_least_shortfall(cache_dir) -> None:
