@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 import json
 import os
 from pathlib import Path
@@ -31,6 +30,7 @@ from engine.cpu import default_threads
 from engine.errors import InputError, excerpt, from_validation_error
 from engine.files import output_file
 from engine.knobs import add_flags, command, read_flags, settings, values
+from planner.costmodel.fitted import FittedModel, load_fitted_model
 from planner.engines import engine_catalog, get_engine
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
@@ -79,6 +79,18 @@ def deployment_from_args(args: argparse.Namespace) -> Deployment:
     given = {name: v for name, v in values(args, DISAGGREGATION).items() if v is not None}
     return Deployment(hardware=args.hardware, **values(args, DEPLOYMENT), knobs=EngineKnobs(**values(args, KNOBS)),
                       disaggregation=Disaggregation(**given) if given else None)
+
+
+def add_calibration_arg(p: argparse.ArgumentParser) -> None:
+    """--calibration, for every command that simulates GPUs (simulate, plan, compare)."""
+    p.add_argument("--calibration", metavar="FILE", help="a fit file (`serveplan calibrate --from-bench` or `--public`): "
+                   "its GPU-family and engine figures replace the profiles' and its bands give the prediction "
+                   "intervals (default: the public fit, if made)")
+
+
+def fit_from_args(args: argparse.Namespace) -> FittedModel | None:
+    """The fit --calibration names; None: the public fit, if made."""
+    return load_fitted_model(args.calibration) if args.calibration else None
 
 
 def print_json(model: BaseModel | list | dict) -> None:
@@ -367,19 +379,8 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     slo = SLO.parse(args.slo) if args.slo else None
     max_len = context_length(model, args.max_model_len)
     replay = replay_from_args(args, model.vocab_size, max_len)
-    params, fit = None, None
-    if args.calibration:
-        from planner.costmodel import CostParams
-        from planner.costmodel.fitted import load_fitted_model, prediction_interval
-        from planner.engines import get_engine
-
-        fit = load_fitted_model(args.calibration)
-        params = CostParams.fitted(hw, get_engine(dep.engine), fit)
-    result = simulate(model, hw, dep, replay, slo=slo, router=args.router, calibration=params,
+    result = simulate(model, hw, dep, replay, slo=slo, router=args.router, fit=fit_from_args(args),
                       max_model_len=max_len)
-    if fit is not None:  # the band of the fit that was used, not the public one
-        result = replace(result, summary=result.summary.model_copy(update={
-            "prediction_interval": prediction_interval(result.summary, hw, dep.engine, fit)}))
     if args.json:
         print_json(result.summary)
     else:
@@ -730,7 +731,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         max_gpus_per_replica=args.max_gpus_per_replica, budget_usd_per_hour=args.budget_usd_per_hour,
         weight_dtypes=_csv(args.weight_dtypes), kv_dtypes=_csv(args.kv_dtypes), engine=args.engine, headroom=args.headroom,
         confidence=args.confidence, max_quality_loss_pct=args.max_quality_loss_pct, pd_ratios=args.pd_ratios,
-        offload=args.offload, prefix_caching=args.enable_prefix_caching, widen=True,
+        offload=args.offload, prefix_caching=args.enable_prefix_caching, fit=fit_from_args(args), widen=True,
         requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
         cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
     )
@@ -835,7 +836,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
     slo = SLO.parse(args.slo) if args.slo else None
     overrides = workload_overrides(args)
-    a, b = (load_side(path, args.model, args.workload, overrides, slo, args.router) for path in (args.a, args.b))
+    fit = fit_from_args(args)
+    a, b = (load_side(path, args.model, args.workload, overrides, slo, args.router, fit) for path in (args.a, args.b))
     result = compare(a, b)
     if args.json:
         print_json(result)
@@ -1001,8 +1003,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo", help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=50' (goodput_share>=0.99 by default)")
     p.add_argument("--router", default="round_robin", choices=list(ROUTERS), help="how replicas share requests")
     p.add_argument("--max-model-len", type=int, help="longest prompt + output per request (default: the model's context)")
-    p.add_argument("--calibration", help="a fit file (`serveplan calibrate --from-bench` or `--public`): its GPU-family "
-                                         "and engine figures replace the profiles' (default: the public fit, if made)")
+    add_calibration_arg(p)
     p.add_argument("--json", action="store_true", help="the full result in the stable schema of docs/simulate.md")
     command(p, cmd_simulate)
 
@@ -1018,6 +1019,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-dtypes", help="comma-separated weight formats (default: bf16, fp8 where native, int8, int4)")
     p.add_argument("--kv-dtypes", help="comma-separated KV-cache formats (default: bf16,fp8)")
     p.add_argument("--requests-per-probe", type=int, default=300, help="requests per simulation (at least 3 x max_num_seqs)")
+    add_calibration_arg(p)
     p.add_argument("--executor", default="process", choices=["process", "serial", "ray"],
                    help="local process pool, in-process, or a Ray cluster (pip install 'serveplan[cluster]')")
     p.add_argument("--workers", type=int, help="processes of the local pool (default: CPU count)")
@@ -1033,6 +1035,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_workload_args(p)
     p.add_argument("--slo", help="latency targets for goodput, e.g. 'ttft_p99_ms<=500'")
     p.add_argument("--router", default="round_robin", choices=list(ROUTERS), help="how replicas share requests")
+    add_calibration_arg(p)
     p.add_argument("--json", action="store_true", help="both summaries and the deltas")
     command(p, cmd_compare)
 
