@@ -191,8 +191,9 @@ def plan(
     if result.recommended is None and widen and space.narrower_than_default:
         wider = plan(cfg, base, rate_per_s, slo, **wider_space(profiles, max_gpus_per_replica, weights, kvs, knobs),
                      budget_usd_per_hour=budget_usd_per_hour, engine=engine, headroom=headroom, confidence=confidence,
-                     max_quality_loss_pct=max_quality_loss_pct, prefix_caching=prefix_caching, fit=fit, widen=False, requests_per_probe=requests_per_probe,
-                     executor=executor, workers=workers, cache_dir=cache_dir, progress=progress, on_progress=on_progress)
+                     max_quality_loss_pct=max_quality_loss_pct, prefix_caching=prefix_caching, fit=fit, widen=False,
+                     requests_per_probe=requests_per_probe, executor=executor, workers=workers, cache_dir=cache_dir,
+                     progress=progress, on_progress=on_progress)
         result = result.model_copy(update={"widening": what_to_widen(wider, space)})
     return result
 
