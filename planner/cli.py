@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 import json
 import os
 from pathlib import Path
@@ -31,6 +30,7 @@ from engine.cpu import default_threads
 from engine.errors import InputError, excerpt, from_validation_error
 from engine.files import output_file
 from engine.knobs import add_flags, command, read_flags, settings, values
+from planner.costmodel.fitted import FittedModel, load_fitted_model
 from planner.engines import engine_catalog, get_engine
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
@@ -79,6 +79,18 @@ def deployment_from_args(args: argparse.Namespace) -> Deployment:
     given = {name: v for name, v in values(args, DISAGGREGATION).items() if v is not None}
     return Deployment(hardware=args.hardware, **values(args, DEPLOYMENT), knobs=EngineKnobs(**values(args, KNOBS)),
                       disaggregation=Disaggregation(**given) if given else None)
+
+
+def add_calibration_arg(p: argparse.ArgumentParser) -> None:
+    """--calibration, for every command that simulates GPUs (simulate, plan, compare)."""
+    p.add_argument("--calibration", metavar="FILE", help="a fit file (`serveplan calibrate --from-bench` or `--public`): "
+                   "its GPU-family and engine figures replace the profiles' and its bands give the prediction "
+                   "intervals (default: the public fit, if made)")
+
+
+def fit_from_args(args: argparse.Namespace) -> FittedModel | None:
+    """The fit --calibration names; None: the public fit, if made."""
+    return load_fitted_model(args.calibration) if args.calibration else None
 
 
 def print_json(model: BaseModel | list | dict) -> None:
@@ -367,19 +379,8 @@ def cmd_simulate(args: argparse.Namespace) -> None:
     slo = SLO.parse(args.slo) if args.slo else None
     max_len = context_length(model, args.max_model_len)
     replay = replay_from_args(args, model.vocab_size, max_len)
-    params, fit = None, None
-    if args.calibration:
-        from planner.costmodel import CostParams
-        from planner.costmodel.fitted import load_fitted_model, prediction_interval
-        from planner.engines import get_engine
-
-        fit = load_fitted_model(args.calibration)
-        params = CostParams.fitted(hw, get_engine(dep.engine), fit)
-    result = simulate(model, hw, dep, replay, slo=slo, router=args.router, calibration=params,
+    result = simulate(model, hw, dep, replay, slo=slo, router=args.router, fit=fit_from_args(args),
                       max_model_len=max_len)
-    if fit is not None:  # the band of the fit that was used, not the public one
-        result = replace(result, summary=result.summary.model_copy(update={
-            "prediction_interval": prediction_interval(result.summary, hw, dep.engine, fit)}))
     if args.json:
         print_json(result.summary)
     else:
@@ -568,15 +569,23 @@ def render_sweep(result: BenchReport) -> None:
 # --------------------------------------------------------------------------- calibrate
 
 
-# The flags each mode of calibrate and validate reads: a flag the chosen mode does not read is
-# refused when given, not dropped.
-_MODE_FLAGS: dict[str, tuple[str, ...]] = {
-    "cpu": ("model", "device", "dtype", "threads", "random_weights", "quick", "workloads", "force", "tensor_parallel",
-            "expert_parallel", "write_profile"),
-    "public": ("rounds", "workers", "public_report", "checkpoint"),
-    "memory": ("rounds", "workers"),
-    "from_bench": ("model", "rounds", "workers", "hardware", "max_model_len",
-                   *(s.name for s in (*DEPLOYMENT, *KNOBS, *DISAGGREGATION))),
+# The flags each mode of calibrate and validate reads, per command: the two share flag names
+# (--model, --quick, --workers) but not what they read with them (validate runs the engine at
+# --tp, a CPU calibration measures one process). A flag the chosen mode does not read is refused
+# when given, not dropped.
+_MODE_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
+    "calibrate": {
+        "cpu": ("model", "device", "dtype", "threads", "random_weights", "quick", "write_profile"),
+        "public": ("rounds", "workers", "public_report", "checkpoint"),
+        "from_bench": ("model", "rounds", "workers", "hardware", "max_model_len",
+                       *(s.name for s in (*DEPLOYMENT, *KNOBS, *DISAGGREGATION))),
+    },
+    "validate": {
+        "cpu": ("model", "random_weights", "quick", "workloads", "force", "tensor_parallel", "expert_parallel",
+                "calibration", "report"),
+        "public": ("workers", "calibration", "report"),
+        "memory": (),
+    },
 }
 _MODE_NAMES = {"cpu": "a CPU calibration (without --public)", "public": "--public", "memory": "--memory",
                "from_bench": "--from-bench"}
@@ -588,9 +597,12 @@ def _check_mode(args: argparse.Namespace) -> None:
     if len(chosen) > 1:
         raise UsageError(f"{' and '.join(_MODE_NAMES[m] for m in chosen)} are two different modes: give one")
     mode = chosen[0] if chosen else "cpu"
+    modes = _MODE_FLAGS[args.command]
     for name, default in args.mode_defaults.items():
-        if name not in _MODE_FLAGS[mode] and getattr(args, name) != default:
-            raise UsageError(f"{args.flags.get(name, name)} does not apply to {_MODE_NAMES[mode]}")
+        if name not in modes[mode] and getattr(args, name) != default:
+            readers = " or ".join(_MODE_NAMES[m] for m, flags in modes.items() if name in flags)
+            raise UsageError(f"{args.flags.get(name, name)} does not apply to {_MODE_NAMES[mode]}; "
+                             f"{args.command} reads it with {readers} only")
 
 
 @contextmanager
@@ -719,7 +731,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
         max_gpus_per_replica=args.max_gpus_per_replica, budget_usd_per_hour=args.budget_usd_per_hour,
         weight_dtypes=_csv(args.weight_dtypes), kv_dtypes=_csv(args.kv_dtypes), engine=args.engine, headroom=args.headroom,
         confidence=args.confidence, max_quality_loss_pct=args.max_quality_loss_pct, pd_ratios=args.pd_ratios,
-        offload=args.offload, prefix_caching=args.enable_prefix_caching, widen=True,
+        offload=args.offload, prefix_caching=args.enable_prefix_caching, fit=fit_from_args(args), widen=True,
         requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
         cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
     )
@@ -824,7 +836,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
     slo = SLO.parse(args.slo) if args.slo else None
     overrides = workload_overrides(args)
-    a, b = (load_side(path, args.model, args.workload, overrides, slo, args.router) for path in (args.a, args.b))
+    fit = fit_from_args(args)
+    a, b = (load_side(path, args.model, args.workload, overrides, slo, args.router, fit) for path in (args.a, args.b))
     result = compare(a, b)
     if args.json:
         print_json(result)
@@ -948,11 +961,11 @@ def _at_least_one(text: str) -> int:
     return value
 
 
-def _add_public_flags(p: argparse.ArgumentParser, what: str) -> None:
-    """--public and its flags; called last, it records the command's defaults for _check_mode."""
+def _add_public_flags(p: argparse.ArgumentParser, command: str, what: str) -> None:
+    """--public and its flags; called last, it records `command`'s defaults for _check_mode."""
     p.add_argument("--public", action="store_true", help=what)
     p.add_argument("--workers", type=_at_least_one, help="--public: simulation processes (default: CPU count)")
-    moded = {name for flags in _MODE_FLAGS.values() for name in flags}
+    moded = {name for flags in _MODE_FLAGS[command].values() for name in flags}
     p.set_defaults(mode_defaults={a.dest: a.default for a in p._actions if a.dest in moded})
 
 
@@ -990,8 +1003,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slo", help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=50' (goodput_share>=0.99 by default)")
     p.add_argument("--router", default="round_robin", choices=list(ROUTERS), help="how replicas share requests")
     p.add_argument("--max-model-len", type=int, help="longest prompt + output per request (default: the model's context)")
-    p.add_argument("--calibration", help="a fit file (`serveplan calibrate --from-bench` or `--public`): its GPU-family "
-                                         "and engine figures replace the profiles' (default: the public fit, if made)")
+    add_calibration_arg(p)
     p.add_argument("--json", action="store_true", help="the full result in the stable schema of docs/simulate.md")
     command(p, cmd_simulate)
 
@@ -1007,6 +1019,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weight-dtypes", help="comma-separated weight formats (default: bf16, fp8 where native, int8, int4)")
     p.add_argument("--kv-dtypes", help="comma-separated KV-cache formats (default: bf16,fp8)")
     p.add_argument("--requests-per-probe", type=int, default=300, help="requests per simulation (at least 3 x max_num_seqs)")
+    add_calibration_arg(p)
     p.add_argument("--executor", default="process", choices=["process", "serial", "ray"],
                    help="local process pool, in-process, or a Ray cluster (pip install 'serveplan[cluster]')")
     p.add_argument("--workers", type=int, help="processes of the local pool (default: CPU count)")
@@ -1022,6 +1035,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_workload_args(p)
     p.add_argument("--slo", help="latency targets for goodput, e.g. 'ttft_p99_ms<=500'")
     p.add_argument("--router", default="round_robin", choices=list(ROUTERS), help="how replicas share requests")
+    add_calibration_arg(p)
     p.add_argument("--json", action="store_true", help="both summaries and the deltas")
     command(p, cmd_compare)
 
@@ -1065,8 +1079,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", dest="public_report",
                    help="--public: also write the validation of the fit's own predictions (markdown, with a plot and "
                         "the JSON the dashboard reads beside it), as `serveplan validate --public --report` would")
-    _add_public_flags(p, "instead, fit the GPU-family and engine figures to published measurements (slow: minutes to "
-                         "hours; see docs/validation-public.md)")
+    _add_public_flags(p, "calibrate", "instead, fit the GPU-family and engine figures to published measurements "
+                                      "(slow: minutes to hours; see docs/validation-public.md)")
     command(p, cmd_calibrate)
 
     p = sub.add_parser("validate", help="run the same workloads through the engine and the calibrated simulator")
@@ -1082,7 +1096,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", help="also write the comparison as markdown to this file (with --public, a plot and the JSON "
                         "the dashboard reads beside it)")
     p.add_argument("--json", action="store_true")
-    _add_public_flags(p, "instead, predict every published GPU figure with the public fit, each source held out")
+    _add_public_flags(p, "validate", "instead, predict every published GPU figure with the public fit, each source held out")
     command(p, cmd_validate)
 
     p = sub.add_parser("schema", help="export the JSON Schema of the specs")

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from engine.catalog import resolve_model
 from engine.errors import InputError, from_validation_error
 from engine.files import load_yaml
+from planner.costmodel.fitted import FittedModel
 from planner.hardware import get_hardware
 from planner.metrics import RunSummary
 from planner.playback import Replay
@@ -69,10 +70,11 @@ class Comparison(_Out):
 
 
 def load_side(path: str | Path, default_model: str, default_workload: str, overrides: dict[str, object],
-              slo: SLO | None, router: str = "round_robin") -> Side:
+              slo: SLO | None, router: str = "round_robin", fit: FittedModel | None = None) -> Side:
     """Simulate the deployment in `path`: Deployment fields, plus optional `model:` (a catalog name or
     config path) and `workload:` (a preset name, a workload file or an inline workload mapping).
-    `overrides` (arrival, num_requests, seed) apply to the workload either way."""
+    `overrides` (arrival, num_requests, seed) apply to the workload either way; `fit` stands in for
+    the public GPU fit (simulate's)."""
     path = Path(path)
     data = load_yaml(path, "deployment file")
     if not isinstance(data, dict):
@@ -92,7 +94,7 @@ def load_side(path: str | Path, default_model: str, default_workload: str, overr
         raise from_validation_error(exc, path.name) from None
     hw = get_hardware(dep.hardware)
     replay = Replay.of(workload, model.vocab_size, model.max_position_embeddings)
-    summary = simulate(model, hw, dep, replay, slo=slo, router=router).summary
+    summary = simulate(model, hw, dep, replay, slo=slo, router=router, fit=fit).summary
     return Side(path=str(path), model=model.name, workload=workload.name, deployment=dep, summary=summary)
 
 

@@ -427,6 +427,23 @@ class PlanSettings(Spec):
 # --------------------------------------------------------------------------- SLO
 
 
+# The sane range of each SLO target, ms. Below 10 µs no GPU step completes (a kernel launch
+# alone takes microseconds); above it, a target is a typo such as 1e300, not a latency anyone waits
+# for: an hour to the first token, a minute per token (a CPU serving a 70B model takes seconds),
+# a day end to end (an offline batch). Outside, `SLO.parse` says so naming the target.
+SLO_RANGE_MS: dict[str, tuple[float, float]] = {
+    "ttft": (0.01, 3_600_000.0), "tpot": (0.01, 60_000.0), "itl": (0.01, 60_000.0), "e2e": (0.01, 86_400_000.0)}
+
+
+def _target(metric: str, description: str) -> float | None:
+    low, high = SLO_RANGE_MS[metric]
+    return Field(None, ge=low, le=high, description=f"{description}: {_range_text(metric)}")
+
+
+def _range_text(metric: str) -> str:
+    return "..".join(format(bound, ",.10g") for bound in SLO_RANGE_MS[metric]) + " ms"
+
+
 class SLO(Spec):
     """Latency targets.
 
@@ -437,12 +454,12 @@ class SLO(Spec):
     since one slow step among hundreds says little about a single request.
     """
 
-    ttft_p99_ms: float | None = Field(None, gt=0, description="Time to first token, 99th percentile, ms")
-    ttft_p50_ms: float | None = Field(None, gt=0, description="Time to first token, median, ms")
-    tpot_p99_ms: float | None = Field(None, gt=0, description="Time per output token after the first, P99, ms")
-    tpot_p50_ms: float | None = Field(None, gt=0, description="Time per output token after the first, median, ms")
-    itl_p99_ms: float | None = Field(None, gt=0, description="Inter-token latency, P99, ms")
-    e2e_p99_ms: float | None = Field(None, gt=0, description="End-to-end request latency, P99, ms")
+    ttft_p99_ms: float | None = _target("ttft", "Time to first token, 99th percentile")
+    ttft_p50_ms: float | None = _target("ttft", "Time to first token, median")
+    tpot_p99_ms: float | None = _target("tpot", "Time per output token after the first, P99")
+    tpot_p50_ms: float | None = _target("tpot", "Time per output token after the first, median")
+    itl_p99_ms: float | None = _target("itl", "Inter-token latency, P99")
+    e2e_p99_ms: float | None = _target("e2e", "End-to-end request latency, P99")
     goodput_share: float = Field(
         0.99, gt=0, le=1, description="Share of requests that must meet every per-request target"
     )
@@ -493,5 +510,7 @@ class SLO(Spec):
         try:
             return cls(**values)
         except ValidationError as exc:
-            problem = from_validation_error(exc)
-            raise InputError("slo", clauses.get(problem.field, text), problem.allowed) from None
+            name = from_validation_error(exc).field
+            allowed = (f"{name} must be a number in {_range_text(name.partition('_')[0])}" if name.endswith("_ms")
+                       else f"{name} must be a share in (0, 1]")
+            raise InputError("slo", clauses.get(name, text), allowed) from None

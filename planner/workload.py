@@ -621,7 +621,7 @@ class _TraceRow:
     conversation: str | None
 
 
-def load_trace(path: str | Path, prefix_tokens: int | None = None, seed: int = 0, first_token_id: int = 1000,
+def load_trace(path: str | Path, prefix_tokens: int | None = None, seed: int = 0, first_token_id: int | None = None,
                vocab_size_tokens: int = 30_000, max_model_len: int | None = None) -> list[WorkloadRequest]:
     """Requests recorded in a JSONL or CSV trace, with synthetic token ids of the recorded lengths.
 
@@ -634,10 +634,16 @@ def load_trace(path: str | Path, prefix_tokens: int | None = None, seed: int = 0
     - Within a conversation_id, each request starts with the previous request's prompt (cut
       to its own length), then fresh tokens. Its previous *output* is not in there (the trace
       has no token ids), so replay slightly under-counts the cache hits of real multi-turn chat.
-    The file is streamed; every row is checked (against `max_model_len` too, when given) and
-    the limits on rows and tokens are enforced before any token id is drawn.
+    Token ids are in [first_token_id, vocab_size_tokens). The file is streamed; every row is
+    checked (against `max_model_len` too, when given) and the limits on rows and tokens are
+    enforced before any token id is drawn.
     """
     path = Path(path)
+    if first_token_id is None:
+        # Ids below 1000 are left to special tokens, as a workload's are; a vocabulary too small
+        # for that (a byte-level model's 256) keeps only its lowest tenth, so prompts still have
+        # most of it to draw from.
+        first_token_id = min(1000, vocab_size_tokens // 10)
     if prefix_tokens is not None and prefix_tokens < 1:
         raise InputError("prefix_tokens", prefix_tokens, "must be >= 1 (or None for half the shortest prompt)")
     if not 0 <= first_token_id < vocab_size_tokens:

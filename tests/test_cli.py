@@ -145,7 +145,15 @@ def test_ctrl_c_is_interrupted_exit_130_without_traceback(capsys, monkeypatch) -
         (["simulate", "--rate", "1e-30"], "--rate='1e-30' is invalid: must be a finite number in 0.001..1e+06 (requests/s)"),
         (["simulate", "--slo", ",,,"], "--slo=',,,' is invalid: needs at least one target"),
         (["simulate", "--slo", "ttft_p99_ms<=500,ttft_p99_ms<=900"], "ttft_p99_ms is given twice"),
-        (["simulate", "--slo", "ttft_p99_ms<=inf"], "--slo='ttft_p99_ms<=inf' is invalid: Input should be a finite number"),
+        (["simulate", "--slo", "ttft_p99_ms<=inf"],
+         "--slo='ttft_p99_ms<=inf' is invalid: ttft_p99_ms must be a number in 0.01..3,600,000 ms"),
+        (["simulate", "--slo", "ttft_p99_ms<=1e300"], "ttft_p99_ms must be a number in 0.01..3,600,000 ms"),
+        (["simulate", "--slo", "ttft_p99_ms<=500,tpot_p50_ms<=nan"],
+         "--slo='tpot_p50_ms<=nan' is invalid: tpot_p50_ms must be a number in 0.01..60,000 ms"),
+        (["simulate", "--slo", "itl_p99_ms<=-5"], "--slo='itl_p99_ms<=-5' is invalid: itl_p99_ms must be a number in 0.01"),
+        (["simulate", "--slo", "e2e_p99_ms<=1e-300"], "e2e_p99_ms must be a number in 0.01..86,400,000 ms"),
+        (["plan", "--rate", "1", "--slo", "ttft_p99_ms<=500,goodput_share>=0"],
+         "--slo='goodput_share>=0' is invalid: goodput_share must be a share in (0, 1]"),
         (["simulate", "--requests", "0"], "--requests='0' is invalid: must be an integer >= 1"),
         (["simulate", "--rate", "2", "--concurrency", "4"], "--concurrency=4 is invalid: not together with an arrival rate"),
         (["simulate", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
@@ -202,3 +210,31 @@ def test_engines_catalog_lists_and_shows_profiles(capsys) -> None:
     assert main(["engines", "show", "vllm-9"]) == 2
     err = capsys.readouterr().err
     assert "engine='vllm-9' is invalid: unknown name" in err and err.count("\n") == 1
+
+
+def _must_not_run(*args: object, **kwargs: object) -> None:
+    raise AssertionError("the command ran with a flag its mode does not read")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    # validate runs the engine at --tp; a CPU calibration measures one process and used to drop it.
+    (["calibrate", "--tp", "2"], "--tp does not apply to a CPU calibration (without --public); "
+                                 "calibrate reads it with --from-bench only"),
+    (["calibrate", "--ep", "2"], "--ep does not apply to a CPU calibration"),
+    (["calibrate", "--public", "--tp", "2"], "--tp does not apply to --public; calibrate reads it with --from-bench"),
+    (["calibrate", "--from-bench", "run.json", "--hw", "h100-sxm", "--threads", "2"],
+     "--threads does not apply to --from-bench; calibrate reads it with a CPU calibration (without --public) only"),
+    (["validate", "--memory", "--workers", "2"], "--workers does not apply to --memory; validate reads it with --public"),
+    (["validate", "--memory", "--calibration", "cal.json"],
+     "--calibration does not apply to --memory; validate reads it with a CPU calibration (without --public) or --public"),
+])
+def test_a_flag_the_mode_does_not_read_is_refused(capsys, monkeypatch: pytest.MonkeyPatch, argv: list[str],
+                                                  message: str) -> None:
+    for target in ("planner.calibrate.calibrate", "planner.cli.validate_startup_logs"):
+        monkeypatch.setattr(target, _must_not_run)
+    assert message in one_line_error(capsys, *argv)
+
+
+def test_validate_still_reads_tensor_parallel(capsys) -> None:
+    """--tp is validate's (it runs the engine on that many ranks): past the mode check to the next question."""
+    assert "--calibration is required" in one_line_error(capsys, "validate", "--tp", "2")

@@ -154,14 +154,14 @@ _TARGET_FAMILY: dict[str, MetricFamily] = {"ttft": "ttft", "tpot": "tpot_itl", "
 def pessimistic(slo: SLO, confidence: float, model: FittedModel | None = None) -> Pessimism:
     model = model or fitted_model()
     if model is None or not model.bands:
-        raise InputError("confidence", confidence, "needs the public fit's bands; make them with "
-                         "`serveplan calibrate --public`")
+        raise InputError("confidence", confidence, "needs a fit's bands: the public fit's (`serveplan calibrate "
+                         "--public` makes it) or those of the fit given")
     factors: dict[str, float] = {}
     targets: dict[str, float] = {}
     for name, limit in slo.targets.items():
         band = model.bands.get(_TARGET_FAMILY[name.split("_")[0]])
         if band is None:
-            raise InputError("confidence", confidence, f"the public fit has no band for {name}")
+            raise InputError("confidence", confidence, f"the fit has no band for {name}")
         factors[name] = band.ratio_at(confidence)
         targets[name] = limit / factors[name]
     throughput = model.bands.get("throughput")

@@ -43,6 +43,7 @@ from planner.costmodel.operators import (
     build_operators,
     dispatches_by_all_to_all,
 )
+from planner.costmodel.fitted import FittedModel
 from planner.costmodel.params import CostParams
 from planner.engines import EngineProfile, get_engine, resolve_deployment
 from planner.costmodel.shape import GraphPolicy, Number, ShapeReader, StepShape
@@ -143,15 +144,16 @@ class CostModel:
     """Seconds per engine step of one replica of `dep` serving `model` on `hw`."""
 
     def __init__(self, model: ModelConfig, hw: HardwareProfile, dep: Deployment, params: CostParams | None = None,
-                 graphs: GraphPolicy | None = None) -> None:
-        """`graphs`: which decode steps replay a captured graph (default: the engine's policy up to
-        the knobs' max_graph_batch_size, capped by max_num_seqs; none when the device or the knobs
-        run eagerly)."""
+                 graphs: GraphPolicy | None = None, fit: FittedModel | None = None) -> None:
+        """`params` default to the profiles' estimates with what `fit` (else the public GPU fit)
+        learnt of hw's family and the engine. `graphs`: which decode steps replay a captured graph
+        (default: the engine's policy up to the knobs' max_graph_batch_size, capped by max_num_seqs;
+        none when the device or the knobs run eagerly)."""
         check_parallelism(model, dep)
         dep = resolve_deployment(dep, hw, max_model_len=model.max_position_embeddings)
         engine = get_engine(dep.engine)
         self.model, self.hw, self.dep = model, hw, dep
-        p = params if params is not None else CostParams.fitted(hw, engine)
+        p = params if params is not None else CostParams.fitted(hw, engine, fit)
         self.params = p = p if dep.api_server else p.in_process()
         self.ops: Operators = build_operators(model, dep)
         ops = self.ops

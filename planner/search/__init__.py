@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs, ModelConfig
 from engine.errors import InputError, from_validation_error
-from planner.costmodel.fitted import pessimistic
+from planner.costmodel.fitted import FittedModel, pessimistic
 from planner.engines import get_engine
 from planner.metrics import RunSummary
 from planner.playback import Replay
@@ -77,6 +77,7 @@ def plan(
     confidence: float | None = None,
     max_quality_loss_pct: float = DEFAULT_MAX_QUALITY_LOSS_PCT,
     prefix_caching: bool | None = None,
+    fit: FittedModel | None = None,
     widen: bool = False,
     requests_per_probe: int = 300,
     executor: Executor = "process",
@@ -97,7 +98,8 @@ def plan(
     narrower than the default one, `widen` searches the default space too and says what to widen
     (the front ends ask for it; it can cost a whole default search).
     `prefix_caching` switches the engine's prefix cache on or off in every candidate (None: the
-    engine profile's default).
+    engine profile's default). `fit` (a team's own, from `serveplan calibrate --from-bench`) prices
+    every candidate and gives the bands in place of the public GPU fit.
     `on_progress(done, total)` is called as each candidate is settled (simulated or
     pruned), for front ends that draw their own progress bar (the dashboard). Every input and
     limit is checked before any work; bad input raises InputError naming the field as front ends
@@ -124,7 +126,7 @@ def plan(
     runner = Runner(capacity_search, executor, workers)
     cfg = resolve_model(model) if isinstance(model, str) else model
     slo = SLO.parse(slo) if isinstance(slo, str) else slo
-    margin = pessimistic(slo, confidence) if confidence is not None else None
+    margin = pessimistic(slo, confidence, fit) if confidence is not None else None
     base = get_workload(workload) if isinstance(workload, str) else workload
     weights = checked_dtypes("weight_dtypes", "weight_dtype", weight_dtypes) if weight_dtypes is not None else None
     kvs = checked_dtypes("kv_dtypes", "kv_dtype", kv_dtypes if kv_dtypes is not None else DEFAULT_KV_DTYPES)
@@ -142,7 +144,7 @@ def plan(
     # A request beyond the model's context is refused before its token ids are drawn.
     shape = Shape.of(Replay.of(probe_workload(base, rate_per_s, requests_per_probe), vocab_size=cfg.vocab_size,
                                max_model_len=cfg.max_position_embeddings), base)
-    q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs, margin)
+    q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs, margin, fit)
     tried = knobs if prefix_caching is None else [k.model_copy(update={"enable_prefix_caching": prefix_caching})
                                                   for k in knobs]
     candidates = enumerate_candidates(cfg, profiles, max_gpus_per_replica, weights, kvs, tried, shape.longest_tokens, engine,
@@ -150,7 +152,7 @@ def plan(
     reuse = base.shared_prefix is not None or base.conversation is not None
     candidates += variants(candidates, tried[0], settings.ratios(slo, shape.mean_prompt_tokens),
                            settings.offload == "always" or (settings.offload == "auto" and reuse))
-    found = [Searched(c, screen_candidate(c, cfg, shape, q.sizing_slo, q.sized_rate_per_s)) for c in candidates]
+    found = [Searched(c, screen_candidate(c, cfg, shape, q.sizing_slo, q.sized_rate_per_s, fit)) for c in candidates]
     live = sum(s.screen.capacity_bound_per_s is not None for s in found)
     with runner, progress_bar(progress, live, on_progress) as advance:
         found = branch_and_bound(q, found, runner, advance)
@@ -160,7 +162,7 @@ def plan(
     def verify(dep: Deployment) -> RunSummary:
         hw = next(c.hw for c in candidates if c.hw.name == dep.hardware)
         w = probe_workload(base, rate_per_s, min(VERIFY_MAX_REQUESTS, probe_requests(requests_per_probe, dep) * dep.replicas))
-        summary, notes = simulate_cached(cfg, hw, dep, w, slo, runs)
+        summary, notes = simulate_cached(cfg, hw, dep, w, slo, runs, fit)
         for note in notes:
             _log.warning(note)
         return summary
@@ -171,7 +173,7 @@ def plan(
         one = p.deployment.model_copy(update={"replicas": 1})
         assert p.sustained_rate_per_s is not None and p.replicas is not None
         c = slo_capacity(cfg, hw, one, base, slo, start_rate_per_s=p.sustained_rate_per_s,
-                         requests_per_probe=requests_per_probe, runs=runs)
+                         requests_per_probe=requests_per_probe, runs=runs, fit=fit)
         k = p.replicas
         return c.model_copy(update={
             "rate_per_s": None if c.rate_per_s is None else c.rate_per_s * k,
@@ -189,8 +191,9 @@ def plan(
     if result.recommended is None and widen and space.narrower_than_default:
         wider = plan(cfg, base, rate_per_s, slo, **wider_space(profiles, max_gpus_per_replica, weights, kvs, knobs),
                      budget_usd_per_hour=budget_usd_per_hour, engine=engine, headroom=headroom, confidence=confidence,
-                     max_quality_loss_pct=max_quality_loss_pct, prefix_caching=prefix_caching, widen=False, requests_per_probe=requests_per_probe,
-                     executor=executor, workers=workers, cache_dir=cache_dir, progress=progress, on_progress=on_progress)
+                     max_quality_loss_pct=max_quality_loss_pct, prefix_caching=prefix_caching, fit=fit, widen=False,
+                     requests_per_probe=requests_per_probe, executor=executor, workers=workers, cache_dir=cache_dir,
+                     progress=progress, on_progress=on_progress)
         result = result.model_copy(update={"widening": what_to_widen(wider, space)})
     return result
 

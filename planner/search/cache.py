@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from engine.config import ModelConfig
 from engine.errors import InputError
-from planner.costmodel.fitted import PUBLIC_FIT_FILE
+from planner.costmodel.fitted import PUBLIC_FIT_FILE, FittedModel
 from planner.metrics import RunSummary
 from planner.sim import simulate
 from planner.specs import SLO, Deployment, HardwareProfile
@@ -48,8 +48,10 @@ def code_version() -> str:
     return f"{package}+{digest.hexdigest()[:16]}"
 
 
-def cache_key(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workload: Workload, slo: SLO) -> str:
-    """SHA-256 of the canonical JSON of everything a simulation's result depends on."""
+def cache_key(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workload: Workload, slo: SLO,
+              fit: FittedModel | None = None) -> str:
+    """SHA-256 of the canonical JSON of everything a simulation's result depends on (the public fit
+    through code_version, a fit given instead by its content)."""
     payload = {
         "model": asdict(model),
         "hardware": hw.model_dump(mode="json"),
@@ -58,6 +60,7 @@ def cache_key(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workload
         "slo": slo.model_dump(mode="json"),
         "router": "round_robin",
         "code": code_version(),
+        **({"fit": fit.model_dump(mode="json")} if fit is not None else {}),
     }
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -125,15 +128,15 @@ def _checksum(key: str, text: bytes) -> str:
 
 
 def simulate_cached(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workload: Workload, slo: SLO,
-                    runs: RunCache | None) -> tuple[RunSummary, list[str]]:
+                    runs: RunCache | None, fit: FittedModel | None = None) -> tuple[RunSummary, list[str]]:
     """simulate(...).summary, from / into `runs` (None: no cache), with a line for each bad entry met."""
     if runs is None:
-        return simulate(model, hw, dep, workload, slo=slo, router="round_robin").summary, []
-    key = cache_key(model, hw, dep, workload, slo)
+        return simulate(model, hw, dep, workload, slo=slo, router="round_robin", fit=fit).summary, []
+    key = cache_key(model, hw, dep, workload, slo, fit)
     summary, bad = runs.get(key)
     if summary is not None:
         return summary, []
-    summary = simulate(model, hw, dep, workload, slo=slo, router="round_robin").summary
+    summary = simulate(model, hw, dep, workload, slo=slo, router="round_robin", fit=fit).summary
     not_stored, where = runs.put(key, summary), runs.path(key)
     notes = [f"ignored the bad plan cache entry {where} ({bad})"] if bad else []
     if not_stored:

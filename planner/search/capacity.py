@@ -11,7 +11,7 @@ import math
 
 from engine.config import ModelConfig
 from engine.errors import InputError
-from planner.costmodel.fitted import Pessimism
+from planner.costmodel.fitted import FittedModel, Pessimism
 from planner.metrics import RunSummary
 from planner.search.cache import RunCache, simulate_cached
 from planner.search.executors import Runner
@@ -60,6 +60,7 @@ class Question:
     requests_per_probe: int
     runs: RunCache | None
     pessimism: Pessimism | None = None  # sizing at a confidence
+    fit: FittedModel | None = None  # None: the public GPU fit, if made
 
     @property
     def sizing_slo(self) -> SLO:
@@ -116,7 +117,7 @@ def capacity_search(task: Task) -> Outcome:
     def probe(k: int) -> bool:
         rate = q.sized_rate_per_s / k
         w = probe_workload(q.workload, rate, probe_requests(q.requests_per_probe, task.dep))
-        summary, bad = simulate_cached(q.model, task.hw, task.dep, w, q.sizing_slo, q.runs)
+        summary, bad = simulate_cached(q.model, task.hw, task.dep, w, q.sizing_slo, q.runs, q.fit)
         notes.extend(bad)
         probes.append(Probe(k, rate, bool(summary.goodput.slo_met), summary))
         return probes[-1].passed

@@ -365,6 +365,7 @@ def _assumptions(q: Question, shape: Shape, space: SearchSpace) -> list[str]:
         f"longest request {shape.longest_tokens} tokens: memory planned so that one fits; mean prompt "
         f"{shape.mean_prompt_tokens:.0f}, mean output {shape.mean_output_tokens:.0f} tokens",
         "cost = replicas x GPUs per replica x the profile's price per GPU-hour; per 1M output tokens at the target rate",
+        *([f"GPU-family and engine figures from the fit given: {q.fit.source}"] if q.fit is not None else []),
         f"analytic capacity bounds are inflated x{CAPACITY_SLACK:g} before pruning; a candidate that misses the SLO at "
         f"1/{LIGHT_LOAD_FACTOR} of its first probe's load is not probed further",
         "latencies of candidates are at the per-replica load they were sized for (with headroom); the "

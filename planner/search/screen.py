@@ -11,6 +11,7 @@ import numpy as np
 from engine.config import ModelConfig
 from engine.errors import InputError
 from planner.costmodel import CostModel
+from planner.costmodel.fitted import FittedModel
 from planner.memory import GIB
 from planner.playback import Replay, request_lengths
 from planner.search.space import Candidate
@@ -77,7 +78,8 @@ def slo_limits_ms(slo: SLO) -> dict[str, tuple[float, float]]:
     return limits
 
 
-def screen_candidate(c: Candidate, model: ModelConfig, shape: Shape, slo: SLO, sized_rate_per_s: float) -> Screen:
+def screen_candidate(c: Candidate, model: ModelConfig, shape: Shape, slo: SLO, sized_rate_per_s: float,
+                     fit: FittedModel | None = None) -> Screen:
     """Drop what cannot hold one longest request or misses the SLO even unloaded; bound the rest."""
     m = c.memory
     if not m.fits:
@@ -86,7 +88,7 @@ def screen_candidate(c: Candidate, model: ModelConfig, shape: Shape, slo: SLO, s
         return Screen(memory_problem=m.reason,
                       memory_shortfall_gib=max(0.0, need - max(m.kv_cache_gib, 0.0)) + max(0.0, -m.kv_cache_gib))
     try:
-        cm = CostModel(model, c.hw, c.dep)
+        cm = CostModel(model, c.hw, c.dep, fit=fit)
     except InputError as exc:  # e.g. pipeline stages beyond any interconnect of the profile
         return Screen(memory_problem=f"fits only as tp={c.dep.tensor_parallel} x pp={c.dep.pipeline_parallel}, but {exc}",
                       memory_shortfall_gib=0.0)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.config import ModelConfig
 from engine.errors import InputError
+from planner.costmodel.fitted import FittedModel
 from planner.engines import resolve_deployment
 from planner.memory import plan_memory
 from planner.metrics import RunSummary
@@ -50,7 +51,7 @@ class SLOCapacity(BaseModel):
 
 def slo_capacity(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workload: Workload, slo: SLO, *,
                  start_rate_per_s: float, requests_per_probe: int, tolerance: float = 0.1,
-                 runs: RunCache | None = None) -> SLOCapacity:
+                 runs: RunCache | None = None, fit: FittedModel | None = None) -> SLOCapacity:
     """The capacity of `dep` (all its replicas, round robin) on `workload`'s requests within `slo`."""
     if not 0.01 <= tolerance <= 1:
         raise InputError("tolerance", tolerance, "must be between 0.01 and 1")
@@ -61,7 +62,7 @@ def slo_capacity(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workl
     failed: set[float] = set()
 
     def probe(rate: float) -> bool:
-        summary, notes = simulate_cached(model, hw, dep, probe_workload(workload, rate, n), slo, runs)
+        summary, notes = simulate_cached(model, hw, dep, probe_workload(workload, rate, n), slo, runs, fit)
         for note in notes:  # a bad cache entry met here is named like the search's own
             _log.warning(note)
         if summary.goodput.slo_met:

@@ -14,7 +14,7 @@ from engine.core.metrics import RequestMetrics
 from engine.core.kv_cache_manager import PrefixCacheStats
 from engine.errors import InputError, unknown_name_error
 from planner.costmodel import CostModel, CostParams
-from planner.costmodel.fitted import prediction_interval
+from planner.costmodel.fitted import FittedModel, prediction_interval
 from planner.engines import get_engine, resolve_deployment
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import PricingBasis, RunRecord, RunSummary, StepSample, summarize
@@ -57,6 +57,7 @@ def simulate(
     slo: SLO | None = None,
     router: RouterName = "round_robin",
     calibration: CostParams | None = None,
+    fit: FittedModel | None = None,
     max_model_len: int | None = None,
     kv_cache_blocks: int | None = None,
     seed: int = 0,
@@ -66,8 +67,11 @@ def simulate(
     """Play `workload` (a spec to draw, or a trace / already drawn Replay) against `dep` until
     every request finishes. `kv_cache_blocks` replaces the memory plan's count per replica (to
     mirror an engine run whose cache size was set by hand). `seed` seeds the simulator's own draws
-    (speculative acceptance); the workload carries its own seed. Requests pass the engine's API
-    server first (`CostParams.api_request_s` each, one at a time), as a benchmark client's do.
+    (speculative acceptance); the workload carries its own seed. `fit` (what `serveplan calibrate
+    --public` or `--from-bench` wrote) stands in for the public GPU fit: its figures price the steps
+    (unless `calibration` gives every figure) and its bands make the prediction interval. Requests
+    pass the engine's API server first (`CostParams.api_request_s` each, one at a time), as a
+    benchmark client's do.
     `bulk_decodes`: the schedulers apply decodes where nothing happens in bulk (engine/core/
     bulk_decodes.py; same results); False handles every request in every step one by one, as the
     engine does. A traced run is always one by one: its trace records every request's steps."""
@@ -88,7 +92,7 @@ def simulate(
                                            "kv_cache_tokens": kv_cache_blocks * dep.knobs.block_size_tokens})
     if memory.kv_cache_blocks < 1:
         raise InputError("deployment", f"{memory.model} on {dep.replicas} x {dep.gpus_per_replica} {hw.name}", memory.reason)
-    cost_model = CostModel(model, hw, dep, calibration)
+    cost_model = CostModel(model, hw, dep, calibration, fit=fit)
     host_blocks, disk_blocks = offload_blocks(hw, dep, memory)
     spec = dep.knobs.speculative
     acceptance = None if spec is None else spec.acceptance_probabilities()
@@ -240,7 +244,7 @@ def simulate(
     }
     summary = summarize(record, source="simulator", model=memory.model, hardware=hw.name, workload=replay.name,
                         slo=slo, pricing=pricing, assumptions=assumptions)
-    summary = summary.model_copy(update={"prediction_interval": prediction_interval(summary, hw, engine.name)})
+    summary = summary.model_copy(update={"prediction_interval": prediction_interval(summary, hw, engine.name, fit)})
     return SimulationResult(summary=summary, record=record, memory=memory,
                             trace=None if recorder is None else recorder.trace())
 

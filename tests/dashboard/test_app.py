@@ -69,11 +69,13 @@ def test_plan_with_pd_ratios_compares_disaggregated_and_colocated():
     assert table.why[0].startswith(("colocated wins", "disaggregation wins", "a tie"))
 
 
-def test_plan_bad_slo_is_an_in_page_error():
-    at = open_page("plan", hw="h100-sxm", slo="ttft_p99<=abc")
+@pytest.mark.parametrize("slo, allowed", [("ttft_p99<=abc", "expected one of"),
+                                         ("ttft_p99_ms<=1e300", "ttft_p99_ms must be a number in 0.01..3,600,000 ms")])
+def test_plan_bad_slo_is_an_in_page_error(slo: str, allowed: str):
+    at = open_page("plan", hw="h100-sxm", slo=slo)
     at.button[0].click().run()
     assert not at.exception
-    assert any("ttft_p99<=abc" in e for e in errors(at))
+    assert any(f"{slo!r} is invalid: {allowed}" in e for e in errors(at))
 
 
 def test_plan_zero_rate_is_an_in_page_error():

@@ -4,18 +4,21 @@ dtypes, one knob setting) with short probes keeps the file fast; serial executor
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 import sys
 import tempfile
 
 import pytest
+from pydantic import ValidationError
 
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs
 from engine.errors import InputError
 from planner import search
 from planner.cli import main
+from planner.costmodel.fitted import FittedModel
 from planner.hardware import get_hardware
 from planner.memory import plan_memory
 from planner.search import PlanResult, plan, probe_requests, probe_workload
@@ -122,6 +125,16 @@ def test_slo_no_hardware_meets_names_the_closest_miss(cache_dir) -> None:
     assert "ms > 5" in r.nearest_miss  # the observed latency against the limit
 
 
+def test_an_absurd_slo_is_refused_by_the_python_api_before_any_work(cache_dir) -> None:
+    """The CLI, the dashboard and plan() share SLO.parse; SLO itself holds the same ranges."""
+    with pytest.raises(InputError, match=r"slo='ttft_p99_ms<=1e300' is invalid: ttft_p99_ms must be a number in "
+                                         r"0\.01\.\.3,600,000 ms"):
+        plan(MODEL, get_workload("chat"), RATE_PER_S, "ttft_p99_ms<=1e300", cache_dir=cache_dir, **SPACE)
+    for field, value in (("tpot_p99_ms", 1e300), ("e2e_p99_ms", 1e-300), ("itl_p99_ms", -1.0)):
+        with pytest.raises(ValidationError, match=field):
+            SLO(**{field: value})
+
+
 def test_model_that_fits_nowhere_names_the_least_shortfall(cache_dir) -> None:
     r = plan("llama-3.1-405b", get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **SPACE)
     assert r.recommended is None and all(p.verdict == "memory" for p in r.rejected)
@@ -163,8 +176,6 @@ def test_cli_compare_two_deployments(tmp_path, capsys: pytest.CaptureFixture[str
     a.write_text("hardware: l40s\ntensor_parallel: 1\nweight_dtype: bf16\n")
     b.write_text("hardware: l40s\ntensor_parallel: 1\nweight_dtype: fp8\nkv_dtype: fp8\nmodel: llama-3.1-8b\n")
     assert main(["compare", str(a), str(b), "--rate", "2", "--requests", "60", "--json"]) == 0
-    import json
-
     out = json.loads(capsys.readouterr().out)
     rows = {m["metric"]: m for m in out["metrics"]}
     tpot = rows["TPOT P50, ms"]
@@ -174,6 +185,50 @@ def test_cli_compare_two_deployments(tmp_path, capsys: pytest.CaptureFixture[str
     a.write_text("hardware: l40s\ntensor_parallel: 3\n")
     assert main(["compare", str(a), str(b), "--requests", "10"]) == 2
     assert "tensor_parallel=3 is invalid" in capsys.readouterr().err
+
+
+def _fit_file(tmp_path, name: str, efficiency: float) -> str:
+    """A fit as `serveplan calibrate --from-bench` writes one, of the L4's family (ada) only."""
+    path = tmp_path / f"{name}.json"
+    fit = FittedModel(families={"ada": {"memory_efficiency": efficiency, "compute_efficiency": efficiency}},
+                      engines={}, source=f"{name} test fit")
+    path.write_text(json.dumps({"model": fit.model_dump(mode="json")}))
+    return str(path)
+
+
+def test_cli_plan_sizes_with_the_calibration_given(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 18: a team's fit reaches the search. A GPU that its fit finds 4.5x slower needs more
+    replicas for the same rate and SLO; one cache serves both runs, so the fit is in its key."""
+    workload = tmp_path / "short.yaml"
+    workload.write_text("name: short\narrival: {kind: poisson, rate_per_s: 1.0}\ninput_tokens: {kind: fixed, tokens: 64}\n"
+                        "output_tokens: {kind: fixed, tokens: 16}\nnum_requests: 50\n")
+    answers = {}
+    for name, efficiency in (("fast", 0.9), ("slow", 0.2)):
+        assert main(["plan", "--model", "llama-3.2-1b", "--hw", "l4", "--workload", str(workload), "--rate", "300",
+                     "--slo", "ttft_p99_ms<=1000,tpot_p99_ms<=60", "--max-gpus", "1", "--weight-dtypes", "bf16",
+                     "--kv-dtypes", "bf16", "--headroom", "0", "--requests-per-probe", "20", "--executor", "serial",
+                     "--cache-dir", str(tmp_path / "cache"), "--calibration", _fit_file(tmp_path, name, efficiency),
+                     "--json"]) == 0
+        answers[name] = json.loads(capsys.readouterr().out)
+        assert f"GPU-family and engine figures from the fit given: {name} test fit" in answers[name]["assumptions"]
+    fast, slow = (answers[n]["recommended"] for n in ("fast", "slow"))
+    assert fast["replicas"] < slow["replicas"] and fast["usd_per_hour"] < slow["usd_per_hour"]
+    fast_tpot, slow_tpot = (answers[n]["verification"]["tpot_ms"]["p50"] for n in ("fast", "slow"))
+    assert slow_tpot > 2 * fast_tpot  # decode streams the weights: memory efficiency 0.2 against 0.9
+
+
+def test_cli_compare_prices_both_sides_with_the_calibration_given(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The fit covers the L4's family only: A (an L4) slows down under the slow fit, B (an H100) does not."""
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("hardware: l4\n")
+    b.write_text("hardware: h100-sxm\n")
+    tpot = {}
+    for name, efficiency in (("fast", 0.9), ("slow", 0.2)):
+        assert main(["compare", str(a), str(b), "--model", "llama-3.2-1b", "--rate", "2", "--requests", "20",
+                     "--calibration", _fit_file(tmp_path, name, efficiency), "--json"]) == 0
+        tpot[name] = next(m for m in json.loads(capsys.readouterr().out)["metrics"] if m["metric"] == "TPOT P50, ms")
+    assert tpot["slow"]["a"] > 2 * tpot["fast"]["a"]
+    assert tpot["slow"]["b"] == tpot["fast"]["b"]
 
 
 def test_why_not_shows_each_hardwares_lowest_cost_bound(cache_dir) -> None:

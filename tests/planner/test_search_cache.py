@@ -16,6 +16,7 @@ import pytest
 from engine.config import EngineKnobs
 from engine.errors import InputError
 from planner.cli import main
+from planner.costmodel.fitted import FittedModel
 from planner.search import PlanResult, plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,6 +52,16 @@ def replan_warns_each(cache_dir: Path, bad: list[Path], caplog: pytest.LogCaptur
         assert plan(*ASK, cache_dir=cache_dir, **ONE) == again  # replaced: no warning the next time
     assert not caplog.records
     return again
+
+
+def test_a_fit_given_keys_its_own_entries(cached) -> None:
+    """A plan with a fit (`--calibration`) never reads what a plan without it cached: its answer is
+    the one it gets with no cache at all. A small change keeps the screen, hence the probes, the same."""
+    cache_dir, unfitted = cached
+    fit = FittedModel(families={"ada": {"memory_efficiency": 0.8}}, engines={}, source="test")
+    fitted = plan(*ASK, cache_dir=cache_dir, fit=fit, **ONE)
+    assert fitted == plan(*ASK, cache_dir=None, fit=fit, **ONE)
+    assert fitted.verification.tpot_ms.p50 > unfitted.verification.tpot_ms.p50  # the L40S's 0.85 was faster
 
 
 def test_edited_entries_are_ignored_and_replaced(cached, caplog: pytest.LogCaptureFixture) -> None:

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 from engine import limits
 from engine.core.kv_cache_manager import hash_block_tokens
 from engine.errors import InputError
+from planner.playback import Replay
 from planner.workload import (
     PRESETS,
     ClosedLoopArrivals,
@@ -263,6 +264,17 @@ def test_load_csv_trace_with_conversations(tmp_path) -> None:
     assert reqs[2].prompt_token_ids[:50] == reqs[1].prompt_token_ids
     assert [r.turn for r in reqs] == [0, 0, 1, 0]
     assert [r.conversation_id for r in reqs] == [None, 0, 0, 1]
+
+
+def test_trace_token_ids_fit_a_small_vocabulary(tmp_path) -> None:
+    """A trace's ids started at 1000 whatever the model, so a byte-level model could not replay one."""
+    p = tmp_path / "t.jsonl"
+    p.write_text("".join(json.dumps({"arrival_s": i, "input_tokens": 400, "output_tokens": 2, "prefix_id": "sys"})
+                         + "\n" for i in range(4)))
+    for vocab_size in (256, 20):
+        ids = {i for r in Replay.from_trace(p, vocab_size=vocab_size).requests for i in r.prompt_token_ids}
+        assert max(ids) < vocab_size and len(ids) > vocab_size * 0.8  # most of the vocabulary, not a corner
+    assert min(i for r in load_trace(p) for i in r.prompt_token_ids) >= 1000  # a large vocabulary: as before
 
 
 @pytest.mark.parametrize("content, where, field", [
