@@ -14,7 +14,7 @@ from planner.costmodel.fitted import Band, FittedModel, pessimistic, prediction_
 from planner.hardware import get_hardware
 from planner.public.calibration import calibrate_public, write_fit
 from planner.public.data import PublicRun, public_runs
-from planner.public.fit import Figures, Space, fit, simulate_runs, surrogate, trace_run
+from planner.public.fit import PLAUSIBLE, Figures, Space, fit, simulate_runs, surrogate, trace_run
 from planner.public.replay import ReplayRun, prepare
 from planner.public.report import PublicValidation, validate_public, validation_of, write_report
 from planner.specs import SLO
@@ -45,7 +45,7 @@ def _with_measurements(runs: list[PublicRun], values: dict[str, float]) -> list[
             for r in runs]
 
 
-TRUTH = Figures(families={"ampere": {"memory_efficiency": 0.55, "kernel_latency_s": 9e-6, "collective_time_scale": 0.6}},
+TRUTH = Figures(families={"ampere": {"memory_efficiency": 0.65, "kernel_latency_s": 9e-6, "collective_time_scale": 0.6}},
                 engines={"vllm-0.11": {"step_overhead_s": 4e-3}})
 
 
@@ -82,8 +82,26 @@ def test_fit_recovers_measurements_made_with_known_figures() -> None:
     # Weight streaming is identifiable from these runs; the per-step constants (kernel latency,
     # host overhead, the TP2 runs' all-reduces) trade against each other, so only their effect is
     # checked, above, and that communication moved from the estimate towards the truth.
-    assert fitted.families["ampere"]["memory_efficiency"] == pytest.approx(0.55, rel=0.05)
+    assert fitted.families["ampere"]["memory_efficiency"] == pytest.approx(0.65, rel=0.05)
     assert fitted.families["ampere"]["collective_time_scale"] < 0.85
+
+
+def test_a_fit_stays_within_what_hardware_can_be() -> None:
+    """Measurements only an implausible figure reproduces (weights streamed at 30 % of the
+    bandwidth): the fit stops at PLAUSIBLE's edge and leaves the rest as error."""
+    runs = _small_runs()
+    prepared = _prepared(runs)
+    slow = Figures(families={"ampere": {"memory_efficiency": 0.3}})
+    measured = _prepared(_with_measurements(runs, {k: v for values in simulate_runs(prepared, slow)
+                                                   for k, v in values.items()}))  # type: ignore[union-attr]
+    space = Space.of(measured)
+    prior = space.figures(space.prior())
+    fitted = fit([trace_run(r, prior) for r in measured], space, prior, prior_weight=1e-4)
+    low, high = PLAUSIBLE["memory_efficiency"]
+    assert fitted.families["ampere"]["memory_efficiency"] == pytest.approx(low, rel=1e-6)
+    for owner in (*fitted.families.values(), *fitted.engines.values()):
+        for name, value in owner.items():
+            assert PLAUSIBLE[name][0] * (1 - 1e-9) <= value <= PLAUSIBLE[name][1] * (1 + 1e-9), name
 
 
 def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path) -> None:
