@@ -22,7 +22,7 @@ from engine.catalog import catalog, resolve_model
 from engine.config import EngineKnobs, ModelConfig
 from engine.errors import InputError, from_validation_error, unknown_name_error
 from engine.files import read_bytes
-from planner.compare import Comparison, Side, compare
+from planner.compare import Comparison, compare, simulate_side
 from planner.costmodel import CostModel
 from planner.hardware import hardware_catalog, load_profile_file
 from planner.memory import MemoryPlan, plan_memory
@@ -31,6 +31,7 @@ from planner.playback import Replay
 from planner.public.report import PublicValidation
 from planner import search
 from planner.search import PlanResult
+from planner.search.cache import RunCache
 from planner.sim import simulate
 from planner.tiers import kv_tiers
 from planner.specs import SLO, Deployment, HardwareProfile
@@ -171,13 +172,13 @@ def comparisons(model_name: str, workload: Workload, slo_text: str,
     slo = _slo(slo_text)
     # One draw (every variant serves the same requests), none of them beyond the model's context.
     replay = Replay.of(workload, vocab_size=model.vocab_size, max_model_len=model.max_position_embeddings)
+    runs = RunCache.open(search.DEFAULT_CACHE_DIR)  # capacity probes, shared with the Plan page's
     sides = []
     for name, dep, hw in variants:
         try:
-            summary = simulate(model, hw, dep, replay, slo=slo).summary
+            sides.append(simulate_side(name, model, hw, dep, workload, replay, slo, runs=runs))
         except InputError as exc:
             raise InputError(f"variant {name!r}: {exc.field}", exc.value, exc.allowed) from None
-        sides.append(Side(path=name, model=model.name, workload=workload.name, deployment=dep, summary=summary))
     return [compare(sides[0], b) for b in sides[1:]]
 
 

@@ -35,7 +35,7 @@ from planner.engines import engine_catalog, get_engine
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
 from planner.validate_memory import MemoryValidation, validate_startup_logs
-from planner.metrics import RunSummary
+from planner.metrics import MIN_STEADY_REQUESTS, RunSummary, SteadyState
 from planner.playback import Replay
 from planner.sim import ROUTERS, context_length, simulate
 from planner.specs import (
@@ -402,7 +402,10 @@ def render_summary(s: RunSummary, deployment: str) -> None:
     console.print(t)
     tp, g, u, c = s.throughput, s.goodput, s.utilisation, s.cost
     lines = [
-        f"throughput: {tp.requests_per_s:,.2f} req/s, {tp.input_tokens_per_s:,.0f} input + {tp.output_tokens_per_s:,.0f} output tokens/s",
+        f"throughput (first arrival to last finish, drain included): {tp.requests_per_s:,.2f} req/s, "
+        f"{tp.input_tokens_per_s:,.0f} input + {tp.output_tokens_per_s:,.0f} output tokens/s",
+        steady_line(s.steady_state) if s.steady_state is not None else
+        f"steady state: none (fewer than {MIN_STEADY_REQUESTS} requests between the warm-up and the last admission)",
         f"prefix cache: {s.prefix_cache_hit_rate:.1%} of prompt tokens hit; preemptions: {s.preemptions:,}; "
         f"KV blocks: {s.kv_cache_blocks_total:,}; steps: {s.num_steps:,}",
     ]
@@ -437,6 +440,17 @@ def render_summary(s: RunSummary, deployment: str) -> None:
         lines.append(f"band basis: {band.basis}")
     for line in lines:
         console.print(line)
+
+
+def steady_line(steady: SteadyState) -> str:
+    """The steady-state rates in one line, for `simulate`, `engine bench` and `plan`."""
+    cost = ("" if steady.usd_per_million_output_tokens is None
+            else f", US${steady.usd_per_million_output_tokens:,.3f} per 1M output tokens")
+    return (f"steady state ({steady.window_start_s:,.1f}-{steady.window_end_s:,.1f} s; warm-up {steady.warmup_s:,.1f} s "
+            f"and drain {steady.drain_s:,.1f} s left out): {steady.requests_per_s:,.2f} req/s, "
+            f"{steady.output_tokens_per_s:,.0f} output tokens/s, mean batch "
+            f"{_number(steady.mean_batch_requests, '.1f')} requests{cost}"
+            + ("" if steady.kept_up else " (its queue grew: this is its capacity)"))
 
 
 def cmd_engine_bench(args: argparse.Namespace) -> None:
@@ -764,12 +778,8 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
                      if key in band.ranges]
             console.print(f"  if measured ({band.coverage:.0%} band of held-out published errors): "
                           + ", ".join(f"{label} {low:,.1f}-{high:,.1f} ms" for label, (low, high) in shown))
-        if (steady := v.steady_state) is not None:
-            console.print(f"  steady state ({steady.window_start_s:,.1f}-{steady.window_end_s:,.1f} s; warm-up "
-                          f"{steady.warmup_s:,.1f} s and drain {steady.drain_s:,.1f} s left out): "
-                          f"{steady.requests_per_s:,.2f} req/s, {steady.output_tokens_per_s:,.0f} output tokens/s, "
-                          f"mean batch {_number(steady.mean_batch_requests, '.1f')} requests"
-                          + ("" if steady.kept_up else " (its queue grew: this is its capacity)"))
+        if v.steady_state is not None:
+            console.print(f"  {steady_line(v.steady_state)}")
         if (cap := r.capacity) is not None:
             console.print(f"  capacity within the SLO: {_number(cap.rate_per_s, ',.2f')} req/s "
                           f"({_number(cap.output_tokens_per_s, ',.0f')} output tokens/s, US$"
@@ -851,6 +861,11 @@ def cmd_compare(args: argparse.Namespace) -> None:
         t.add_row(m.metric, *(f"{v:,.3f}" if v is not None else "-" for v in (m.a, m.b, m.delta)),
                   f"{m.delta_pct:+.1f}%" if m.delta_pct is not None else "-", *ranges)
     console.print(t)
+    console.print("rates over each run's steady window (warm-up and drain left out)"
+                  + ("" if slo is None else " and at its capacity within the SLO"))
+    for side in (a, b):
+        if side.capacity is not None:
+            console.print(f"capacity of {side.path}: {side.capacity.basis}")
     if banded:
         console.print("'if measured': the P10-P90 band of held-out published errors around each prediction (both sides "
                       "share the simulator's biases, so their difference is surer than either band suggests)")
