@@ -165,9 +165,10 @@ def plan_result(model_name: str, workload: Workload, rate_per_s: float, slo_text
 
 @st.cache_data(show_spinner="Simulating variants…", hash_funcs=SPEC_HASH, max_entries=16)
 def comparisons(model_name: str, workload: Workload, slo_text: str,
-                variants: tuple[tuple[str, Deployment, HardwareProfile], ...]) -> list[Comparison]:
-    """Each variant after the first against the first (planner.compare: B - A and %). Each comes
-    with its hardware profile: a name in a variant is never resolved here, so never read as a path."""
+                variants: tuple[tuple[str, Deployment, HardwareProfile], ...], capacity: bool) -> list[Comparison]:
+    """Each variant after the first against the first (planner.compare: B - A and %), with each one's
+    capacity within the SLO if `capacity`. Each comes with its hardware profile: a name in a variant
+    is never resolved here, so never read as a path."""
     model = _catalog_model(model_name)
     slo = _slo(slo_text)
     # One draw (every variant serves the same requests), none of them beyond the model's context.
@@ -176,7 +177,7 @@ def comparisons(model_name: str, workload: Workload, slo_text: str,
     sides = []
     for name, dep, hw in variants:
         try:
-            sides.append(simulate_side(name, model, hw, dep, workload, replay, slo, runs=runs))
+            sides.append(simulate_side(name, model, hw, dep, workload, replay, slo, capacity=capacity, runs=runs))
         except InputError as exc:
             raise InputError(f"variant {name!r}: {exc.field}", exc.value, exc.allowed) from None
     return [compare(sides[0], b) for b in sides[1:]]

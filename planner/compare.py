@@ -118,20 +118,21 @@ def load_side(path: str | Path, default_model: str, default_workload: str, overr
 
 
 def simulate_side(name: str, model: ModelConfig, hw: HardwareProfile, dep: Deployment, workload: Workload,
-                  replay: Replay, slo: SLO | None, router: str = "round_robin", runs: RunCache | None = None,
-                  fit: FittedModel | None = None) -> Side:
-    """`dep` serving `replay` (drawn from `workload`), and with an SLO its capacity on `workload`'s
-    requests, searched from the rate the run served (probes cached in `runs`); `fit` stands in for
-    the public GPU fit in both."""
+                  replay: Replay, slo: SLO | None, router: str = "round_robin", *, capacity: bool = True,
+                  runs: RunCache | None = None, fit: FittedModel | None = None) -> Side:
+    """`dep` serving `replay` (drawn from `workload`), and with an SLO and `capacity` its capacity on
+    `workload`'s requests, searched from the rate the run served (probes cached in `runs`): a search
+    of simulations each long enough to fill the batch several times, so it costs tens of runs. `fit`
+    stands in for the public GPU fit in both."""
     summary = simulate(model, hw, dep, replay, slo=slo, router=router, fit=fit).summary
-    capacity = None
-    if slo is not None:
+    found = None
+    if slo is not None and capacity:
         steady = summary.steady_state
         start = (workload.arrival.offered_rate_per_s if isinstance(workload.arrival, PoissonArrivals)
                  else steady.requests_per_s if steady is not None else summary.throughput.requests_per_s)
-        capacity = slo_capacity(model, hw, dep, workload, slo, start_rate_per_s=min(max(start, MIN_RATE_PER_S), MAX_RATE_PER_S),
-                                requests_per_probe=workload.num_requests, runs=runs, fit=fit)
-    return Side(path=name, model=model.name, workload=workload.name, deployment=dep, summary=summary, capacity=capacity)
+        found = slo_capacity(model, hw, dep, workload, slo, start_rate_per_s=min(max(start, MIN_RATE_PER_S), MAX_RATE_PER_S),
+                             requests_per_probe=workload.num_requests, runs=runs, fit=fit)
+    return Side(path=name, model=model.name, workload=workload.name, deployment=dep, summary=summary, capacity=found)
 
 
 def compare(a: Side, b: Side) -> Comparison:

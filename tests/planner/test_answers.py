@@ -202,3 +202,37 @@ def test_cli_plan_switches_prefix_caching_in_every_candidate(capsys: pytest.Capt
     r = json.loads(capsys.readouterr().out)
     assert r["rejected"] and all(p["deployment"]["knobs"]["enable_prefix_caching"] is False for p in r["rejected"])
     assert all("enable_prefix_caching=False" in k for k in r["space"]["knobs"])
+
+
+def test_compare_deltas_are_on_steady_state_and_capacity(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both sides serve every request of a short run; compare's rates are the steady window's (not
+    first arrival to last finish, which counts each side's drain tail) and each side's capacity."""
+    import json
+
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("hardware: l40s\nweight_dtype: bf16\n")
+    b.write_text("hardware: l40s\nweight_dtype: fp8\nkv_dtype: fp8\n")
+    assert main(["compare", str(a), str(b), "--rate", "2", "--requests", "100", "--slo", SLO_TEXT, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {m["metric"]: m for m in out["metrics"]}
+    assert not {"requests/s", "output tokens/s", "US$ per 1M output tokens"} & set(rows)  # whole-run rates
+    for side, key in ((out["a"], "a"), (out["b"], "b")):
+        steady, capacity = side["summary"]["steady_state"], side["capacity"]
+        assert rows["requests/s, steady state"][key] == pytest.approx(steady["requests_per_s"])
+        assert rows["US$ per 1M output tokens, steady state"][key] == pytest.approx(steady["usd_per_million_output_tokens"])
+        assert rows["capacity within the SLO, requests/s"][key] == pytest.approx(capacity["rate_per_s"])
+        assert rows["US$ per 1M output tokens at capacity"][key] == pytest.approx(capacity["usd_per_million_output_tokens"])
+        assert capacity["rate_per_s"] >= 2.0  # it met the SLO at the offered rate, so its capacity is no lower
+    # Both kept up with 2 req/s: their steady rates differ by sampling, not by a drain tail.
+    assert abs(rows["requests/s, steady state"]["delta_pct"]) < 10
+    # fp8 halves the bytes per decode step: more capacity and cheaper tokens there.
+    assert rows["capacity within the SLO, requests/s"]["delta_pct"] > 20
+    assert rows["US$ per 1M output tokens at capacity"]["delta_pct"] < 0
+
+
+def test_cli_simulate_prints_its_steady_state(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--hw", "l40s", "--rate", "2", "--requests", "60"]) == 0
+    out = capsys.readouterr().out
+    steady = next(line for line in out.splitlines() if line.startswith("steady state ("))
+    assert "warm-up" in steady and "drain" in steady and "req/s" in steady and "mean batch" in steady
+    assert "throughput (first arrival to last finish, drain included)" in out
