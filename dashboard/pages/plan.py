@@ -139,6 +139,8 @@ def render() -> None:
         work = state.attempt(lambda: workload_inputs(
             state, allow_trace=False, default_requests=100,
             requests_help="Requests per simulated probe (at least 3 × max running requests are used)"))
+        # The planner names the probe size by its parameter; on this page the Requests input sets it.
+        state.labels["requests_per_probe"] = state.labels["num_requests"]
         slo = slo_input(state)
         hardware = choices_input(state, "hw", "Candidate hardware", priced, priced, field="hardware",
                                  help="Profiles with a price (default: all, as the CLI); each is tried at every TP "

@@ -85,6 +85,13 @@ def test_plan_zero_rate_is_an_in_page_error():
     assert not at.subheader  # refused, not replaced: nothing was planned
 
 
+def test_plan_errors_name_the_pages_inputs_not_the_planners_parameters():
+    at = open_page("plan", hw="h100-sxm", requests="10", run="true")
+    assert not at.exception
+    assert errors(at) and errors(at)[0].startswith("Requests: 10 is invalid: must be between 20 and"), errors(at)
+    assert not any("requests_per_probe" in e or "--" in e for e in errors(at))
+
+
 # --------------------------------------------------------------------------- Simulate
 
 
@@ -345,3 +352,65 @@ def test_validate_shows_the_public_validation_beside_the_engine_one(docs):
     assert not at.exception
     assert at.success[0].value.startswith("llama-3.1-8b")  # a bad public file does not stop the engine tab
     assert errors(at)[0].startswith("validation-public.json is not a public validation")
+
+
+# --------------------------------------------------------------------------- charts and tables (issue 21)
+
+
+def test_an_empty_queue_gets_a_unit_axis_not_nan():
+    """Vega labels the one tick of a [0, 0] domain NaN: a queue that never fills gets 0..1."""
+    import pandas as pd
+
+    from dashboard import charts
+
+    samples = pd.DataFrame({"replica": [0, 0, 0], "start_s": [0.0, 1.0, 2.0], "num_waiting": [0, 0, 0]})
+    y = charts.step_series(samples, "num_waiting", "queue depth (requests)").to_dict()["encoding"]["y"]
+    assert y["scale"]["domain"] == [0, 1] and y["axis"]["tickMinStep"] == 1
+    assert charts.step_series(samples.assign(num_waiting=[0, 7, 3]), "num_waiting", "q").to_dict()[
+        "encoding"]["y"]["scale"]["domain"] == [0, 7]
+
+
+def test_pareto_of_candidates_with_equal_costs_keeps_a_cost_axis_and_names_its_legend():
+    from types import SimpleNamespace
+
+    from dashboard import charts
+
+    plans = [SimpleNamespace(label=f"c{i}", usd_per_hour=3.0, ttft_p99_ms=100.0 + i, replicas=1, gpus=1) for i in range(3)]
+    spec = charts.pareto(plans, plans[:1], "ttft_p99_ms").to_dict()
+    x = spec["layer"][0]["encoding"]["x"]
+    low, high = x["scale"]["domain"]
+    assert low < 3.0 < high and high - low >= 0.5  # not one tick at 3.0
+    kinds = {row["candidate kind"] for row in spec["datasets"][next(iter(spec["datasets"]))]}
+    assert kinds == {charts.FRONT, charts.DOMINATED}  # words, not true/false
+
+
+def test_concurrency_by_context_is_log_on_both_axes():
+    import pandas as pd
+
+    from dashboard import charts
+
+    data = pd.DataFrame({"context (tokens)": [256, 8192, 131072], "max concurrent sequences": [5000, 156, 0]})
+    spec = charts.concurrency_curve(data).to_dict()
+    assert spec["encoding"]["x"]["scale"]["type"] == "log" and spec["encoding"]["y"]["scale"]["type"] == "log"
+    assert [r["max concurrent sequences"] for r in spec["datasets"][next(iter(spec["datasets"]))]] == [5000, 156]
+
+
+@pytest.mark.parametrize(("value", "shown"), [(28105.0, "28,105"), (16123, "16,123"), (15.2073, "15.2"),
+                                              (1753.7394, "1,754"), (6.4698, "6.47"), (0.004741, "0.00474"),
+                                              (-12.34, "-12.3"), (0.0, "0"), (float("nan"), ""), (None, "")])
+def test_numbers_are_formatted_for_people(value, shown):
+    from dashboard import ui
+
+    assert ui.readable(value) == shown
+
+
+def test_tables_show_readable_numbers():
+    """What the page sends for display: the formatted text, while the values (and the downloads) stay exact."""
+    import pyarrow as pa
+
+    at = open_page("simulate", **SMALL)
+    table = next(d for d in at.dataframe if "P50" in d.value.columns)
+    shown = pa.ipc.open_stream(table.proto.arrow_data.styler.display_values).read_pandas()
+    itl = shown[shown.metric == "ITL (ms)"].iloc[0]
+    assert itl["count"] == f"{int(table.value[table.value.metric == 'ITL (ms)'].iloc[0]['count']):,}"
+    assert all(len(text.partition(".")[2]) <= 3 for text in shown.drop(columns="metric").to_numpy().ravel())
