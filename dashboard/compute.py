@@ -8,6 +8,8 @@ raised call, so a corrected input is computed afresh.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 import math
 from pathlib import Path
@@ -36,7 +38,7 @@ from planner.sim import simulate
 from planner.tiers import kv_tiers
 from planner.specs import SLO, Deployment, HardwareProfile
 from planner.validate import ValidationReport
-from planner.workload import Workload
+from planner.workload import Workload, workload_from_trace
 
 
 def _json(model: BaseModel) -> str:
@@ -73,11 +75,25 @@ def _replay(workload: Workload | None, trace_name: str | None, trace_bytes: byte
         return Replay.of(workload, vocab_size=vocab_size, max_model_len=max_model_len)
     if trace_name is None or trace_bytes is None:
         raise InputError("workload", None, "choose a preset or upload a trace")
-    # load_trace reads a path and picks the format by suffix; the upload lives in memory.
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / Path(trace_name).name
-        path.write_bytes(trace_bytes)
+    with uploaded_file(trace_name, trace_bytes) as path:
         return Replay.from_trace(path, vocab_size=vocab_size, max_model_len=max_model_len)
+
+
+@contextmanager
+def uploaded_file(name: str, data: bytes) -> Iterator[Path]:
+    """An upload as a file of its own name (its last part only) in a private temporary folder: the
+    planner's readers take a path, pick the format by suffix and apply a file's checks and limits."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(name).name
+        path.write_bytes(data)
+        yield path
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def trace_workload(name: str, data: bytes, max_model_len: int) -> Workload:
+    """An uploaded trace summarised for planning (planner.workload.workload_from_trace)."""
+    with uploaded_file(name, data) as path:
+        return workload_from_trace(path, max_model_len=max_model_len)
 
 
 # --------------------------------------------------------------------------- simulate
@@ -185,9 +201,7 @@ def comparisons(model_name: str, workload: Workload, slo_text: str,
 
 def uploaded_profile(name: str, data: bytes) -> HardwareProfile:
     """A hardware profile uploaded in the page, read as a profile file is (same checks)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / Path(name).name
-        path.write_bytes(data)
+    with uploaded_file(name, data) as path:
         return load_profile_file(path)
 
 

@@ -29,7 +29,7 @@ from engine.config import EngineConfig
 from engine.cpu import default_threads
 from engine.errors import InputError, excerpt, from_validation_error
 from engine.files import output_file
-from engine.knobs import add_flags, command, read_flags, settings, values
+from engine.knobs import Setting, add_flags, command, read_flags, settings, values
 from planner.costmodel.fitted import FittedModel, load_fitted_model
 from planner.engines import engine_catalog, get_engine
 from planner.hardware import get_hardware, hardware_catalog
@@ -41,7 +41,7 @@ from planner.sim import ROUTERS, context_length, simulate
 from planner.specs import (
     SLO, Deployment, Disaggregation, EngineKnobs, HardwareProfile, MemoryQuery, PlanSettings, WorkloadOverrides,
 )
-from planner.workload import PRESETS, Workload, get_workload
+from planner.workload import PRESETS, Workload, get_workload, workload_from_trace
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -352,10 +352,10 @@ def add_workload_args(p: argparse.ArgumentParser, default: str = "chat") -> None
     add_flags(p, WORKLOAD)
 
 
-def workload_overrides(args: argparse.Namespace) -> dict[str, object]:
+def workload_overrides(args: argparse.Namespace, declared: list[Setting] = WORKLOAD) -> dict[str, object]:
     """The Workload fields the flags replace (each flag already checked by its declaration)."""
     try:
-        return WorkloadOverrides(**values(args, WORKLOAD)).workload_fields()
+        return WorkloadOverrides(**values(args, declared)).workload_fields()
     except ValidationError as exc:
         raise from_validation_error(exc) from None
 
@@ -365,7 +365,7 @@ def replay_from_args(args: argparse.Namespace, vocab_size: int | None, max_model
     A request longer than `max_model_len` is refused before any token id is drawn."""
     overrides = workload_overrides(args)
     if args.workload.lower().endswith(TRACE_SUFFIXES):
-        for name in ("rate_per_s", "concurrency", "num_requests", "input_tokens", "output_tokens"):
+        for name in ("rate_per_s", "concurrency", "num_requests", "input_tokens", "output_tokens", "prefix_tokens"):
             if getattr(args, name) is not None:
                 raise InputError(name, getattr(args, name), "does not apply to a trace, which records its own requests")
         return Replay.from_trace(args.workload, vocab_size=vocab_size, seed=args.seed or 0, max_model_len=max_model_len)
@@ -728,6 +728,10 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- plan and compare
 
 
+# The workload flags plan reads: the rate it sizes for, the seed of its draws, a shared prefix.
+PLAN_WORKLOAD = [s for s in WORKLOAD if s.name in ("rate_per_s", "seed", "prefix_tokens", "num_prefixes", "prefix_share")]
+
+
 def _csv(text: str | None) -> list[str] | None:
     return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
 
@@ -735,13 +739,16 @@ def _csv(text: str | None) -> list[str] | None:
 def cmd_plan(args: argparse.Namespace) -> None:
     from planner.search import DEFAULT_CACHE_DIR, plan  # keeps `serveplan simulate` start-up lean
 
-    if args.workload.lower().endswith(TRACE_SUFFIXES):
-        raise InputError("workload", args.workload, "plan needs a preset or workload spec file; traces are not supported")
     slo = SLO.parse(args.slo)
-    workload = get_workload(args.workload, **({"seed": args.seed} if args.seed is not None else {}))
+    workload = plan_workload(args)
+    rate = args.rate_per_s if args.rate_per_s is not None else workload.arrival.offered_rate_per_s
+    if rate is None:
+        raise UsageError("--rate is required: the rate to plan for (a trace's own mean rate is its default)")
+    if args.workload.lower().endswith(TRACE_SUFFIXES) and not args.json:
+        console.print(f"planned for the {workload.description}")
     started = time.perf_counter()
     result = plan(
-        args.model, workload, args.rate_per_s, slo, hardware=_csv(args.hardware),
+        args.model, workload, rate, slo, hardware=_csv(args.hardware),
         max_gpus_per_replica=args.max_gpus_per_replica, budget_usd_per_hour=args.budget_usd_per_hour,
         weight_dtypes=_csv(args.weight_dtypes), kv_dtypes=_csv(args.kv_dtypes), engine=args.engine, headroom=args.headroom,
         confidence=args.confidence, max_quality_loss_pct=args.max_quality_loss_pct, pd_ratios=args.pd_ratios,
@@ -755,6 +762,17 @@ def cmd_plan(args: argparse.Namespace) -> None:
         render_plan(result, time.perf_counter() - started)
     if result.recommended is None:  # an answer that is "no", as `memory` gives for a model that does not fit
         raise SystemExit(1)
+
+
+def plan_workload(args: argparse.Namespace) -> Workload:
+    """The workload `plan` sizes for: a preset or workload file with --seed and the shared-prefix
+    flags applied, or a trace summarised into one (planner.workload.workload_from_trace)."""
+    overrides = workload_overrides(args, PLAN_WORKLOAD)
+    if args.workload.lower().endswith(TRACE_SUFFIXES):
+        if "shared_prefix" in overrides:
+            raise InputError("prefix_tokens", args.prefix_tokens, "does not apply to a trace, which records its own prefixes")
+        return workload_from_trace(args.workload, seed=args.seed or 0)
+    return get_workload(args.workload, **overrides)
 
 
 def render_plan(r: PlanResult, wall_s: float) -> None:
@@ -1024,8 +1042,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="the cheapest deployment that serves a workload at a rate within an SLO")
     p.add_argument("--model", default="llama-3.1-8b", help="catalog name or path to a config.json / checkpoint folder")
-    p.add_argument("--workload", default="chat", help=f"preset ({', '.join(PRESETS)}) or a workload YAML/JSON file")
-    add_flags(p, [s for s in WORKLOAD if s.name in ("rate_per_s", "seed")], required=("rate_per_s",))
+    p.add_argument("--workload", default="chat", help=f"preset ({', '.join(PRESETS)}), a workload YAML/JSON file, or a "
+                   "JSONL/CSV trace (planned as its lengths, shared prefixes and mean rate: docs/planning.md)")
+    add_flags(p, PLAN_WORKLOAD)
     p.add_argument("--slo", required=True, help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=50'")
     p.add_argument("--hw", dest="hardware", help="comma-separated profiles or YAML files (default: every catalog profile with a price)")
     add_flags(p, settings(PlanSettings))
