@@ -717,7 +717,7 @@ def workload_from_trace(path: str | Path, seed: int = 0, max_model_len: int | No
     if span <= 0:
         raise InputError("trace", str(path), "needs arrivals spread over time to have a rate (all arrive at once)")
     prefixed, rate = sum(r.prefix is not None for r in rows), (len(rows) - 1) / span
-    shared = (f"{len(shortest):,} shared prefixes of {prefix:,} tokens on {prefixed / len(rows):.0%} of requests, "
+    shared = (f"{len(shortest):,} shared prefix{'es' if len(shortest) > 1 else ''} of {prefix:,} tokens on {prefixed / len(rows):.0%} of requests, "
               if shortest else "no shared prefix, ")
     return Workload(
         name=_trace_name(path), arrival=PoissonArrivals(rate_per_s=rate),

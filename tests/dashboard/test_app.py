@@ -92,6 +92,54 @@ def test_plan_errors_name_the_pages_inputs_not_the_planners_parameters():
     assert not any("requests_per_probe" in e or "--" in e for e in errors(at))
 
 
+def _agent_trace(n: int = 81) -> bytes:
+    return "".join(json.dumps({"arrival_s": 0.25 * i, "input_tokens": 2400 + 10 * (i % 7), "output_tokens": 60,
+                               "prefix_id": "tools"}) + "\n" for i in range(n)).encode()
+
+
+def test_plan_a_trace_upload_at_its_own_rate():
+    at = open_page("plan", **{**NARROW_PLAN, "workload": "upload a trace", "run": "true"})
+    assert not at.exception and "Upload a trace" in at.info[0].value
+    at.sidebar.file_uploader[0].set_value(("agent.jsonl", _agent_trace(), "application/json"))
+    at.button[0].click().run()
+    assert not at.exception and not errors(at), errors(at)
+    assert at.subheader[0].value.startswith("Recommended:")
+    assert any("trace agent (81 requests)" in c.value and "1 shared prefix of 1,200 tokens" in c.value
+               and "4.00 req/s" in c.value for c in at.caption)
+
+
+@pytest.mark.parametrize(("name", "data", "message"), [
+    ("secret.csv", b"password,hunter2\nroot,toor\n", "the header names none of the trace columns"),
+    ("bin.jsonl", bytes(range(256)), "is invalid"),
+])
+def test_plan_a_bad_trace_upload_is_one_line_without_its_contents(name, data, message):
+    at = open_page("plan", **{**NARROW_PLAN, "workload": "upload a trace", "run": "true"})
+    at.sidebar.file_uploader[0].set_value((name, data, "text/plain"))
+    at.button[0].click().run()
+    assert not at.exception
+    [error] = errors(at)
+    assert message in error and "\n" not in error and "hunter2" not in error and "toor" not in error
+
+
+def test_plan_an_oversized_trace_upload_is_refused_before_it_is_read(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("dashboard.inputs.MAX_UPLOAD_BYTES", 1000)
+    at = open_page("plan", **{**NARROW_PLAN, "workload": "upload a trace", "run": "true"})
+    at.sidebar.file_uploader[0].set_value(("big.jsonl", _agent_trace(), "application/json"))
+    at.button[0].click().run()
+    assert not at.exception
+    assert errors(at) == [f"upload='big.jsonl' is invalid: is {len(_agent_trace()):,} bytes; the limit is 1,000"]
+
+
+def test_simulate_with_a_shared_prefix_hits_the_prefix_cache():
+    at = open_page("simulate", **SMALL, prefix_tokens="2000", prefixes="2")
+    assert not at.exception and not errors(at), errors(at)
+    assert float(metric(at, "Prefix-cache hit rate").rstrip("%")) > 50
+    at = open_page("simulate", **SMALL, prefix_share="0.5")
+    assert not at.exception
+    assert errors(at) == ["Share of requests with the prefix (0-1): 0.5 is invalid: applies to a shared prefix: give "
+                          "its length too"]
+
+
 # --------------------------------------------------------------------------- Simulate
 
 
