@@ -9,7 +9,7 @@ import pandas as pd
 from planner.memory import MemoryPlan
 from planner.search import CandidatePlan
 
-STEP_SERIES_HEIGHT_PX = 200
+STEP_SERIES_HEIGHT_PX = 280
 FRONT, DOMINATED = "on the Pareto front", "dominated (costs more and is slower)"
 
 
@@ -34,7 +34,7 @@ def latency_cdf(requests: pd.DataFrame, columns: dict[str, str]) -> alt.Chart:
 # what does not fit: a legend beside a short chart lost its last entries. So a chart with many
 # legend entries puts them below the plot in columns, whole (Vega shortens labels past 160 px with
 # an ellipsis by default), and is made tall enough for them.
-AXIS_PX, LEGEND_ROW_PX = 50, 22
+AXIS_PX, LEGEND_ROW_PX = 100, 24
 
 
 def legend_below(entries: int, columns: int, plot_px: int) -> tuple[alt.Legend, int]:
