@@ -30,10 +30,12 @@ def latency_cdf(requests: pd.DataFrame, columns: dict[str, str]) -> alt.Chart:
     ).properties(height=280)
 
 
-# Streamlit draws a chart in exactly its declared height, axes and legends included, and cuts
-# what does not fit: a legend beside a short chart lost its last entries. So a chart with many
+# Streamlit draws a chart in exactly its declared height, title, axes and legends included, and
+# cuts what does not fit: a legend beside a short chart lost its last entries. So a chart with many
 # legend entries puts them below the plot in columns, whole (Vega shortens labels past 160 px with
-# an ellipsis by default), and is made tall enough for them.
+# an ellipsis by default), and is made tall enough for them. Pixels measured in Streamlit's theme
+# (tests/dashboard/test_browser.py checks the result): the x axis, its title and the legend's
+# padding take about AXIS_PX, each legend row LEGEND_ROW_PX.
 AXIS_PX, LEGEND_ROW_PX = 100, 24
 
 
