@@ -90,8 +90,8 @@ def pareto(candidates: list[CandidatePlan], front: list[CandidatePlan], metric: 
         x=alt.X("US$/h:Q", title="cost (US$/h)", scale=alt.Scale(domain=[max(0.0, low - pad), high + pad], zero=False)),
         y=alt.Y(f"{latency_title}:Q"))
     points = base.mark_circle(size=90).encode(
-        color=alt.Color("candidate kind:N", title=None, scale=alt.Scale(domain=[FRONT, DOMINATED],
-                                                                        range=["#d62728", "#9e9e9e"])),
+        color=alt.Color("candidate kind:N", legend=alt.Legend(title=None, labelLimit=0),
+                        scale=alt.Scale(domain=[FRONT, DOMINATED], range=["#d62728", "#9e9e9e"])),
         tooltip=["candidate", "replicas", "GPUs", alt.Tooltip("US$/h:Q", format=",.2f"),
                  alt.Tooltip(f"{latency_title}:Q", format=",.1f")],
     )
@@ -158,10 +158,15 @@ def roofline(roofs: pd.DataFrame, points: pd.DataFrame) -> alt.Chart:
 
 
 def grouped_bars(data: pd.DataFrame, x: str, y: str, color: str, title: str) -> alt.Chart:
+    """Horizontal bars of `y` per `x`, one per `color` within each: the `x` names (metrics,
+    scenarios) are read whole on the left rather than cut or turned on end under the bars."""
+    groups, per_group = data[x].nunique(), data[color].nunique()
+    legend, height = legend_below(per_group, 2, max(120, 28 * groups * per_group))
     return alt.Chart(data).mark_bar().encode(
-        x=alt.X(f"{x}:N", title=None), xOffset=f"{color}:N", y=alt.Y(f"{y}:Q", title=title),
-        color=alt.Color(f"{color}:N"), tooltip=[x, color, alt.Tooltip(f"{y}:Q", format=",.2f")],
-    ).properties(height=260)
+        y=alt.Y(f"{x}:N", title=None, sort=None, axis=alt.Axis(labelLimit=0)), yOffset=f"{color}:N",
+        x=alt.X(f"{y}:Q", title=title), color=alt.Color(f"{color}:N", legend=legend),
+        tooltip=[x, color, alt.Tooltip(f"{y}:Q", format=",.2f")],
+    ).properties(height=height)
 
 
 def predicted_vs_measured(figures: pd.DataFrame) -> alt.Chart:
@@ -171,7 +176,7 @@ def predicted_vs_measured(figures: pd.DataFrame) -> alt.Chart:
         y=alt.Y("held-out prediction:Q", scale=alt.Scale(type="log"), title="predicted, source held out"),
     )
     points = base.mark_circle(size=18, opacity=0.5).encode(
-        color=alt.Color("engine:N", legend=alt.Legend(orient="bottom", columns=4)),
+        color=alt.Color("engine:N", legend=alt.Legend(orient="bottom", columns=4, labelLimit=0)),
         tooltip=["run", "metric", "measured", "held-out prediction", "error (%)"])
     line = base.mark_line(color="black", strokeWidth=0.8).encode(x="measured:Q", y="measured:Q")
     return (line + points).properties(width=260, height=240).facet(facet=alt.Facet("family:N", title=None), columns=4)

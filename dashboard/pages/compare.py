@@ -169,6 +169,8 @@ def render() -> None:
     for c in results:
         wide[c.b.path] = [m.b for m in c.metrics]
         wide[f"{c.b.path} vs A (%)"] = [m.delta_pct for m in c.metrics]
+    # Figures no variant has (capacity when not asked for) are left out rather than shown as empty rows.
+    wide = wide.dropna(how="all", subset=list(wide.columns[1:]))
     ui.table(wide, "Variants side by side", key="compare.wide",
              caption=f"{model}, workload {workload.name}, {workload.num_requests} requests; "
                      "% = (variant − first) / first × 100. Rates are over each run's steady window (warm-up and "
@@ -184,7 +186,8 @@ def render() -> None:
     for c in results:
         detail = pd.DataFrame([m.model_dump() for m in c.metrics]).rename(
             columns={"a": base.path, "b": c.b.path, "delta": "B − A", "delta_pct": "B − A (%)",
-                     "a_range": f"{base.path}: likely if measured (P10-P90)", "b_range": f"{c.b.path}: likely if measured"})
+                     "a_range": f"{base.path}: likely if measured (P10-P90)", "b_range": f"{c.b.path}: likely if measured"}
+        ).dropna(axis="columns", how="all").dropna(how="all", subset=[base.path, c.b.path])
         ui.table(detail, f"{c.b.path} vs {base.path}", key=f"compare.{c.b.path}")
     ui.json_download("Comparisons (JSON, as serveplan compare --json)", [c.model_dump(mode="json") for c in results],
                      "comparisons.json", key="compare.json")

@@ -165,7 +165,7 @@ def render() -> None:
                                     help="mbt: max tokens per step; seqs: max running requests (a probe has at least "
                                          "3 × this many requests); 'engine defaults': the engine profile's own")
         prefix_caching = setting_input(state, KNOB["enable_prefix_caching"])
-        budget = setting_input(state, PLAN["budget_usd_per_hour"])
+        budget = setting_input(state, PLAN["budget_usd_per_hour"], placeholder="no budget")
         headroom = setting_input(state, PLAN["headroom"], step=0.05)
         pd_ratios = setting_input(state, PLAN["pd_ratios"])
         offload = setting_input(state, PLAN["offload"])
