@@ -151,6 +151,12 @@ def test_simulate_shows_latencies_cost_and_breakdown():
     [percentiles] = [d.value for d in at.dataframe if "P50" in d.value.columns]
     assert list(percentiles.metric) == ["TTFT (ms)", "ITL (ms)", "TPOT (ms)", "E2E (ms)", "queueing (ms)"]
     assert any("US$" in c.value and "per GPU-hour" in c.value for c in at.caption)  # the cost basis is shown
+    # Throughput over the steady window, not first arrival to last finish (which counts the drain tail).
+    steady = compute.simulate_view("llama-3.1-8b", Deployment(hardware="h100-sxm"), get_workload(
+        "chat", num_requests=60, arrival={"kind": "poisson", "rate_per_s": 4.0}, seed=0), None, None,
+        "ttft_p99_ms<=500,tpot_p99_ms<=50", "round_robin").summary.steady_state
+    assert metric(at, "Throughput, steady (output tokens/s)") == f"{steady.output_tokens_per_s:,.0f}"
+    assert any(c.value.startswith("Steady state:") and "mean batch" in c.value for c in at.caption)
 
 
 def test_simulate_draws_the_prediction_interval_of_a_gpu_run(monkeypatch: pytest.MonkeyPatch):

@@ -210,9 +210,11 @@ def test_compare_deltas_are_on_steady_state_and_capacity(tmp_path, capsys: pytes
     import json
 
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
-    a.write_text("hardware: l40s\nweight_dtype: bf16\n")
-    b.write_text("hardware: l40s\nweight_dtype: fp8\nkv_dtype: fp8\n")
-    assert main(["compare", str(a), str(b), "--rate", "2", "--requests", "100", "--slo", SLO_TEXT, "--json"]) == 0
+    # An L4 with a loose SLO keeps each capacity search to small batches (seconds).
+    a.write_text("hardware: l4\nweight_dtype: bf16\n")
+    b.write_text("hardware: l4\nweight_dtype: fp8\nkv_dtype: fp8\n")
+    assert main(["compare", str(a), str(b), "--rate", "1", "--requests", "100", "--slo",
+                 "ttft_p99_ms<=2000,tpot_p99_ms<=200", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     rows = {m["metric"]: m for m in out["metrics"]}
     assert not {"requests/s", "output tokens/s", "US$ per 1M output tokens"} & set(rows)  # whole-run rates
@@ -222,8 +224,8 @@ def test_compare_deltas_are_on_steady_state_and_capacity(tmp_path, capsys: pytes
         assert rows["US$ per 1M output tokens, steady state"][key] == pytest.approx(steady["usd_per_million_output_tokens"])
         assert rows["capacity within the SLO, requests/s"][key] == pytest.approx(capacity["rate_per_s"])
         assert rows["US$ per 1M output tokens at capacity"][key] == pytest.approx(capacity["usd_per_million_output_tokens"])
-        assert capacity["rate_per_s"] >= 2.0  # it met the SLO at the offered rate, so its capacity is no lower
-    # Both kept up with 2 req/s: their steady rates differ by sampling, not by a drain tail.
+        assert capacity["rate_per_s"] >= 1.0  # it met the SLO at the offered rate, so its capacity is no lower
+    # Both kept up with 1 req/s: their steady rates differ by sampling, not by a drain tail.
     assert abs(rows["requests/s, steady state"]["delta_pct"]) < 10
     # fp8 halves the bytes per decode step: more capacity and cheaper tokens there.
     assert rows["capacity within the SLO, requests/s"]["delta_pct"] > 20
