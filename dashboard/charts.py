@@ -185,11 +185,11 @@ def predicted_vs_measured(figures: pd.DataFrame) -> alt.Chart:
 def prediction_bands(bands: pd.DataFrame) -> alt.Chart:
     """Each simulated figure's likely measured range as a share of the prediction (1 = as predicted):
     a rule from the band's low to its high end, a tick at the prediction."""
-    base = alt.Chart(bands).encode(y=alt.Y("figure:N", title=None, sort=None))
+    base = alt.Chart(bands).encode(y=alt.Y("figure:N", title=None, sort=None, axis=alt.Axis(labelLimit=0)))
     rule = base.mark_rule(strokeWidth=3, opacity=0.6).encode(
         x=alt.X("low / predicted:Q", title="measured / predicted, likely range", scale=alt.Scale(type="log")),
         x2="high / predicted:Q",
         tooltip=["figure", alt.Tooltip("predicted:Q", format=",.2f"), alt.Tooltip("low:Q", format=",.2f"),
                  alt.Tooltip("high:Q", format=",.2f")])
     tick = base.mark_tick(color="black", thickness=2).encode(x=alt.datum(1.0))
-    return (rule + tick).properties(height=22 * len(bands) + 30)
+    return (rule + tick).properties(height=24 * len(bands) + AXIS_PX)  # every figure's row named

@@ -33,7 +33,7 @@ def _headline(s: RunSummary) -> None:
         row[3].metric("Throughput (output tokens/s)", f"{s.throughput.output_tokens_per_s:,.0f}",
                       help=f"No steady window (too few requests between warm-up and drain); {whole}")
     else:
-        row[3].metric("Throughput, steady (output tokens/s)", f"{steady.output_tokens_per_s:,.0f}",
+        row[3].metric("Steady output (tokens/s)", f"{steady.output_tokens_per_s:,.0f}",
                       help=f"{steady.requests_per_s:,.2f} requests/s, mean batch "
                            f"{steady.mean_batch_requests or 0:,.1f} requests; {steady.basis}. Whole run, {whole}")
     row = st.columns(4)

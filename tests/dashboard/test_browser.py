@@ -86,7 +86,7 @@ def browser() -> Iterator[webdriver.Chrome]:
     options.binary_location = shutil.which("chromium")
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--window-size=1440,1800", "--hide-scrollbars"):
+                 "--no-first-run", f"--window-size={WINDOW[0]},{WINDOW[1]}", "--hide-scrollbars"):
         options.add_argument(flag)
     # The system driver: Selenium Manager would otherwise try to download one.
     driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=shutil.which("chromedriver")),
@@ -117,9 +117,22 @@ def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+WINDOW = (1440, 1800)
+# Pages whose README image shows the whole page (up to this height), not the first screen: the
+# Simulate page's over-time and operator charts lie below its first screen.
+WHOLE_PAGE = {"simulate": 3400}
+
+
 def _screenshot(driver: webdriver.Chrome, folder: Path, name: str) -> Path:
     path = folder / f"{name}.png"
-    assert driver.save_screenshot(str(path))
+    if name in WHOLE_PAGE:
+        height = driver.execute_script('return document.querySelector(\'[data-testid="stMain"]\').scrollHeight')
+        driver.set_window_size(WINDOW[0], min(int(height) + 60, WHOLE_PAGE[name]))
+        _wait_drawn(driver, name.capitalize())  # the page title; charts redraw at the new size
+    try:
+        assert driver.save_screenshot(str(path))
+    finally:
+        driver.set_window_size(*WINDOW)
     return path
 
 
