@@ -8,6 +8,8 @@ raised call, so a corrected input is computed afresh.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 import math
 from pathlib import Path
@@ -22,7 +24,7 @@ from engine.catalog import catalog, resolve_model
 from engine.config import EngineKnobs, ModelConfig
 from engine.errors import InputError, from_validation_error, unknown_name_error
 from engine.files import read_bytes
-from planner.compare import Comparison, Side, compare
+from planner.compare import Comparison, compare, simulate_side
 from planner.costmodel import CostModel
 from planner.hardware import hardware_catalog, load_profile_file
 from planner.memory import MemoryPlan, plan_memory
@@ -31,11 +33,12 @@ from planner.playback import Replay
 from planner.public.report import PublicValidation
 from planner import search
 from planner.search import PlanResult
+from planner.search.cache import RunCache
 from planner.sim import simulate
 from planner.tiers import kv_tiers
 from planner.specs import SLO, Deployment, HardwareProfile
 from planner.validate import ValidationReport
-from planner.workload import Workload
+from planner.workload import Workload, workload_from_trace
 
 
 def _json(model: BaseModel) -> str:
@@ -72,11 +75,25 @@ def _replay(workload: Workload | None, trace_name: str | None, trace_bytes: byte
         return Replay.of(workload, vocab_size=vocab_size, max_model_len=max_model_len)
     if trace_name is None or trace_bytes is None:
         raise InputError("workload", None, "choose a preset or upload a trace")
-    # load_trace reads a path and picks the format by suffix; the upload lives in memory.
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / Path(trace_name).name
-        path.write_bytes(trace_bytes)
+    with uploaded_file(trace_name, trace_bytes) as path:
         return Replay.from_trace(path, vocab_size=vocab_size, max_model_len=max_model_len)
+
+
+@contextmanager
+def uploaded_file(name: str, data: bytes) -> Iterator[Path]:
+    """An upload as a file of its own name (its last part only) in a private temporary folder: the
+    planner's readers take a path, pick the format by suffix and apply a file's checks and limits."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / Path(name).name
+        path.write_bytes(data)
+        yield path
+
+
+@st.cache_data(show_spinner=False, max_entries=8)
+def trace_workload(name: str, data: bytes, max_model_len: int) -> Workload:
+    """An uploaded trace summarised for planning (planner.workload.workload_from_trace)."""
+    with uploaded_file(name, data) as path:
+        return workload_from_trace(path, max_model_len=max_model_len)
 
 
 # --------------------------------------------------------------------------- simulate
@@ -164,28 +181,27 @@ def plan_result(model_name: str, workload: Workload, rate_per_s: float, slo_text
 
 @st.cache_data(show_spinner="Simulating variants…", hash_funcs=SPEC_HASH, max_entries=16)
 def comparisons(model_name: str, workload: Workload, slo_text: str,
-                variants: tuple[tuple[str, Deployment, HardwareProfile], ...]) -> list[Comparison]:
-    """Each variant after the first against the first (planner.compare: B - A and %). Each comes
-    with its hardware profile: a name in a variant is never resolved here, so never read as a path."""
+                variants: tuple[tuple[str, Deployment, HardwareProfile], ...], capacity: bool) -> list[Comparison]:
+    """Each variant after the first against the first (planner.compare: B - A and %), with each one's
+    capacity within the SLO if `capacity`. Each comes with its hardware profile: a name in a variant
+    is never resolved here, so never read as a path."""
     model = _catalog_model(model_name)
     slo = _slo(slo_text)
     # One draw (every variant serves the same requests), none of them beyond the model's context.
     replay = Replay.of(workload, vocab_size=model.vocab_size, max_model_len=model.max_position_embeddings)
+    runs = RunCache.open(search.DEFAULT_CACHE_DIR)  # capacity probes, shared with the Plan page's
     sides = []
     for name, dep, hw in variants:
         try:
-            summary = simulate(model, hw, dep, replay, slo=slo).summary
+            sides.append(simulate_side(name, model, hw, dep, workload, replay, slo, capacity=capacity, runs=runs))
         except InputError as exc:
             raise InputError(f"variant {name!r}: {exc.field}", exc.value, exc.allowed) from None
-        sides.append(Side(path=name, model=model.name, workload=workload.name, deployment=dep, summary=summary))
     return [compare(sides[0], b) for b in sides[1:]]
 
 
 def uploaded_profile(name: str, data: bytes) -> HardwareProfile:
     """A hardware profile uploaded in the page, read as a profile file is (same checks)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / Path(name).name
-        path.write_bytes(data)
+    with uploaded_file(name, data) as path:
         return load_profile_file(path)
 
 

@@ -195,6 +195,9 @@ def workload_inputs(state: PageState, *, allow_trace: bool = True, default_reque
         for name in ("input_tokens", "output_tokens"):
             values[name] = setting_input(state, WORKLOAD[name])
         values["seed"] = setting_input(state, WORKLOAD["seed"], default=0)
+    with st.expander("Shared prefix"):
+        for name, unset in (("prefix_tokens", "the workload's"), ("num_prefixes", "1"), ("prefix_share", "1")):
+            values[name] = setting_input(state, WORKLOAD[name], placeholder=unset)
     try:
         overrides = WorkloadOverrides(**values)
     except ValidationError as exc:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 import json
+import math
+import numbers
 import re
 from typing import Any, NoReturn, TypeVar
 
@@ -48,12 +50,35 @@ def _slug(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
 
 
+def readable(value: Any) -> str:
+    """A number as a person reads it: thousands separated, whole numbers without decimals, others
+    to about three significant digits (28,105 not 28,105.000; 15.2 not 15.2073); empty for none."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return str(value)
+    size = abs(value)
+    if float(value).is_integer() or size >= 100:
+        return f"{value:,.0f}"
+    if size >= 10:
+        return f"{value:,.1f}"
+    return f"{value:.2f}" if size >= 1 else f"{value:.3g}"
+
+
+# Formatting each cell on the server costs per cell; bigger tables (per-request and per-step data)
+# are shown as they are, like their downloads.
+MAX_FORMATTED_CELLS = 20_000
+
+
 def table(df: pd.DataFrame, title: str, *, key: str, hide_index: bool = True, caption: str | None = None) -> None:
-    """A dataframe with CSV and JSON downloads of exactly what is shown."""
+    """A dataframe with numbers formatted for people (`readable`; sorting uses the values) and CSV
+    and JSON downloads of exactly the values shown, unrounded."""
     st.markdown(f"**{title}**")
     if caption:
         st.caption(caption)
-    st.dataframe(df, hide_index=hide_index, width="stretch")
+    numeric = [c for c in df.columns if pd.api.types.is_numeric_dtype(df[c]) and not pd.api.types.is_bool_dtype(df[c])]
+    shown = df.style.format(readable, subset=numeric) if numeric and df.size <= MAX_FORMATTED_CELLS else df
+    st.dataframe(shown, hide_index=hide_index, width="stretch")
     name = _slug(title)
     left, right, _ = st.columns([1, 1, 4])
     left.download_button("CSV", df.to_csv(index=not hide_index).encode(), f"{name}.csv", "text/csv",

@@ -29,19 +29,19 @@ from engine.config import EngineConfig
 from engine.cpu import default_threads
 from engine.errors import InputError, excerpt, from_validation_error
 from engine.files import output_file
-from engine.knobs import add_flags, command, read_flags, settings, values
+from engine.knobs import Setting, add_flags, command, read_flags, settings, values
 from planner.costmodel.fitted import FittedModel, load_fitted_model
 from planner.engines import engine_catalog, get_engine
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
 from planner.validate_memory import MemoryValidation, validate_startup_logs
-from planner.metrics import RunSummary
+from planner.metrics import MIN_STEADY_REQUESTS, RunSummary, SteadyState
 from planner.playback import Replay
 from planner.sim import ROUTERS, context_length, simulate
 from planner.specs import (
     SLO, Deployment, Disaggregation, EngineKnobs, HardwareProfile, MemoryQuery, PlanSettings, WorkloadOverrides,
 )
-from planner.workload import PRESETS, Workload, get_workload
+from planner.workload import PRESETS, Workload, get_workload, workload_from_trace
 
 if TYPE_CHECKING:
     from rich.progress import TaskID
@@ -352,10 +352,10 @@ def add_workload_args(p: argparse.ArgumentParser, default: str = "chat") -> None
     add_flags(p, WORKLOAD)
 
 
-def workload_overrides(args: argparse.Namespace) -> dict[str, object]:
+def workload_overrides(args: argparse.Namespace, declared: list[Setting] = WORKLOAD) -> dict[str, object]:
     """The Workload fields the flags replace (each flag already checked by its declaration)."""
     try:
-        return WorkloadOverrides(**values(args, WORKLOAD)).workload_fields()
+        return WorkloadOverrides(**values(args, declared)).workload_fields()
     except ValidationError as exc:
         raise from_validation_error(exc) from None
 
@@ -365,7 +365,7 @@ def replay_from_args(args: argparse.Namespace, vocab_size: int | None, max_model
     A request longer than `max_model_len` is refused before any token id is drawn."""
     overrides = workload_overrides(args)
     if args.workload.lower().endswith(TRACE_SUFFIXES):
-        for name in ("rate_per_s", "concurrency", "num_requests", "input_tokens", "output_tokens"):
+        for name in ("rate_per_s", "concurrency", "num_requests", "input_tokens", "output_tokens", "prefix_tokens"):
             if getattr(args, name) is not None:
                 raise InputError(name, getattr(args, name), "does not apply to a trace, which records its own requests")
         return Replay.from_trace(args.workload, vocab_size=vocab_size, seed=args.seed or 0, max_model_len=max_model_len)
@@ -402,7 +402,10 @@ def render_summary(s: RunSummary, deployment: str) -> None:
     console.print(t)
     tp, g, u, c = s.throughput, s.goodput, s.utilisation, s.cost
     lines = [
-        f"throughput: {tp.requests_per_s:,.2f} req/s, {tp.input_tokens_per_s:,.0f} input + {tp.output_tokens_per_s:,.0f} output tokens/s",
+        f"throughput (first arrival to last finish, drain included): {tp.requests_per_s:,.2f} req/s, "
+        f"{tp.input_tokens_per_s:,.0f} input + {tp.output_tokens_per_s:,.0f} output tokens/s",
+        steady_line(s.steady_state) if s.steady_state is not None else
+        f"steady state: none (fewer than {MIN_STEADY_REQUESTS} requests between the warm-up and the last admission)",
         f"prefix cache: {s.prefix_cache_hit_rate:.1%} of prompt tokens hit; preemptions: {s.preemptions:,}; "
         f"KV blocks: {s.kv_cache_blocks_total:,}; steps: {s.num_steps:,}",
     ]
@@ -437,6 +440,17 @@ def render_summary(s: RunSummary, deployment: str) -> None:
         lines.append(f"band basis: {band.basis}")
     for line in lines:
         console.print(line)
+
+
+def steady_line(steady: SteadyState) -> str:
+    """The steady-state rates in one line, for `simulate`, `engine bench` and `plan`."""
+    cost = ("" if steady.usd_per_million_output_tokens is None
+            else f", US${steady.usd_per_million_output_tokens:,.3f} per 1M output tokens")
+    return (f"steady state ({steady.window_start_s:,.1f}-{steady.window_end_s:,.1f} s; warm-up {steady.warmup_s:,.1f} s "
+            f"and drain {steady.drain_s:,.1f} s left out): {steady.requests_per_s:,.2f} req/s, "
+            f"{steady.output_tokens_per_s:,.0f} output tokens/s, mean batch "
+            f"{_number(steady.mean_batch_requests, '.1f')} requests{cost}"
+            + ("" if steady.kept_up else " (its queue grew: this is its capacity)"))
 
 
 def cmd_engine_bench(args: argparse.Namespace) -> None:
@@ -714,6 +728,10 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- plan and compare
 
 
+# The workload flags plan reads: the rate it sizes for, the seed of its draws, a shared prefix.
+PLAN_WORKLOAD = [s for s in WORKLOAD if s.name in ("rate_per_s", "seed", "prefix_tokens", "num_prefixes", "prefix_share")]
+
+
 def _csv(text: str | None) -> list[str] | None:
     return None if text is None else [part.strip() for part in text.split(",") if part.strip()]
 
@@ -721,13 +739,16 @@ def _csv(text: str | None) -> list[str] | None:
 def cmd_plan(args: argparse.Namespace) -> None:
     from planner.search import DEFAULT_CACHE_DIR, plan  # keeps `serveplan simulate` start-up lean
 
-    if args.workload.lower().endswith(TRACE_SUFFIXES):
-        raise InputError("workload", args.workload, "plan needs a preset or workload spec file; traces are not supported")
     slo = SLO.parse(args.slo)
-    workload = get_workload(args.workload, **({"seed": args.seed} if args.seed is not None else {}))
+    workload = plan_workload(args)
+    rate = args.rate_per_s if args.rate_per_s is not None else workload.arrival.offered_rate_per_s
+    if rate is None:
+        raise UsageError("--rate is required: the rate to plan for (a trace's own mean rate is its default)")
+    if args.workload.lower().endswith(TRACE_SUFFIXES) and not args.json:
+        console.print(f"planned for the {workload.description}")
     started = time.perf_counter()
     result = plan(
-        args.model, workload, args.rate_per_s, slo, hardware=_csv(args.hardware),
+        args.model, workload, rate, slo, hardware=_csv(args.hardware),
         max_gpus_per_replica=args.max_gpus_per_replica, budget_usd_per_hour=args.budget_usd_per_hour,
         weight_dtypes=_csv(args.weight_dtypes), kv_dtypes=_csv(args.kv_dtypes), engine=args.engine, headroom=args.headroom,
         confidence=args.confidence, max_quality_loss_pct=args.max_quality_loss_pct, pd_ratios=args.pd_ratios,
@@ -741,6 +762,17 @@ def cmd_plan(args: argparse.Namespace) -> None:
         render_plan(result, time.perf_counter() - started)
     if result.recommended is None:  # an answer that is "no", as `memory` gives for a model that does not fit
         raise SystemExit(1)
+
+
+def plan_workload(args: argparse.Namespace) -> Workload:
+    """The workload `plan` sizes for: a preset or workload file with --seed and the shared-prefix
+    flags applied, or a trace summarised into one (planner.workload.workload_from_trace)."""
+    overrides = workload_overrides(args, PLAN_WORKLOAD)
+    if args.workload.lower().endswith(TRACE_SUFFIXES):
+        if "shared_prefix" in overrides:
+            raise InputError("prefix_tokens", args.prefix_tokens, "does not apply to a trace, which records its own prefixes")
+        return workload_from_trace(args.workload, seed=args.seed or 0)
+    return get_workload(args.workload, **overrides)
 
 
 def render_plan(r: PlanResult, wall_s: float) -> None:
@@ -764,12 +796,8 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
                      if key in band.ranges]
             console.print(f"  if measured ({band.coverage:.0%} band of held-out published errors): "
                           + ", ".join(f"{label} {low:,.1f}-{high:,.1f} ms" for label, (low, high) in shown))
-        if (steady := v.steady_state) is not None:
-            console.print(f"  steady state ({steady.window_start_s:,.1f}-{steady.window_end_s:,.1f} s; warm-up "
-                          f"{steady.warmup_s:,.1f} s and drain {steady.drain_s:,.1f} s left out): "
-                          f"{steady.requests_per_s:,.2f} req/s, {steady.output_tokens_per_s:,.0f} output tokens/s, "
-                          f"mean batch {_number(steady.mean_batch_requests, '.1f')} requests"
-                          + ("" if steady.kept_up else " (its queue grew: this is its capacity)"))
+        if v.steady_state is not None:
+            console.print(f"  {steady_line(v.steady_state)}")
         if (cap := r.capacity) is not None:
             console.print(f"  capacity within the SLO: {_number(cap.rate_per_s, ',.2f')} req/s "
                           f"({_number(cap.output_tokens_per_s, ',.0f')} output tokens/s, US$"
@@ -851,6 +879,11 @@ def cmd_compare(args: argparse.Namespace) -> None:
         t.add_row(m.metric, *(f"{v:,.3f}" if v is not None else "-" for v in (m.a, m.b, m.delta)),
                   f"{m.delta_pct:+.1f}%" if m.delta_pct is not None else "-", *ranges)
     console.print(t)
+    console.print("rates over each run's steady window (warm-up and drain left out)"
+                  + ("" if slo is None else " and at its capacity within the SLO"))
+    for side in (a, b):
+        if side.capacity is not None:
+            console.print(f"capacity of {side.path}: {side.capacity.basis}")
     if banded:
         console.print("'if measured': the P10-P90 band of held-out published errors around each prediction (both sides "
                       "share the simulator's biases, so their difference is surer than either band suggests)")
@@ -1009,8 +1042,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="the cheapest deployment that serves a workload at a rate within an SLO")
     p.add_argument("--model", default="llama-3.1-8b", help="catalog name or path to a config.json / checkpoint folder")
-    p.add_argument("--workload", default="chat", help=f"preset ({', '.join(PRESETS)}) or a workload YAML/JSON file")
-    add_flags(p, [s for s in WORKLOAD if s.name in ("rate_per_s", "seed")], required=("rate_per_s",))
+    p.add_argument("--workload", default="chat", help=f"preset ({', '.join(PRESETS)}), a workload YAML/JSON file, or a "
+                   "JSONL/CSV trace (planned as its lengths, shared prefixes and mean rate: docs/planning.md)")
+    add_flags(p, PLAN_WORKLOAD)
     p.add_argument("--slo", required=True, help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=50'")
     p.add_argument("--hw", dest="hardware", help="comma-separated profiles or YAML files (default: every catalog profile with a price)")
     add_flags(p, settings(PlanSettings))

@@ -15,6 +15,7 @@ from engine.config import MAX_CONTEXT, EngineKnobs
 from engine.dtypes import Dtype, KVDtype
 from engine.errors import InputError, from_validation_error
 from engine.knobs import Knob
+from engine.limits import MAX_REQUEST_TOKENS
 from planner.quality import DEFAULT_MAX_QUALITY_LOSS_PCT, NO_QUALITY_LIMIT_PCT
 
 __all__ = ["SLO", "Deployment", "Disaggregation", "Dtype", "EngineKnobs", "HardwareProfile", "MemoryQuery", "MemoryTier",
@@ -338,6 +339,9 @@ class Deployment(Spec):
 MIN_RATE_PER_S, MAX_RATE_PER_S = 1e-3, 1e6
 
 
+_PREFIX_FIELDS = ("prefix_tokens", "num_prefixes", "prefix_share")
+
+
 class WorkloadOverrides(Spec):
     """What the CLI's flags and the dashboard's inputs may replace in a workload preset or file;
     unset fields keep the workload's own. The workload then validates the result as a whole."""
@@ -354,17 +358,33 @@ class WorkloadOverrides(Spec):
         None, ge=1, description="One reply length for every request (default: the workload's distribution)")
     seed: Annotated[int | None, Knob("--seed", "Seed")] = Field(
         None, ge=0, le=2**32 - 1, description="Seed of every random draw (default: the workload's)")
+    prefix_tokens: Annotated[int | None, Knob("--prefix-tokens", "Shared prefix", "tokens")] = Field(
+        None, ge=1, le=MAX_REQUEST_TOKENS, description="A shared prompt prefix (system prompt, tool specs) of this "
+        "many tokens before each request's own prompt, replacing the workload's shared prefix (default: the workload's)")
+    num_prefixes: Annotated[int | None, Knob("--prefixes", "Distinct shared prefixes")] = Field(
+        None, ge=1, le=100_000, description="How many different shared prefixes requests pick from, equally "
+        "(with the shared prefix; default 1)")
+    prefix_share: Annotated[float | None, Knob("--prefix-share", "Share of requests with the prefix", "0-1")] = Field(
+        None, ge=0, le=1, description="Share of requests that start with a shared prefix (with the shared prefix; "
+        "default 1)")
 
     @model_validator(mode="after")
     def _one_arrival_process(self) -> WorkloadOverrides:
         if self.rate_per_s is not None and self.concurrency is not None:
             raise InputError("concurrency", self.concurrency, "not together with an arrival rate: give one of the two")
+        if self.prefix_tokens is None:
+            for name in ("num_prefixes", "prefix_share"):
+                if getattr(self, name) is not None:
+                    raise InputError(name, getattr(self, name), "applies to a shared prefix: give its length too")
         return self
 
     def workload_fields(self) -> dict[str, object]:
         """The Workload fields these replace, for `get_workload(name, **fields)`."""
         fields: dict[str, object] = {k: v for k, v in self.model_dump().items()
-                                     if v is not None and k not in ("rate_per_s", "concurrency")}
+                                     if v is not None and k not in ("rate_per_s", "concurrency", *_PREFIX_FIELDS)}
+        if self.prefix_tokens is not None:
+            fields["shared_prefix"] = {"prefix_tokens": self.prefix_tokens, "num_prefixes": self.num_prefixes or 1,
+                                       "share": 1.0 if self.prefix_share is None else self.prefix_share}
         if self.rate_per_s is not None:
             fields["arrival"] = {"kind": "poisson", "rate_per_s": self.rate_per_s}
         if self.concurrency is not None:

@@ -689,6 +689,60 @@ def load_trace(path: str | Path, prefix_tokens: int | None = None, seed: int = 0
     return requests
 
 
+# A trace's lengths become a histogram of at most this many bins (quantiles beyond it).
+TRACE_LENGTH_BINS = 512
+
+
+def workload_from_trace(path: str | Path, seed: int = 0, max_model_len: int | None = None) -> Workload:
+    """The workload a trace records, for questions asked at other rates (`plan`): its prompt and
+    reply lengths as histograms, its prefix groups as a shared prefix (as `load_trace` replays them:
+    half the group's shortest prompt, the median over groups; prefixes picked equally) and Poisson
+    arrivals at its mean rate. Multi-turn traces are refused: turn-by-turn growth of the context is
+    not summarised (simulate the trace itself instead). Rows are streamed and checked as in `load_trace`."""
+    path = Path(path)
+    rows = list(_read_trace(path, max_model_len))
+    if not rows:
+        raise InputError("trace", str(path), "the trace holds no requests")
+    if any(r.conversation is not None for r in rows):
+        raise InputError("trace", str(path), "has conversation_id (multi-turn): a plan summarises single requests; "
+                         "simulate the trace itself to replay its conversations")
+    shortest: dict[str, int] = {}
+    for r in rows:
+        if r.prefix is not None:
+            shortest[r.prefix] = min(shortest.get(r.prefix, r.input_tokens), r.input_tokens)
+    prefix = int(np.median([max(1, n // 2) for n in shortest.values()])) if shortest else 0
+    own = [r.input_tokens - (prefix if r.prefix is not None else 0) for r in rows]
+    times = [r.arrival_s for r in rows]
+    span = max(times) - min(times)
+    if span <= 0:
+        raise InputError("trace", str(path), "needs arrivals spread over time to have a rate (all arrive at once)")
+    prefixed, rate = sum(r.prefix is not None for r in rows), (len(rows) - 1) / span
+    shared = (f"{len(shortest):,} shared prefix{'es' if len(shortest) > 1 else ''} of {prefix:,} tokens on {prefixed / len(rows):.0%} of requests, "
+              if shortest else "no shared prefix, ")
+    return Workload(
+        name=_trace_name(path), arrival=PoissonArrivals(rate_per_s=rate),
+        description=f"trace {_trace_name(path)} ({len(rows):,} requests) as its prompt and reply lengths, {shared}"
+                    f"Poisson arrivals at its mean rate ({rate:,.2f} req/s)",
+        input_tokens=_histogram(np.maximum(own, 1)), output_tokens=_histogram(np.array([r.output_tokens for r in rows])),
+        num_requests=len(rows), seed=seed,
+        shared_prefix=SharedPrefix(num_prefixes=len(shortest), prefix_tokens=prefix, share=prefixed / len(rows))
+        if shortest else None,
+    )
+
+
+def _trace_name(path: Path) -> str:
+    name = "".join(ch for ch in path.stem if ch.isprintable())[:64]
+    return name or "trace"
+
+
+def _histogram(lengths: np.ndarray) -> EmpiricalLength:
+    values, counts = np.unique(lengths, return_counts=True)
+    if values.size > TRACE_LENGTH_BINS:
+        values, counts = np.unique(np.round(np.quantile(lengths, (np.arange(TRACE_LENGTH_BINS) + 0.5) / TRACE_LENGTH_BINS)),
+                                   return_counts=True)
+    return EmpiricalLength(tokens=[int(v) for v in values], weights=[float(c) for c in counts])
+
+
 def _read_trace(path: Path, max_model_len: int | None) -> Iterator[_TraceRow]:
     """The rows of a trace, checked one by one as the file streams in."""
     total_tokens = 0

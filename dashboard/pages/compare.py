@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 import pandas as pd
@@ -12,24 +13,28 @@ import streamlit as st
 from dashboard import charts, compute, ui
 from dashboard.inputs import DEPLOYMENT, KNOBS, model_input, slo_input, upload_bytes, workload_inputs
 from dashboard.state import PageState
-from engine.config import EngineKnobs
+from engine.config import EngineKnobs, SpeculativeSettings
 from engine.errors import InputError, from_validation_error, unknown_name_error
 from planner.hardware import hardware_catalog
 from planner.specs import Deployment, HardwareProfile
 
-COLUMNS = ["name", "hardware", "tp", "weight_dtype", "kv_dtype", "prefix_caching", "token_budget", "speculative_tokens"]
+COLUMNS = ["name", "hardware", "tp", "weight_dtype", "kv_dtype", "prefix_caching", "token_budget", "speculative_tokens",
+           "draft_acceptance"]
 DEFAULT_VARIANTS = [
     {"name": "A: bf16", "hardware": "h100-sxm", "tp": 1, "weight_dtype": "bf16", "kv_dtype": "bf16",
-     "prefix_caching": True, "token_budget": 8192, "speculative_tokens": 0},
+     "prefix_caching": True, "token_budget": 8192, "speculative_tokens": 0, "draft_acceptance": None},
     {"name": "B: fp8", "hardware": "h100-sxm", "tp": 1, "weight_dtype": "fp8", "kv_dtype": "fp8",
-     "prefix_caching": True, "token_budget": 8192, "speculative_tokens": 0},
+     "prefix_caching": True, "token_budget": 8192, "speculative_tokens": 0, "draft_acceptance": None},
 ]
 # Each variant is a whole simulation: a link can ask for this many at most (docs/security.md).
 MAX_VARIANTS = 8
 MAX_NAME_CHARS = 64
 # The figures worth a chart; the table has every metric planner.compare reports.
-CHARTED = ["TTFT P99, ms", "TPOT P99, ms", "E2E P99, ms", "output tokens/s", "US$/h", "US$ per 1M output tokens"]
+CHARTED = ["TTFT P99, ms", "TPOT P99, ms", "E2E P99, ms", "output tokens/s, steady state",
+           "capacity within the SLO, requests/s", "US$ per 1M output tokens at capacity"]
+
 TP = DEPLOYMENT["tensor_parallel"]
+SPEC_TOKENS_LABEL, ACCEPTANCE_LABEL = "speculative tokens", "draft acceptance"
 BUDGET = next(s for s in KNOBS if s.name == "max_num_batched_tokens")
 
 
@@ -43,12 +48,35 @@ def _deployment(row: dict[str, Any], hardware: dict[str, HardwareProfile]) -> De
         return Deployment(hardware=row["hardware"], tensor_parallel=row.get("tp"), weight_dtype=row.get("weight_dtype"),
                           kv_dtype=row.get("kv_dtype"),
                           knobs=EngineKnobs(max_num_batched_tokens=row.get("token_budget"),
-                                            enable_prefix_caching=bool(row.get("prefix_caching"))))
+                                            enable_prefix_caching=bool(row.get("prefix_caching")),
+                                            speculative=_speculative(row)))
     except InputError as exc:
         raise InputError(f"variant {name!r}: {exc.field}", exc.value, exc.allowed) from None
     except ValidationError as exc:
         problem = from_validation_error(exc)
         raise InputError(f"variant {name!r}: {problem.field}", problem.value, problem.allowed) from None
+
+
+def _cell(row: dict[str, Any], column: str) -> Any:
+    """A cell's value; None for an empty one (the editor leaves NaN in an emptied number cell)."""
+    value = row.get(column)
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else value
+
+
+def _speculative(row: dict[str, Any]) -> SpeculativeSettings | None:
+    """n-gram speculation with k drafts accepted per position at the row's rate; None for k = 0."""
+    k, acceptance = _cell(row, "speculative_tokens"), _cell(row, "draft_acceptance")
+    if k is None or k == 0:
+        return None
+    if acceptance is None:
+        raise InputError(ACCEPTANCE_LABEL, None, "a variant with speculative tokens needs the probability that each "
+                         "draft is accepted, in (0, 1] (docs/speculative.md: measured as llm.spec_stats)")
+    try:
+        return SpeculativeSettings(method="ngram", num_speculative_tokens=k, acceptance_rate=acceptance)
+    except ValidationError as exc:
+        problem = from_validation_error(exc)
+        label = {"num_speculative_tokens": SPEC_TOKENS_LABEL, "acceptance_rate": ACCEPTANCE_LABEL}.get(problem.field)
+        raise InputError(label or problem.field, problem.value, problem.allowed) from None
 
 
 def _rows(text: str, hardware: dict[str, HardwareProfile]) -> list[dict[str, Any]]:
@@ -97,6 +125,9 @@ def render() -> None:
         model = model_input(state)
         work = state.attempt(lambda: workload_inputs(state, allow_trace=False, default_requests=300))
         slo = slo_input(state)
+        capacity = st.checkbox("Capacity within the SLO", key=state.bind("capacity", False),
+                               help="Each variant's highest Poisson rate that still meets the SLO, and its cost per "
+                                    "token there: a search of a few tens of simulations per variant (slower)")
         hardware = {**hardware_catalog(), **state.attempt(_uploaded_profiles)}
     # The table lives in the URL as JSON, so a shared link reproduces the variants.
     key = state.bind("variants", json.dumps(DEFAULT_VARIANTS), parse=lambda text: json.dumps(_rows(text, hardware)))
@@ -111,19 +142,19 @@ def render() -> None:
         "prefix_caching": st.column_config.CheckboxColumn("prefix caching"),
         "token_budget": st.column_config.NumberColumn(BUDGET.label, min_value=1, max_value=BUDGET.bound("max")[0],
                                                       step=256, required=True),
-        "speculative_tokens": st.column_config.NumberColumn("speculative tokens", min_value=0, max_value=16, step=1),
+        "speculative_tokens": st.column_config.NumberColumn(SPEC_TOKENS_LABEL, min_value=0, max_value=16, step=1),
+        "draft_acceptance": st.column_config.NumberColumn(ACCEPTANCE_LABEL, min_value=0.0, max_value=1.0, step=0.05,
+                                                          format="%.2f"),
     })
+    st.caption("Speculative decoding is simulated as n-gram drafting (no draft model to run): each decode step "
+               "verifies the speculative tokens, each accepted with the draft acceptance given the ones before it "
+               "were (docs/speculative.md).")
     records = edited.dropna(subset=["name", "hardware"]).to_dict("records")
     state.set("variants", json.dumps(records, default=str))
     state.sync_url()
 
-    speculative = [r["name"] for r in records if (r.get("speculative_tokens") or 0) > 0]
-    if speculative:
-        st.warning(f"Not simulated: {', '.join(speculative)}. Speculative decoding is not modelled by the simulator "
-                   "yet (docs/simulate.md, Known limits); set its speculative tokens to 0 to include it.")
-    records = [r for r in records if r["name"] not in speculative]
     if len(records) < 2:
-        ui.stop_with("compare needs at least two variants without speculative decoding")
+        ui.stop_with("Compare needs at least two variants: add a row to the table")
     if len(records) > MAX_VARIANTS:
         ui.stop_with(f"compare runs at most {MAX_VARIANTS} variants; remove {len(records) - MAX_VARIANTS}")
     if len({r["name"] for r in records}) != len(records):
@@ -131,16 +162,21 @@ def render() -> None:
     variants = tuple((str(r["name"]), dep, hardware[dep.hardware])
                      for r in records for dep in [state.attempt(lambda r=r: _deployment(r, hardware))])
     workload = state.attempt(work.workload)
-    results = state.attempt(lambda: compute.comparisons(model, workload, slo, variants))
+    results = state.attempt(lambda: compute.comparisons(model, workload, slo, variants, capacity))
 
     base = results[0].a
     wide = pd.DataFrame({"metric": [m.metric for m in results[0].metrics], base.path: [m.a for m in results[0].metrics]})
     for c in results:
         wide[c.b.path] = [m.b for m in c.metrics]
         wide[f"{c.b.path} vs A (%)"] = [m.delta_pct for m in c.metrics]
+    # Figures no variant has (capacity when not asked for) are left out rather than shown as empty rows.
+    wide = wide.dropna(how="all", subset=list(wide.columns[1:]))
     ui.table(wide, "Variants side by side", key="compare.wide",
              caption=f"{model}, workload {workload.name}, {workload.num_requests} requests; "
-                     "% = (variant − first) / first × 100.")
+                     "% = (variant − first) / first × 100. Rates are over each run's steady window (warm-up and "
+                     "drain left out)" + (", capacities within the SLO by a search of simulations." if capacity and
+                                          slo.strip() else "; tick 'Capacity within the SLO' (with an SLO) for "
+                                          "each variant's capacity and its cost per token there."))
     deltas = pd.DataFrame([{"variant": c.b.path, "metric": m.metric, "change vs A (%)": m.delta_pct}
                            for c in results for m in c.metrics if m.metric in CHARTED and m.delta_pct is not None])
     if not deltas.empty:
@@ -150,7 +186,8 @@ def render() -> None:
     for c in results:
         detail = pd.DataFrame([m.model_dump() for m in c.metrics]).rename(
             columns={"a": base.path, "b": c.b.path, "delta": "B − A", "delta_pct": "B − A (%)",
-                     "a_range": f"{base.path}: likely if measured (P10-P90)", "b_range": f"{c.b.path}: likely if measured"})
+                     "a_range": f"{base.path}: likely if measured (P10-P90)", "b_range": f"{c.b.path}: likely if measured"}
+        ).dropna(axis="columns", how="all").dropna(how="all", subset=[base.path, c.b.path])
         ui.table(detail, f"{c.b.path} vs {base.path}", key=f"compare.{c.b.path}")
     ui.json_download("Comparisons (JSON, as serveplan compare --json)", [c.model_dump(mode="json") for c in results],
                      "comparisons.json", key="compare.json")

@@ -10,6 +10,7 @@ import streamlit as st
 from dashboard import charts, compute, ui
 from dashboard.inputs import DEPLOYMENT, WORKLOAD, choices_input, model_input, setting_input, slo_input, workload_inputs
 from dashboard.state import PageState
+from engine.catalog import resolve_model
 from engine.config import EngineKnobs
 from engine.knobs import Setting, settings
 from planner.hardware import hardware_catalog
@@ -18,6 +19,7 @@ from planner.search.space import DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, DEFAULT_
 from planner.specs import HardwareProfile, PlanSettings
 
 PRICE = Setting.of(HardwareProfile, "price_usd_per_hour")
+PLAN_REQUESTS = 100  # requests per probe by default: the page answers in seconds
 PLAN = {s.name: s for s in settings(PlanSettings)}
 KNOB = {s.name: s for s in settings(EngineKnobs)}
 # The engine settings the page offers to try: the CLI's default grid (its default here too), then
@@ -130,15 +132,18 @@ def render() -> None:
     state = PageState("plan")
     st.title("Plan")
     st.caption("The cheapest deployment that serves the workload at the target rate within the SLO: "
-               "memory check, analytic screen, then simulated capacity search (docs/planning.md). "
-               "Traces are not planned yet (a planner limit); simulate one on the Simulate page.")
+               "memory check, analytic screen, then simulated capacity search (docs/planning.md). A trace is "
+               "planned as its lengths, shared prefixes and mean rate; the Simulate page replays one as recorded.")
     catalog = hardware_catalog()
     priced = sorted(name for name, hw in catalog.items() if hw.price_usd_per_hour is not None)
     with st.sidebar.form("plan.form"):
         model = model_input(state)
         work = state.attempt(lambda: workload_inputs(
-            state, allow_trace=False, default_requests=100,
+            state, default_requests=PLAN_REQUESTS,
             requests_help="Requests per simulated probe (at least 3 × max running requests are used)"))
+        # The planner names the probe size by its parameter; on this page the Requests input sets it.
+        if "num_requests" in state.labels:  # not drawn for a trace
+            state.labels["requests_per_probe"] = state.labels["num_requests"]
         slo = slo_input(state)
         hardware = choices_input(state, "hw", "Candidate hardware", priced, priced, field="hardware",
                                  help="Profiles with a price (default: all, as the CLI); each is tried at every TP "
@@ -160,7 +165,7 @@ def render() -> None:
                                     help="mbt: max tokens per step; seqs: max running requests (a probe has at least "
                                          "3 × this many requests); 'engine defaults': the engine profile's own")
         prefix_caching = setting_input(state, KNOB["enable_prefix_caching"])
-        budget = setting_input(state, PLAN["budget_usd_per_hour"])
+        budget = setting_input(state, PLAN["budget_usd_per_hour"], placeholder="no budget")
         headroom = setting_input(state, PLAN["headroom"], step=0.05)
         pd_ratios = setting_input(state, PLAN["pd_ratios"])
         offload = setting_input(state, PLAN["offload"])
@@ -173,19 +178,29 @@ def render() -> None:
     if not state.get("run"):
         st.info("Set the question in the sidebar and press **Run plan**. Results are cached: asking again is instant.")
         return
-    for name, value in (("rate_per_s", work.rate_per_s), ("num_requests", work.requests)):
-        if value is None:
-            ui.stop_with(f"{WORKLOAD[name].label}: a plan needs a value")
-    workload = state.attempt(work.workload)
+    rate, requests = work.rate_per_s, work.requests
+    if work.preset is None:  # a trace: planned as its lengths, shared prefixes and mean rate
+        if work.trace_bytes is None:
+            st.info("Upload a trace in the sidebar to plan for it.")
+            return
+        workload = state.attempt(lambda: compute.trace_workload(
+            work.trace_name, work.trace_bytes, resolve_model(model).max_position_embeddings))
+        rate, requests = workload.arrival.offered_rate_per_s, PLAN_REQUESTS
+        st.caption(f"Planned for the {workload.description}; {requests} requests per probe.")
+    else:
+        for name, value in (("rate_per_s", rate), ("num_requests", requests)):
+            if value is None:
+                ui.stop_with(f"{WORKLOAD[name].label}: a plan needs a value")
+        workload = state.attempt(work.workload)
     profiles = tuple(catalog[name].model_copy(update={"price_usd_per_hour": prices[name]}) for name in hardware)
     knobs = tuple(KNOBS_OFFERED[label] for label in knob_labels)
     if not knobs:
         ui.stop_with("Engine settings to try: choose at least one")
     result = state.attempt(lambda: compute.plan_result(
-        model, workload, work.rate_per_s, slo, profiles, max_gpus, budget,
+        model, workload, rate, slo, profiles, max_gpus, budget,
         # The default formats as the CLI's default: fp8 weights only where the hardware has them.
         None if set(weights) == set(DEFAULT_WEIGHT_DTYPES) else tuple(weights), tuple(kvs), knobs, headroom,
-        quality_loss, prefix_caching, work.requests, pd_ratios, offload))
+        quality_loss, prefix_caching, requests, pd_ratios, offload))
     _show(result)
 
 

@@ -27,8 +27,15 @@ def _headline(s: RunSummary) -> None:
     row[0].metric("TTFT P99 (ms)", f"{s.ttft_ms.p99:,.1f}", help=f"P50 {s.ttft_ms.p50:,.1f} ms")
     row[1].metric("TPOT P99 (ms)", f"{s.tpot_ms.p99:,.1f}", help=f"P50 {s.tpot_ms.p50:,.1f} ms")
     row[2].metric("E2E P99 (ms)", f"{s.e2e_ms.p99:,.0f}", help=f"P50 {s.e2e_ms.p50:,.0f} ms")
-    row[3].metric("Throughput (output tokens/s)", f"{s.throughput.output_tokens_per_s:,.0f}",
-                  help=f"{s.throughput.requests_per_s:,.2f} requests/s over {s.duration_s:,.1f} s")
+    steady, whole = s.steady_state, (f"first arrival to last finish, drain included: {s.throughput.output_tokens_per_s:,.0f} "
+                                     f"output tokens/s, {s.throughput.requests_per_s:,.2f} requests/s over {s.duration_s:,.1f} s")
+    if steady is None:
+        row[3].metric("Throughput (output tokens/s)", f"{s.throughput.output_tokens_per_s:,.0f}",
+                      help=f"No steady window (too few requests between warm-up and drain); {whole}")
+    else:
+        row[3].metric("Steady output (tokens/s)", f"{steady.output_tokens_per_s:,.0f}",
+                      help=f"{steady.requests_per_s:,.2f} requests/s, mean batch "
+                           f"{steady.mean_batch_requests or 0:,.1f} requests; {steady.basis}. Whole run, {whole}")
     row = st.columns(4)
     g = s.goodput
     row[0].metric("Goodput (requests/s)", f"{g.requests_per_s:,.2f}",
@@ -40,11 +47,19 @@ def _headline(s: RunSummary) -> None:
     c = s.cost
     row[3].metric("Cost (US$/h)", "no price" if c.usd_per_hour is None else f"{c.usd_per_hour:,.2f}",
                   help=None if c.usd_per_million_output_tokens is None else
-                  f"US${c.usd_per_million_output_tokens:,.3f} per 1M output tokens at this run's throughput")
+                  f"US${c.usd_per_million_output_tokens:,.3f} per 1M output tokens at the whole run's throughput"
+                  + ("" if steady is None or steady.usd_per_million_output_tokens is None else
+                     f", US${steady.usd_per_million_output_tokens:,.3f} at the steady one"))
     st.caption(f"Cost basis: {c.basis}. Utilisation: busy {s.utilisation.busy_share:.0%}"
                + (f", MFU {s.utilisation.mfu:.1%}" if s.utilisation.mfu is not None else "")
                + (f", bandwidth {s.utilisation.bandwidth_utilisation:.1%}"
                   if s.utilisation.bandwidth_utilisation is not None else "") + ".")
+
+
+def _steady_caption(s: RunSummary) -> None:
+    if (steady := s.steady_state) is not None:
+        st.caption(f"Steady state: {steady.requests_per_s:,.2f} requests/s, {steady.output_tokens_per_s:,.0f} output "
+                   f"tokens/s, mean batch {steady.mean_batch_requests or 0:,.1f} requests ({steady.basis}).")
 
 
 def _bands(s: RunSummary) -> pd.DataFrame:
@@ -94,6 +109,7 @@ def render() -> None:
     st.caption(f"{s.num_finished:,} of {s.num_requests:,} requests finished, workload {s.workload}; "
                f"{s.kv_cache_blocks_total:,} KV blocks in all.")
     _headline(s)
+    _steady_caption(s)
     _if_measured(s)
 
     st.markdown("**Latency CDFs**")

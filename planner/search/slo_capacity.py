@@ -34,7 +34,7 @@ MAX_PROBES = 16  # doubling from 1e-3 to 1e6 req/s takes 30; a start near the an
 
 
 class SLOCapacity(BaseModel):
-    """`capacity` in `serveplan simulate --json` and `compare --json` (with an SLO)."""
+    """`capacity` in `serveplan plan --json` (the recommendation's) and in each side of `compare --json` (with an SLO)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -95,9 +95,10 @@ def slo_capacity(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workl
         usd_per_million_output_tokens=usd / (tokens * 3600) * 1e6 if usd is not None and tokens else None,
         probes=len(passed) + len(failed), requests_per_probe=n, tolerance=tolerance,
         basis=(f"Poisson arrivals, {n:,} requests of workload {workload.name!r} (seed {workload.seed}) per probe; "
-               f"highest rate that met the SLO" + (f", {miss:,.3g} req/s missed it" if miss is not None else
-                                                  ", no rate probed missed it (the search stopped at its limit)")
-               + "; cost per token at that rate"),
+               + (f"no rate probed met the SLO, down to {miss:,.3g} req/s" if best is None else
+                  "highest rate that met the SLO" + (f", {miss:,.3g} req/s missed it" if miss is not None else
+                                                     ", no rate probed missed it (the search stopped at its limit)")
+                  + "; cost per token at that rate")),
     )
 
 

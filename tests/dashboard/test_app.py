@@ -85,6 +85,61 @@ def test_plan_zero_rate_is_an_in_page_error():
     assert not at.subheader  # refused, not replaced: nothing was planned
 
 
+def test_plan_errors_name_the_pages_inputs_not_the_planners_parameters():
+    at = open_page("plan", hw="h100-sxm", requests="10", run="true")
+    assert not at.exception
+    assert errors(at) and errors(at)[0].startswith("Requests: 10 is invalid: must be between 20 and"), errors(at)
+    assert not any("requests_per_probe" in e or "--" in e for e in errors(at))
+
+
+def _agent_trace(n: int = 81) -> bytes:
+    return "".join(json.dumps({"arrival_s": 0.25 * i, "input_tokens": 2400 + 10 * (i % 7), "output_tokens": 60,
+                               "prefix_id": "tools"}) + "\n" for i in range(n)).encode()
+
+
+def test_plan_a_trace_upload_at_its_own_rate():
+    at = open_page("plan", **{**NARROW_PLAN, "workload": "upload a trace", "run": "true"})
+    assert not at.exception and "Upload a trace" in at.info[0].value
+    at.sidebar.file_uploader[0].set_value(("agent.jsonl", _agent_trace(), "application/json"))
+    at.button[0].click().run()
+    assert not at.exception and not errors(at), errors(at)
+    assert at.subheader[0].value.startswith("Recommended:")
+    assert any("trace agent (81 requests)" in c.value and "1 shared prefix of 1,200 tokens" in c.value
+               and "4.00 req/s" in c.value for c in at.caption)
+
+
+@pytest.mark.parametrize(("name", "data", "message"), [
+    ("secret.csv", b"password,hunter2\nroot,toor\n", "the header names none of the trace columns"),
+    ("bin.jsonl", bytes(range(256)), "is invalid"),
+])
+def test_plan_a_bad_trace_upload_is_one_line_without_its_contents(name, data, message):
+    at = open_page("plan", **{**NARROW_PLAN, "workload": "upload a trace", "run": "true"})
+    at.sidebar.file_uploader[0].set_value((name, data, "text/plain"))
+    at.button[0].click().run()
+    assert not at.exception
+    [error] = errors(at)
+    assert message in error and "\n" not in error and "hunter2" not in error and "toor" not in error
+
+
+def test_plan_an_oversized_trace_upload_is_refused_before_it_is_read(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr("dashboard.inputs.MAX_UPLOAD_BYTES", 1000)
+    at = open_page("plan", **{**NARROW_PLAN, "workload": "upload a trace", "run": "true"})
+    at.sidebar.file_uploader[0].set_value(("big.jsonl", _agent_trace(), "application/json"))
+    at.button[0].click().run()
+    assert not at.exception
+    assert errors(at) == [f"upload='big.jsonl' is invalid: is {len(_agent_trace()):,} bytes; the limit is 1,000"]
+
+
+def test_simulate_with_a_shared_prefix_hits_the_prefix_cache():
+    at = open_page("simulate", **SMALL, prefix_tokens="2000", prefixes="2")
+    assert not at.exception and not errors(at), errors(at)
+    assert float(metric(at, "Prefix-cache hit rate").rstrip("%")) > 50
+    at = open_page("simulate", **SMALL, prefix_share="0.5")
+    assert not at.exception
+    assert errors(at) == ["Share of requests with the prefix (0-1): 0.5 is invalid: applies to a shared prefix: give "
+                          "its length too"]
+
+
 # --------------------------------------------------------------------------- Simulate
 
 
@@ -96,6 +151,12 @@ def test_simulate_shows_latencies_cost_and_breakdown():
     [percentiles] = [d.value for d in at.dataframe if "P50" in d.value.columns]
     assert list(percentiles.metric) == ["TTFT (ms)", "ITL (ms)", "TPOT (ms)", "E2E (ms)", "queueing (ms)"]
     assert any("US$" in c.value and "per GPU-hour" in c.value for c in at.caption)  # the cost basis is shown
+    # Throughput over the steady window, not first arrival to last finish (which counts the drain tail).
+    steady = compute.simulate_view("llama-3.1-8b", Deployment(hardware="h100-sxm"), get_workload(
+        "chat", num_requests=60, arrival={"kind": "poisson", "rate_per_s": 4.0}, seed=0), None, None,
+        "ttft_p99_ms<=500,tpot_p99_ms<=50", "round_robin").summary.steady_state
+    assert metric(at, "Steady output (tokens/s)") == f"{steady.output_tokens_per_s:,.0f}"
+    assert any(c.value.startswith("Steady state:") and "mean batch" in c.value for c in at.caption)
 
 
 def test_simulate_draws_the_prediction_interval_of_a_gpu_run(monkeypatch: pytest.MonkeyPatch):
@@ -155,17 +216,46 @@ def test_compare_two_variants_with_deltas():
     assert tpot["B: fp8"] < tpot["A: bf16"]  # fp8 weights read half the bytes per decode step
 
 
-def test_compare_bad_variant_and_speculative_variant_are_reported_in_page():
-    rows = [{"name": "A", "hardware": "h100-sxm", "tp": 1, "weight_dtype": "bf16", "kv_dtype": "bf16",
-             "prefix_caching": True, "token_budget": 8192, "speculative_tokens": 0},
-            {"name": "B", "hardware": "h100-sxm", "tp": 3, "weight_dtype": "bf16", "kv_dtype": "bf16",
-             "prefix_caching": True, "token_budget": 8192, "speculative_tokens": 0},
-            {"name": "C", "hardware": "h100-sxm", "tp": 1, "weight_dtype": "bf16", "kv_dtype": "bf16",
-             "prefix_caching": True, "token_budget": 8192, "speculative_tokens": 4}]
+def _variant(name: str, **fields) -> dict:
+    return {"name": name, "hardware": "h100-sxm", "tp": 1, "weight_dtype": "bf16", "kv_dtype": "bf16",
+            "prefix_caching": True, "token_budget": 8192, "speculative_tokens": 0, **fields}
+
+
+def test_compare_bad_variant_is_reported_in_page():
+    rows = [_variant("A"), _variant("B", tp=3)]
     at = open_page("compare", variants=json.dumps(rows), **SMALL)
     assert not at.exception
-    assert any("Speculative decoding is not modelled" in w.value for w in at.warning)
     assert any("variant 'B': tensor_parallel=3 is invalid" in e for e in errors(at)), errors(at)
+
+
+def test_compare_simulates_a_speculative_variant():
+    """The simulator models speculative decoding (docs/speculative.md): a variant with drafts is
+    simulated, not left out, and verifying 3 drafts accepted at 0.8 each cuts the time per token."""
+    rows = [_variant("A"), _variant("S", speculative_tokens=3, draft_acceptance=0.8)]
+    at = open_page("compare", variants=json.dumps(rows), **SMALL)
+    assert not at.exception and not errors(at), errors(at)
+    assert not any("not modelled" in w.value for w in at.warning)
+    wide = next(d.value for d in at.dataframe if "S vs A (%)" in d.value.columns)
+    tpot = wide[wide.metric == "TPOT P50, ms"].iloc[0]
+    assert tpot["S"] < 0.8 * tpot["A"]
+    # Without its acceptance the variant is refused in the table's own words.
+    rows[1]["draft_acceptance"] = None
+    at = open_page("compare", variants=json.dumps(rows), **SMALL)
+    assert not at.exception
+    assert any("variant 'S': draft acceptance" in e and "needs the probability" in e for e in errors(at)), errors(at)
+
+
+def test_compare_capacity_within_the_slo_on_request():
+    """Ticked, each variant's capacity and its cost per token there are compared (a search of
+    simulations per variant: an L4 with a loose SLO keeps it to seconds)."""
+    rows = [_variant("A", hardware="l4"), _variant("B", hardware="l4", kv_dtype="fp8")]
+    at = open_page("compare", variants=json.dumps(rows), capacity="true", slo="ttft_p99_ms<=2000,tpot_p99_ms<=200",
+                   **SMALL)
+    assert not at.exception and not errors(at), errors(at)
+    wide = next(d.value for d in at.dataframe if "B vs A (%)" in d.value.columns).set_index("metric")
+    capacity = wide.loc["capacity within the SLO, requests/s"]
+    assert capacity["A"] > 0 and capacity["B"] > 0
+    assert "requests/s" not in wide.index  # whole-run rates (with the drain tail) are not compared
 
 
 # --------------------------------------------------------------------------- Memory
@@ -316,3 +406,65 @@ def test_validate_shows_the_public_validation_beside_the_engine_one(docs):
     assert not at.exception
     assert at.success[0].value.startswith("llama-3.1-8b")  # a bad public file does not stop the engine tab
     assert errors(at)[0].startswith("validation-public.json is not a public validation")
+
+
+# --------------------------------------------------------------------------- charts and tables (issue 21)
+
+
+def test_an_empty_queue_gets_a_unit_axis_not_nan():
+    """Vega labels the one tick of a [0, 0] domain NaN: a queue that never fills gets 0..1."""
+    import pandas as pd
+
+    from dashboard import charts
+
+    samples = pd.DataFrame({"replica": [0, 0, 0], "start_s": [0.0, 1.0, 2.0], "num_waiting": [0, 0, 0]})
+    y = charts.step_series(samples, "num_waiting", "queue depth (requests)").to_dict()["encoding"]["y"]
+    assert y["scale"]["domain"] == [0, 1] and y["axis"]["tickMinStep"] == 1
+    assert charts.step_series(samples.assign(num_waiting=[0, 7, 3]), "num_waiting", "q").to_dict()[
+        "encoding"]["y"]["scale"]["domain"] == [0, 7]
+
+
+def test_pareto_of_candidates_with_equal_costs_keeps_a_cost_axis_and_names_its_legend():
+    from types import SimpleNamespace
+
+    from dashboard import charts
+
+    plans = [SimpleNamespace(label=f"c{i}", usd_per_hour=3.0, ttft_p99_ms=100.0 + i, replicas=1, gpus=1) for i in range(3)]
+    spec = charts.pareto(plans, plans[:1], "ttft_p99_ms").to_dict()
+    x = spec["layer"][0]["encoding"]["x"]
+    low, high = x["scale"]["domain"]
+    assert low < 3.0 < high and high - low >= 0.5  # not one tick at 3.0
+    kinds = {row["candidate kind"] for row in spec["datasets"][next(iter(spec["datasets"]))]}
+    assert kinds == {charts.FRONT, charts.DOMINATED}  # words, not true/false
+
+
+def test_concurrency_by_context_is_log_on_both_axes():
+    import pandas as pd
+
+    from dashboard import charts
+
+    data = pd.DataFrame({"context (tokens)": [256, 8192, 131072], "max concurrent sequences": [5000, 156, 0]})
+    spec = charts.concurrency_curve(data).to_dict()
+    assert spec["encoding"]["x"]["scale"]["type"] == "log" and spec["encoding"]["y"]["scale"]["type"] == "log"
+    assert [r["max concurrent sequences"] for r in spec["datasets"][next(iter(spec["datasets"]))]] == [5000, 156]
+
+
+@pytest.mark.parametrize(("value", "shown"), [(28105.0, "28,105"), (16123, "16,123"), (15.2073, "15.2"),
+                                              (1753.7394, "1,754"), (6.4698, "6.47"), (0.004741, "0.00474"),
+                                              (-12.34, "-12.3"), (0.0, "0"), (float("nan"), ""), (None, "")])
+def test_numbers_are_formatted_for_people(value, shown):
+    from dashboard import ui
+
+    assert ui.readable(value) == shown
+
+
+def test_tables_show_readable_numbers():
+    """What the page sends for display: the formatted text, while the values (and the downloads) stay exact."""
+    import pyarrow as pa
+
+    at = open_page("simulate", **SMALL)
+    table = next(d for d in at.dataframe if "P50" in d.value.columns)
+    shown = pa.ipc.open_stream(table.proto.arrow_data.styler.display_values).read_pandas()
+    itl = shown[shown.metric == "ITL (ms)"].iloc[0]
+    assert itl["count"] == f"{int(table.value[table.value.metric == 'ITL (ms)'].iloc[0]['count']):,}"
+    assert all(len(text.partition(".")[2]) <= 3 for text in shown.drop(columns="metric").to_numpy().ravel())

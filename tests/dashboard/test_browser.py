@@ -11,6 +11,7 @@ loads, so a plain `chromium --screenshot` captures it half-drawn.
 from __future__ import annotations
 
 from collections.abc import Iterator
+import json
 import os
 from pathlib import Path
 import shutil
@@ -85,7 +86,7 @@ def browser() -> Iterator[webdriver.Chrome]:
     options.binary_location = shutil.which("chromium")
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--no-first-run", "--window-size=1440,1800", "--hide-scrollbars"):
+                 "--no-first-run", f"--window-size={WINDOW[0]},{WINDOW[1]}", "--hide-scrollbars"):
         options.add_argument(flag)
     # The system driver: Selenium Manager would otherwise try to download one.
     driver = webdriver.Chrome(service=webdriver.ChromeService(executable_path=shutil.which("chromedriver")),
@@ -116,15 +117,77 @@ def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+WINDOW = (1440, 1800)
+# Pages whose README image shows the whole page (up to this height), not the first screen: the
+# Simulate page's over-time and operator charts lie below its first screen.
+WHOLE_PAGE = {"simulate": 3400}
+
+
 def _screenshot(driver: webdriver.Chrome, folder: Path, name: str) -> Path:
     path = folder / f"{name}.png"
-    assert driver.save_screenshot(str(path))
+    if name in WHOLE_PAGE:
+        height = driver.execute_script('return document.querySelector(\'[data-testid="stMain"]\').scrollHeight')
+        driver.set_window_size(WINDOW[0], min(int(height) + 60, WHOLE_PAGE[name]))
+        _wait_drawn(driver, name.capitalize())  # the page title; charts redraw at the new size
+    try:
+        assert driver.save_screenshot(str(path))
+    finally:
+        driver.set_window_size(*WINDOW)
     return path
 
 
-def test_plan_in_the_browser(server: str, browser: webdriver.Chrome, screenshots: Path) -> None:
-    browser.get(f"{server}/?hw=h100-sxm,l40s&requests=40&max_gpus=2&weight_dtypes=bf16,fp8&kv_dtypes=bf16"
-                "&knobs=mbt2048%20seqs64")
+# Every chart as drawn (Streamlit draws Vega charts as SVG): its title, every text in it, its
+# plot height (the tallest run of grid lines) and each legend label a person cannot read whole:
+# outside the chart's box (Streamlit cuts a chart at its declared height) or shortened with "…".
+_CHARTS_JS = """
+return [...document.querySelectorAll('[data-testid="stVegaLiteChart"]')].map(chart => {
+  const box = chart.getBoundingClientRect();
+  const inside = r => r.top >= box.top - 1 && r.bottom <= box.bottom + 1 && r.left >= box.left - 1 && r.right <= box.right + 1;
+  return {
+    title: [...chart.querySelectorAll('.role-title-text')].map(t => t.textContent).join(' '),
+    texts: [...chart.querySelectorAll('text')].map(t => t.textContent),
+    legend: [...chart.querySelectorAll('.role-legend-label text')].map(t => t.textContent),
+    cut: [...chart.querySelectorAll('.role-legend-label text')]
+      .filter(t => !inside(t.getBoundingClientRect()) || t.textContent.endsWith('…')).map(t => t.textContent),
+    plot_px: Math.max(0, ...[...chart.querySelectorAll('.role-axis-grid')].map(g => g.getBoundingClientRect().height)),
+  };
+});
+"""
+OVER_TIME = ("queue depth (requests)", "batch size (requests)", "KV cache used (share)")
+MIN_PLOT_PX = 120
+
+
+def _assert_readable(driver: webdriver.Chrome) -> list[dict]:
+    """What a person sees: no NaN in the page or its charts, every legend label whole and inside
+    its chart, no true/false legend; returns the charts for page-specific checks."""
+    charts = driver.execute_script(_CHARTS_JS)
+    assert "NaN" not in driver.find_element(By.TAG_NAME, "body").text
+    assert not [(c["title"], t) for c in charts for t in c["texts"] if "NaN" in t]
+    assert not [(c["title"], c["cut"]) for c in charts if c["cut"]]
+    assert not [c["title"] for c in charts if {"true", "false"} & set(c["legend"])]
+    return charts
+
+
+PLAN_QUESTION = {"hw": "h100-sxm,l40s", "max_gpus": "2", "weight_dtypes": "bf16,fp8", "kv_dtypes": "bf16",
+                 "requests": "40"}
+
+
+def _cli_plan(tmp_path: Path) -> dict:
+    """`serveplan plan` on the Plan page's question: its defaults (model, workload, rate, SLO) and PLAN_QUESTION."""
+    from dashboard.inputs import DEFAULT_MODEL, DEFAULT_RATE_PER_S, DEFAULT_SLO
+
+    q = PLAN_QUESTION
+    out = subprocess.run(
+        [sys.executable, "-m", "planner.cli", "plan", "--model", DEFAULT_MODEL, "--workload", "chat",
+         "--rate", f"{DEFAULT_RATE_PER_S:g}", "--slo", DEFAULT_SLO, "--hw", q["hw"], "--max-gpus", q["max_gpus"],
+         "--weight-dtypes", q["weight_dtypes"], "--kv-dtypes", q["kv_dtypes"], "--requests-per-probe", q["requests"],
+         "--executor", "serial", "--cache-dir", str(tmp_path / "cli-cache"), "--json"],
+        cwd=ROOT, capture_output=True, text=True, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return json.loads(out.stdout)
+
+
+def test_plan_in_the_browser(server: str, browser: webdriver.Chrome, screenshots: Path, tmp_path: Path) -> None:
+    browser.get(f"{server}/?" + "&".join(f"{k}={v}" for k, v in PLAN_QUESTION.items()))
     button = WebDriverWait(browser, PAGE_TIMEOUT_S).until(
         ec.element_to_be_clickable((By.XPATH, "//button[.//*[contains(text(), 'Run plan')]]")))
     # The sidebar form is taller than the window: bring the button to the middle before clicking it.
@@ -132,6 +195,12 @@ def test_plan_in_the_browser(server: str, browser: webdriver.Chrome, screenshots
     button.click()
     _wait_drawn(browser, "Recommended:")
     assert "Why not: rejected candidates" in browser.page_source
+    _assert_readable(browser)
+    # The same question asked of the CLI gets the same answer.
+    rec = _cli_plan(tmp_path)["recommended"]
+    shown = browser.find_element(By.XPATH, "//h3[starts-with(normalize-space(.), 'Recommended:')]").text
+    assert shown.startswith(f"Recommended: {rec['replicas']} × {rec['label']}"), (shown, rec["label"])
+    assert f"{rec['usd_per_hour']:,.2f}" in browser.find_element(By.TAG_NAME, "body").text
     assert _screenshot(browser, screenshots, "plan").stat().st_size > 20_000
 
 
@@ -140,4 +209,11 @@ def test_page_in_the_browser(server: str, browser: webdriver.Chrome, screenshots
                              marker: str) -> None:
     browser.get(f"{server}/{page}?{query}")
     _wait_drawn(browser, marker)
+    charts = _assert_readable(browser)
+    if page == "simulate":
+        over_time = [c for c in charts if c["title"] in OVER_TIME]
+        assert len(over_time) == len(OVER_TIME) and all(c["plot_px"] >= MIN_PLOT_PX for c in over_time), over_time
+    if page == "memory":  # every part of the bar is named in its legend, the KV cache and the reserves included
+        [bar] = [c for c in charts if "KV cache" in c["legend"]]
+        assert {"left by the engine (context, graphs, ...)", "kept by the driver (marketed - reported)"} <= set(bar["legend"])
     assert _screenshot(browser, screenshots, page).stat().st_size > 20_000

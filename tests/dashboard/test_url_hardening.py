@@ -176,11 +176,14 @@ def test_compare_refuses_a_prompt_beyond_the_context_before_drawing_it():
 
     variant = ("A", Deployment(hardware="l4"), compute._catalog_profile("l4"))
     error, peak = _refusal_and_peak_bytes(lambda: compute.comparisons(
-        "llama-3.2-1b", get_workload("chat", **LONG), "", (variant, variant)))
+        "llama-3.2-1b", get_workload("chat", **LONG), "", (variant, variant), False))
     assert "must fit max_model_len=131072" in str(error) and peak < 64 * 2**20
 
 
 def test_an_uploaded_trace_beyond_the_context_is_refused_while_streaming():
     row = b'{"arrival_s": 0, "input_tokens": 10000000, "output_tokens": 8}\n'
     error, peak = _refusal_and_peak_bytes(lambda: compute._replay(None, "t.jsonl", row, 128_256, 131_072))
+    assert "must fit max_model_len=131072" in str(error) and peak < 64 * 2**20
+    # The same upload on the Plan page, summarised rather than replayed.
+    error, peak = _refusal_and_peak_bytes(lambda: compute.trace_workload("t.jsonl", row, 131_072))
     assert "must fit max_model_len=131072" in str(error) and peak < 64 * 2**20

@@ -202,3 +202,110 @@ def test_cli_plan_switches_prefix_caching_in_every_candidate(capsys: pytest.Capt
     r = json.loads(capsys.readouterr().out)
     assert r["rejected"] and all(p["deployment"]["knobs"]["enable_prefix_caching"] is False for p in r["rejected"])
     assert all("enable_prefix_caching=False" in k for k in r["space"]["knobs"])
+
+
+def test_compare_deltas_are_on_steady_state_and_capacity(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Both sides serve every request of a short run; compare's rates are the steady window's (not
+    first arrival to last finish, which counts each side's drain tail) and each side's capacity."""
+    import json
+
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    # An L4 with a loose SLO keeps each capacity search to small batches (seconds).
+    a.write_text("hardware: l4\nweight_dtype: bf16\n")
+    b.write_text("hardware: l4\nweight_dtype: fp8\nkv_dtype: fp8\n")
+    assert main(["compare", str(a), str(b), "--rate", "1", "--requests", "100", "--slo",
+                 "ttft_p99_ms<=2000,tpot_p99_ms<=200", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = {m["metric"]: m for m in out["metrics"]}
+    assert not {"requests/s", "output tokens/s", "US$ per 1M output tokens"} & set(rows)  # whole-run rates
+    for side, key in ((out["a"], "a"), (out["b"], "b")):
+        steady, capacity = side["summary"]["steady_state"], side["capacity"]
+        assert rows["requests/s, steady state"][key] == pytest.approx(steady["requests_per_s"])
+        assert rows["US$ per 1M output tokens, steady state"][key] == pytest.approx(steady["usd_per_million_output_tokens"])
+        assert rows["capacity within the SLO, requests/s"][key] == pytest.approx(capacity["rate_per_s"])
+        assert rows["US$ per 1M output tokens at capacity"][key] == pytest.approx(capacity["usd_per_million_output_tokens"])
+        assert capacity["rate_per_s"] >= 1.0  # it met the SLO at the offered rate, so its capacity is no lower
+    # Both kept up with 1 req/s: their steady rates differ by sampling, not by a drain tail.
+    assert abs(rows["requests/s, steady state"]["delta_pct"]) < 10
+    # fp8 halves the bytes per decode step: more capacity and cheaper tokens there.
+    assert rows["capacity within the SLO, requests/s"]["delta_pct"] > 20
+    assert rows["US$ per 1M output tokens at capacity"]["delta_pct"] < 0
+
+
+def test_cli_simulate_prints_its_steady_state(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["simulate", "--hw", "l40s", "--rate", "2", "--requests", "60"]) == 0
+    out = capsys.readouterr().out
+    steady = next(line for line in out.splitlines() if line.startswith("steady state ("))
+    assert "warm-up" in steady and "drain" in steady and "req/s" in steady and "mean batch" in steady
+    assert "throughput (first arrival to last finish, drain included)" in out
+
+
+# --------------------------------------------------------------------------- traces and shared prefixes in plan
+
+
+def _write_trace(path, rows) -> None:
+    import json
+
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_trace_summarised_for_planning_keeps_its_lengths_prefixes_and_rate(tmp_path) -> None:
+    from planner.workload import draw, workload_from_trace
+
+    rows = [{"arrival_s": 0.5 * i, "input_tokens": 1000 + (i % 2) * 200 if i % 4 else 300, "output_tokens": 50 + i % 3,
+             **({"prefix_id": f"p{i % 2}"} if i % 4 else {})} for i in range(41)]
+    _write_trace(tmp_path / "agents.jsonl", rows)
+    w = workload_from_trace(tmp_path / "agents.jsonl")
+    assert w.arrival.offered_rate_per_s == pytest.approx(2.0)  # 40 gaps of 0.5 s
+    sp = w.shared_prefix
+    # Groups p0 (1000-token prompts) and p1 (1200): half the shortest prompt of each, the median of the two.
+    assert sp is not None and sp.num_prefixes == 2 and sp.prefix_tokens == 550 and sp.share == pytest.approx(30 / 41)
+    # Own prompts: 300 unprefixed, 1000 - 550 and 1200 - 550 prefixed; replies 50..52, as often as recorded.
+    assert dict(zip(w.input_tokens.tokens, w.input_tokens.weights)) == {300: 11, 450: 10, 650: 20}
+    assert dict(zip(w.output_tokens.tokens, w.output_tokens.weights)) == {50: 14, 51: 14, 52: 13}
+    assert "2 shared prefixes of 550 tokens" in w.description and "2.00 req/s" in w.description
+    assert len(draw(w)) == 41
+
+
+def test_a_multi_turn_or_unreadable_trace_is_one_clear_line(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.workload import workload_from_trace
+
+    _write_trace(tmp_path / "chat.jsonl", [{"arrival_s": i, "input_tokens": 10, "output_tokens": 5, "conversation_id": "c"}
+                                          for i in range(3)])
+    with pytest.raises(InputError, match="multi-turn"):
+        workload_from_trace(tmp_path / "chat.jsonl")
+    secret = tmp_path / "secret.csv"
+    secret.write_text("password,hunter2\nroot,toor\n")
+    assert main(["plan", "--workload", str(secret), "--slo", SLO_TEXT]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "hunter2" not in err and "trace columns" in err
+
+
+def test_cli_plan_sizes_for_a_trace_at_its_own_rate(tmp_path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{"arrival_s": 0.25 * i, "input_tokens": 400 + 10 * (i % 7), "output_tokens": 60, "prefix_id": "sys"}
+            for i in range(81)]
+    _write_trace(tmp_path / "agent.jsonl", rows)
+    args = ["plan", "--workload", str(tmp_path / "agent.jsonl"), "--slo", SLO_TEXT, "--hw", "l40s", "--max-gpus", "1",
+            "--weight-dtypes", "fp8", "--kv-dtypes", "bf16", "--requests-per-probe", "40",
+            "--executor", "serial", "--cache-dir", str(tmp_path / "cache")]
+    assert main([*args, "--json"]) == 0
+    result = PlanResult.model_validate_json(capsys.readouterr().out)
+    assert result.rate_per_s == pytest.approx(4.0) and result.recommended is not None
+    assert main([*args, "--prefix-tokens", "100"]) == 2  # a trace records its own prefixes
+    assert "--prefix-tokens=100 is invalid: does not apply to a trace" in capsys.readouterr().err
+
+
+def test_shared_prefix_flags_become_the_workloads_shared_prefix(capsys: pytest.CaptureFixture[str]) -> None:
+    from planner.specs import WorkloadOverrides
+
+    fields = WorkloadOverrides(prefix_tokens=2000, prefix_share=0.5).workload_fields()
+    w = get_workload("chat", **fields)
+    assert w.shared_prefix is not None and (w.shared_prefix.prefix_tokens, w.shared_prefix.num_prefixes,
+                                            w.shared_prefix.share) == (2000, 1, 0.5)
+    with pytest.raises(ValueError, match="num_prefixes=3 is invalid: applies to a shared prefix"):
+        WorkloadOverrides(num_prefixes=3)
+    assert main(["simulate", "--hw", "h100-sxm", "--rate", "4", "--requests", "60", "--prefix-tokens", "2000",
+                 "--json"]) == 0
+    import json
+
+    assert json.loads(capsys.readouterr().out)["prefix_cache_hit_rate"] > 0.5  # most of each prompt is the prefix
