@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 import dataclasses
+from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
@@ -57,8 +58,7 @@ class DiurnalCurve(_Spec):
     @model_validator(mode="after")
     def _ordered(self) -> DiurnalCurve:
         if self.trough_rate_per_s > self.peak_rate_per_s:
-            raise ValueError(f"trough_rate_per_s={self.trough_rate_per_s:g} must be <= peak_rate_per_s="
-                             f"{self.peak_rate_per_s:g}")
+            raise InputError("trough_rate_per_s", self.trough_rate_per_s, f"must be <= peak_rate_per_s={self.peak_rate_per_s:g}")
         return self
 
     def rate_segments(self) -> list[RateSegment]:
@@ -109,13 +109,15 @@ class TrafficDay(_Spec):
     @model_validator(mode="after")
     def _servable(self) -> TrafficDay:
         if self.workload.conversation is not None:
-            raise ValueError("workload.conversation: a day's traffic is single requests arriving open loop; a "
-                             "conversation's follow-up turns wait on the fleet's replies")
+            raise InputError("workload.conversation", f"{self.workload.name!r} has conversations",
+                             "not in a day of traffic: its requests arrive open loop, and a follow-up turn would wait "
+                             "on the fleet's replies")
         segments = self.segments()
-        if sum(s.duration_s for s in segments) > MAX_TRAFFIC_HOURS * 3600:
-            raise ValueError(f"rate: the segments last longer than {MAX_TRAFFIC_HOURS} hours")
+        hours = sum(s.duration_s for s in segments) / 3600
+        if hours > MAX_TRAFFIC_HOURS:
+            raise InputError("rate.segments", f"{hours:,.1f} hours", f"must last at most {MAX_TRAFFIC_HOURS} hours")
         if not any(s.rate_per_s > 0 for s in segments):
-            raise ValueError("rate: at least one hour needs a rate above 0")
+            raise InputError("rate", "0 req/s throughout", "at least one hour needs a rate above 0")
         return self
 
     def segments(self) -> list[RateSegment]:
@@ -178,7 +180,7 @@ def load_traffic(path: str) -> TrafficDay:
     try:
         day = TrafficDay.model_validate(data)
     except ValidationError as exc:
-        raise from_validation_error(exc, "traffic") from None
+        raise from_validation_error(exc, Path(path).name) from None
     check_limits(day)
     return day
 

@@ -23,6 +23,8 @@ from typing import Protocol
 import simpy
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from engine.errors import InputError
+
 MAX_FLEET_REPLICAS = 100_000  # as Deployment.replicas allows
 # Weights are read from this when the hardware profile names no local disk: a network volume or
 # an object store pulled at a few GB/s per GPU (an assumption, said in every report that uses it).
@@ -65,7 +67,7 @@ class AutoscalePolicy(BaseModel):
     @model_validator(mode="after")
     def _ordered(self) -> AutoscalePolicy:
         if self.max_replicas is not None and self.min_replicas > self.max_replicas:
-            raise ValueError(f"min_replicas={self.min_replicas} must be <= max_replicas={self.max_replicas}")
+            raise InputError("min_replicas", self.min_replicas, f"must be <= max_replicas={self.max_replicas}")
         return self
 
 

@@ -17,7 +17,6 @@ import simpy
 
 from engine.core import Request, RequestMetrics, SamplingParams
 from planner.sim.autoscaler import Autoscaler, ScalingRule
-from planner.sim.executor import CostModelExecutor
 from planner.sim.frontend import FrontEnd
 from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
@@ -46,6 +45,7 @@ class FleetRun:
     duration_s: float
     finished: int
     actions: list[tuple[float, int]]  # (time, replicas added (+) or retired (-)) by the autoscaler
+    ready: list[tuple[float, int]]  # (time, replicas ready from then on), at every change
     replica_s: float  # billed over the day, all hours
 
     @property
@@ -59,8 +59,11 @@ class _Member:
 
     replica: Replica
     api: FrontEnd
-    executor: CostModelExecutor
     in_api: int = 0  # accepted, still in the API server
+
+    @property
+    def in_flight(self) -> int:
+        return self.in_api + self.replica.outstanding_requests
 
     def deliver(self, request: Request) -> None:
         self.in_api -= 1
@@ -100,9 +103,9 @@ class Fleet:
     on_finished: Callable[[Request], None]
     seed: int = 0
     ready: list[_Member] = field(default_factory=list)
+    timeline: list[tuple[float, int]] = field(default_factory=list)  # (time, replicas ready from then on)
     _replicas: list[Replica] = field(default_factory=list)  # ready ones, as the router sees them
     _loading: list[simpy.Process] = field(default_factory=list)
-    _draining: int = 0
     _made: int = 0  # replicas built so far: each one's index
 
     def __post_init__(self) -> None:
@@ -119,7 +122,7 @@ class Fleet:
         return len(self.ready) + len(self._loading)
 
     def in_flight(self) -> int:
-        return sum(m.in_api + m.replica.outstanding_requests for m in self.ready)
+        return sum(m.in_flight for m in self.ready)
 
     def waiting(self) -> int:
         return sum(m.replica.scheduler.num_waiting for m in self.ready)
@@ -149,20 +152,26 @@ class Fleet:
             self.billing.change(self.env.now, -1)
             n -= 1
         for _ in range(min(n, len(self.ready) - 1)):
-            i = min(range(len(self.ready)), key=lambda i: self.ready[i].in_api + self.ready[i].replica.outstanding_tokens)
+            i = min(range(len(self.ready)), key=lambda i: self.ready[i].in_flight)
             member = self.ready.pop(i)
             self._replicas.pop(i)
-            self._draining += 1
             self.env.process(self._drain(member))
+        self._changed()
 
     def _ready_one(self) -> None:
-        replica, executor = self.template.replica(self.env, self._made, self.on_finished, None, None,
-                                                  self._decode_token, self.seed)
+        replica, _ = self.template.replica(self.env, self._made, self.on_finished, None, None, self._decode_token, self.seed)
         self._made += 1
-        self.ready.append(_Member(replica, FrontEnd(self.env, self._api_request_s), executor))
+        self.ready.append(_Member(replica, FrontEnd(self.env, self._api_request_s)))
         self._replicas.append(replica)
         tally = self.billing.hours[min(int(self.env.now // HOUR_S), len(self.billing.hours) - 1)]
         tally.most_ready = max(tally.most_ready, len(self.ready))
+        self._changed()
+
+    def _changed(self) -> None:
+        if self.timeline and self.timeline[-1][0] == self.env.now:
+            self.timeline.pop()  # several changes at one moment: the last one stands
+        if not self.timeline or self.timeline[-1][1] != len(self.ready):
+            self.timeline.append((self.env.now, len(self.ready)))
 
     def _load(self):  # noqa: ANN202 (a SimPy process generator)
         try:
@@ -181,7 +190,6 @@ class Fleet:
                 yield member.replica.idle()
             else:
                 break
-        self._draining -= 1
         self.billing.change(self.env.now, -1)
 
 
@@ -242,4 +250,4 @@ def simulate_fleet(template: ReplicaTemplate, requests: Iterable[WorkloadRequest
         raise RuntimeError(f"{arrived - finished} of {arrived} accepted requests never finished: simulator bug")
     billing.change(max(env.now, duration_s), 0)  # close the billing at the day's end
     return FleetRun(hours=hours, duration_s=duration_s, finished=finished,
-                    actions=autoscaler.actions, replica_s=billing.total_s)
+                    actions=autoscaler.actions, ready=fleet.timeline, replica_s=billing.total_s)
