@@ -145,7 +145,6 @@ class Autoscaler:
             elif now - first_decision_s >= rule.scale_down_idle_s and (keep := max(w for _, w in wanted)) < active:
                 # A full window (scale_down_idle_s of decisions), every one of which wanted fewer.
                 fleet.retire(active - keep)
-            else:
-                continue
-            self.actions.append((now, fleet.num_active - active))
-            last_action = now
+            if fleet.num_active != active:  # a retirement can find nothing to take (one replica ready)
+                self.actions.append((now, fleet.num_active - active))
+                last_action = now

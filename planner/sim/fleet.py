@@ -72,15 +72,16 @@ class _Member:
 
 @dataclass
 class _Billing:
-    """Replicas billed, integrated over time into the hours."""
+    """Replicas billed, integrated over time into the hours, until end_s."""
 
     hours: list[HourTally]
+    end_s: float
     count: int = 0
     since_s: float = 0.0
     total_s: float = 0.0
 
     def change(self, now: float, delta: int) -> None:
-        t, end = self.since_s, min(now, len(self.hours) * HOUR_S)
+        t, end = self.since_s, min(now, self.end_s)
         while t < end:
             hour = int(t // HOUR_S)
             upto = min(end, (hour + 1) * HOUR_S)
@@ -219,7 +220,7 @@ def simulate_fleet(template: ReplicaTemplate, requests: Iterable[WorkloadRequest
         if on_finished is not None:
             on_finished(request)
 
-    billing = _Billing(hours)
+    billing = _Billing(hours, duration_s)
     fleet = Fleet(env, template, rule, router, billing, finish, seed)
     fleet.start(rule.initial_replicas)
     autoscaler = Autoscaler(env, fleet, rule, duration_s)  # pinned (min = max): it decides, and never acts
@@ -248,6 +249,6 @@ def simulate_fleet(template: ReplicaTemplate, requests: Iterable[WorkloadRequest
     env.run()  # the arrivals and the autoscaler end with the day; replicas then serve what is left
     if finished != arrived:
         raise RuntimeError(f"{arrived - finished} of {arrived} accepted requests never finished: simulator bug")
-    billing.change(max(env.now, duration_s), 0)  # close the billing at the day's end
+    billing.change(env.now, 0)  # close the billing (at the day's end: nothing later is billed)
     return FleetRun(hours=hours, duration_s=duration_s, finished=finished,
                     actions=autoscaler.actions, ready=fleet.timeline, replica_s=billing.total_s)

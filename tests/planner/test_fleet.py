@@ -91,7 +91,7 @@ def test_pinned_autoscaler_is_the_fixed_fleet(template: ReplicaTemplate) -> None
 
 def test_billing_is_replicas_times_time() -> None:
     hours = [HourTally() for _ in range(3)]
-    billing = _Billing(hours)
+    billing = _Billing(hours, end_s=10_800.0)
     billing.change(0.0, 2)
     billing.change(3000.0, 3)  # 5 from 3000 s
     billing.change(7500.0, -4)  # 1 from 7500 s
@@ -132,7 +132,7 @@ def test_a_retired_busy_replica_serves_everything_then_stops_billing(template: R
     env = simpy.Environment()
     hours = [HourTally()]
     finished: list[tuple[str, float]] = []
-    fleet = Fleet(env, template, ScalingRule.pinned(2), "round_robin", _Billing(hours),
+    fleet = Fleet(env, template, ScalingRule.pinned(2), "round_robin", _Billing(hours, end_s=3600.0),
                   lambda r: finished.append((r.request_id, env.now)))
     fleet.start(2)
     for i in range(8):
