@@ -7,9 +7,11 @@ at the same per-replica load, measured in the same run; and what a whole day wou
 
 Each measurement runs in its own process (peak RSS is per process). The fleet serves a flat
 Poisson rate of replicas x rate-per-replica for `--seconds` with its autoscaler running (pinned at
-N: the per-request work is the same whatever the rate's shape), then drains. The day's estimate
+N: the per-request work is the same whatever the rate's shape), then drains; the peer serves one
+replica's share (the same simulated span, so warm-up and drain weigh the same in both). The day's estimate
 is the diurnal day's expected requests (trough 20 %, peak 100 % of that rate; mean 60 %) over the
-fleet's measured requests per wall second: the simulator's cost is per request and per step, and
+fleet's measured requests per CPU second (the machine is shared: CPU time is what the run itself
+took, wall time also counts the other sessions): the simulator's cost is per request and per step, and
 memory follows live requests and replicas, not the day.
 """
 
@@ -47,12 +49,13 @@ def _fleet(model_name: str, hw_name: str, workload: str, replicas: int, rate_per
     day = TrafficDay.model_validate({"rate": {"kind": "time_varying", "segments": [
         {"duration_s": seconds, "rate_per_s": replicas * rate_per_s}]}, "workload": workload})
     slo = SLO.parse("ttft_p99_ms<=1000,tpot_p99_ms<=50")
-    wall0 = time.perf_counter()
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     run = simulate_fleet(template, day.requests(model.vocab_size, template.max_len), day.duration_s,
                          ScalingRule.pinned(replicas), slo)
-    wall = time.perf_counter() - wall0
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     arrived = sum(h.arrived for h in run.hours)
-    out.put({"wall_s": round(wall, 1), "requests": run.finished, "requests_per_wall_s": round(run.finished / wall, 1),
+    out.put({"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "requests": run.finished,
+             "requests_per_wall_s": round(run.finished / wall, 1), "requests_per_cpu_s": round(run.finished / cpu, 1),
              "slo_attainment": round(sum(h.good for h in run.hours) / arrived, 4),
              "mean_ttft_ms": round(sum(h.ttft_s for h in run.hours) / arrived * 1e3, 1),
              "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)})
@@ -67,11 +70,12 @@ def _peer(model_name: str, hw_name: str, workload: str, rate_per_s: float, reque
 
     model, hw = resolve_model(model_name), get_hardware(hw_name)
     w = get_workload(workload, num_requests=requests, arrival={"kind": "poisson", "rate_per_s": rate_per_s})
-    wall0 = time.perf_counter()
+    wall0, cpu0 = time.perf_counter(), time.process_time()
     summary = simulate(model, hw, _deployment(hw_name, prefix_caching), w).summary
-    wall = time.perf_counter() - wall0
-    out.put({"wall_s": round(wall, 1), "requests": summary.num_finished,
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    out.put({"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "requests": summary.num_finished,
              "requests_per_wall_s": round(summary.num_finished / wall, 1),
+             "requests_per_cpu_s": round(summary.num_finished / cpu, 1),
              "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)})
 
 
@@ -102,7 +106,7 @@ def main() -> None:
     fleet = _in_process(_fleet, args.model, args.hw, args.workload, args.replicas, args.rate_per_replica, args.seconds,
                         caching)
     peer = _in_process(_peer, args.model, args.hw, args.workload, args.rate_per_replica,
-                       max(1000, round(fleet["requests"] / args.replicas)), caching)
+                       round(fleet["requests"] / args.replicas), caching)
     day_requests = args.replicas * args.rate_per_replica * DIURNAL_MEAN_SHARE * 86_400
     result = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load average before "
@@ -111,10 +115,10 @@ def main() -> None:
                  f"{args.rate_per_replica:g} req/s each for {args.seconds:g} simulated s, prefix caching "
                  + ("on" if caching else "off"),
         "fleet": fleet, "peer_one_replica_simulate": peer,
-        "fleet_over_peer_requests_per_wall_s": round(fleet["requests_per_wall_s"] / peer["requests_per_wall_s"], 2),
+        "fleet_over_peer_requests_per_cpu_s": round(fleet["requests_per_cpu_s"] / peer["requests_per_cpu_s"], 2),
         "day": {"requests": round(day_requests),
                 "basis": f"diurnal, trough 20 % and peak 100 % of {args.rate_per_replica:g} req/s per replica",
-                "estimated_wall_h": round(day_requests / fleet["requests_per_wall_s"] / 3600, 1)},
+                "estimated_cpu_h": round(day_requests / fleet["requests_per_cpu_s"] / 3600, 1)},
     }
     if args.json:
         print(json.dumps(result, indent=2))

@@ -130,26 +130,26 @@ def test_scale_down_drains_and_loses_nothing(template: ReplicaTemplate) -> None:
 
 def test_a_retired_busy_replica_serves_everything_then_stops_billing(template: ReplicaTemplate) -> None:
     env = simpy.Environment()
-    hours = [HourTally()]
-    finished: list[tuple[str, float]] = []
-    fleet = Fleet(env, template, ScalingRule.pinned(2), "round_robin", _Billing(hours, end_s=3600.0),
-                  lambda r: finished.append((r.request_id, env.now)))
+    finished: dict[str, float] = {}
+    fleet = Fleet(env, template, ScalingRule.pinned(2), "round_robin", _Billing([HourTally()], end_s=3600.0),
+                  lambda r: finished.__setitem__(r.request_id, env.now))
     fleet.start(2)
+    # Round robin: even ids to replica 0 (short replies), odd ids to replica 1 (long ones).
     for i in range(8):
-        fleet.submit(Request(f"r{i}", list(range(1000, 1300)), SamplingParams(max_tokens=200, ignore_eos=True), 0.0))
-    retired_at = 0.5
+        fleet.submit(Request(f"r{i}", list(range(1000, 1300)),
+                             SamplingParams(max_tokens=50 if i % 2 == 0 else 400, ignore_eos=True), 0.0))
+    retired_at = 0.2
     env.run(until=retired_at)
-    busy = [m.in_flight for m in fleet.ready]
-    assert min(busy) > 0  # both replicas hold requests when one is retired
-    fleet.retire(1)
+    assert [m.in_flight for m in fleet.ready] == [4, 4]  # both busy when one is retired
+    fleet.retire(1)  # ties: the first, replica 0
     assert fleet.num_ready == 1
     env.run()
-    assert sorted(r for r, _ in finished) == [f"r{i}" for i in range(8)]
-    last_s = max(t for _, t in finished)
-    assert last_s > retired_at
+    assert sorted(finished) == [f"r{i}" for i in range(8)]  # nothing dropped
+    drained_s = max(finished[f"r{i}"] for i in range(0, 8, 2))
+    assert retired_at < drained_s < env.now
     fleet.billing.change(env.now, 0)
-    # One replica billed to the end, the retired one until its last request finished (<= the end).
-    assert fleet.billing.total_s <= 2 * env.now and fleet.billing.total_s >= env.now + retired_at
+    # Replica 1 billed until the end, replica 0 until it had served its last request.
+    assert fleet.billing.total_s == pytest.approx(env.now + drained_s)
 
 
 def test_same_seed_same_day(template: ReplicaTemplate) -> None:
