@@ -337,7 +337,9 @@ def cmd_schema(args: argparse.Namespace) -> None:
     if out.exists() and not out.is_dir():
         raise InputError("out", args.out, "exists and is not a folder; schema writes one file per spec into a folder")
     out.mkdir(parents=True, exist_ok=True)
-    for model in (HardwareProfile, Deployment, SLO, Workload, MemoryPlan, RunSummary):
+    from planner.traffic import TrafficDay
+
+    for model in (HardwareProfile, Deployment, SLO, Workload, TrafficDay, MemoryPlan, RunSummary):
         path = out / f"{model.__name__}.schema.json"
         path.write_text(json.dumps(model.model_json_schema(), indent=2) + "\n")
         print(path)
