@@ -58,3 +58,8 @@ MAX_ARRIVAL_S = 3e7
 """Latest arrival time, seconds (about a year). Simulated time is a float: at 1e300 s a 10 ms step
 adds nothing, so a trace row at 1e300 s or a rate of 1e-30 requests/s gives meaningless answers."""
 
+MAX_TRAFFIC_REQUESTS = 50_000_000
+"""Most requests a day of traffic (`plan --traffic`) may be expected to bring (its rate integrated
+over its hours). They are drawn a chunk at a time, so this bounds time, not memory: the simulator
+serves ~500-2,000 requests a wall second (bench/sim_speed.py), so fifty million is 7-28 hours."""
+

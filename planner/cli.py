@@ -49,6 +49,7 @@ if TYPE_CHECKING:
     from planner.endpoint_bench import BenchReport
     from planner.public.fit import Progress
     from planner.search import CandidatePlan, PlanResult
+    from planner.search.day import DayPlan, HourReport
 
 DEPLOYMENT = settings(Deployment)
 KNOBS = settings(EngineKnobs)
@@ -336,7 +337,9 @@ def cmd_schema(args: argparse.Namespace) -> None:
     if out.exists() and not out.is_dir():
         raise InputError("out", args.out, "exists and is not a folder; schema writes one file per spec into a folder")
     out.mkdir(parents=True, exist_ok=True)
-    for model in (HardwareProfile, Deployment, SLO, Workload, MemoryPlan, RunSummary):
+    from planner.traffic import TrafficDay
+
+    for model in (HardwareProfile, Deployment, SLO, Workload, TrafficDay, MemoryPlan, RunSummary):
         path = out / f"{model.__name__}.schema.json"
         path.write_text(json.dumps(model.model_json_schema(), indent=2) + "\n")
         print(path)
@@ -737,25 +740,24 @@ def _csv(text: str | None) -> list[str] | None:
 
 
 def cmd_plan(args: argparse.Namespace) -> None:
-    from planner.search import DEFAULT_CACHE_DIR, plan  # keeps `serveplan simulate` start-up lean
+    from planner.search import plan  # keeps `serveplan simulate` start-up lean
 
+    if args.traffic is not None:
+        cmd_plan_day(args)
+        return
+    is_trace = workload_name(args).lower().endswith(TRACE_SUFFIXES)
+    if args.rate_per_s is None and not is_trace:  # a preset's own rate is an example, not the user's load
+        raise InputError("rate", None, "required: the arrival rate to plan for, requests/s (a trace's own mean rate "
+                         "is its default; --traffic DAY.yaml plans a day)")
     slo = SLO.parse(args.slo)
     workload = plan_workload(args)
     rate = args.rate_per_s if args.rate_per_s is not None else workload.arrival.offered_rate_per_s
     if rate is None:
-        raise UsageError("--rate is required: the rate to plan for (a trace's own mean rate is its default)")
-    if args.workload.lower().endswith(TRACE_SUFFIXES) and not args.json:
+        raise InputError("rate", None, "required: this trace records no arrival times to take a mean rate from")
+    if is_trace and not args.json:
         console.print(f"planned for the {workload.description}")
     started = time.perf_counter()
-    result = plan(
-        args.model, workload, rate, slo, hardware=_csv(args.hardware),
-        max_gpus_per_replica=args.max_gpus_per_replica, budget_usd_per_hour=args.budget_usd_per_hour,
-        weight_dtypes=_csv(args.weight_dtypes), kv_dtypes=_csv(args.kv_dtypes), engine=args.engine, headroom=args.headroom,
-        confidence=args.confidence, max_quality_loss_pct=args.max_quality_loss_pct, pd_ratios=args.pd_ratios,
-        offload=args.offload, prefix_caching=args.enable_prefix_caching, fit=fit_from_args(args), widen=True,
-        requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
-        cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
-    )
+    result = plan(args.model, workload, rate, slo, pd_ratios=args.pd_ratios, **_search_args(args))
     if args.json:
         print_json(result)
     else:
@@ -768,11 +770,107 @@ def plan_workload(args: argparse.Namespace) -> Workload:
     """The workload `plan` sizes for: a preset or workload file with --seed and the shared-prefix
     flags applied, or a trace summarised into one (planner.workload.workload_from_trace)."""
     overrides = workload_overrides(args, PLAN_WORKLOAD)
-    if args.workload.lower().endswith(TRACE_SUFFIXES):
+    name = workload_name(args)
+    if name.lower().endswith(TRACE_SUFFIXES):
         if "shared_prefix" in overrides:
             raise InputError("prefix_tokens", args.prefix_tokens, "does not apply to a trace, which records its own prefixes")
-        return workload_from_trace(args.workload, seed=args.seed or 0)
-    return get_workload(args.workload, **overrides)
+        return workload_from_trace(name, seed=args.seed or 0)
+    return get_workload(name, **overrides)
+
+
+def workload_name(args: argparse.Namespace) -> str:
+    """`plan`'s --workload, which has no argparse default so that --traffic can refuse it when given."""
+    return args.workload or "chat"
+
+
+def _search_args(args: argparse.Namespace) -> dict[str, Any]:
+    """The search's settings as `plan` and `plan --traffic` both read them from the flags."""
+    from planner.search import DEFAULT_CACHE_DIR
+
+    return dict(
+        hardware=_csv(args.hardware), max_gpus_per_replica=args.max_gpus_per_replica,
+        budget_usd_per_hour=args.budget_usd_per_hour, weight_dtypes=_csv(args.weight_dtypes),
+        kv_dtypes=_csv(args.kv_dtypes), engine=args.engine, headroom=args.headroom, confidence=args.confidence,
+        max_quality_loss_pct=args.max_quality_loss_pct, offload=args.offload, prefix_caching=args.enable_prefix_caching,
+        fit=fit_from_args(args), widen=True, requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
+        cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True)
+
+
+def cmd_plan_day(args: argparse.Namespace) -> None:
+    from rich.progress import BarColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import Progress as Bars
+
+    from planner.search.day import plan_day
+    from planner.traffic import load_traffic
+
+    for flag in ("workload", *(setting.name for setting in PLAN_WORKLOAD)):
+        if (given := getattr(args, flag)) is not None:
+            raise InputError(flag, given, "not with --traffic: the traffic file sets the workload, rates and seed")
+    if args.pd_ratios not in ("auto", "none"):
+        raise InputError("pd_ratios", args.pd_ratios, "not with --traffic: each fleet replica is one colocated instance")
+    day = load_traffic(args.traffic)
+    slo = SLO.parse(args.slo)
+    started = time.perf_counter()
+    with Bars(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:.0f}/{task.total:.0f} h"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        tasks: dict[str, TaskID] = {}
+
+        def on_hour(fleet: str, hours: float) -> None:
+            if fleet not in tasks:
+                tasks[fleet] = bar.add_task(f"{fleet} fleet, simulated hours", total=day.duration_s / 3600)
+            bar.update(tasks[fleet], completed=hours)
+
+        result, day_plan = plan_day(args.model, day, slo, on_hour=on_hour, **_search_args(args))
+    if args.json:
+        print_json({"search": result.model_dump(mode="json"), "day": None if day_plan is None else
+                    day_plan.model_dump(mode="json")})
+    elif day_plan is None:
+        render_plan(result, time.perf_counter() - started)
+    else:
+        render_day_plan(day_plan, time.perf_counter() - started)
+    if day_plan is None:
+        raise SystemExit(1)
+
+
+def render_day_plan(d: DayPlan, wall_s: float) -> None:
+    slo = ", ".join(f"{k}<={v:g}" for k, v in d.slo.targets.items()) or "no latency target"
+    dep = d.deployment
+    console.print(f"[bold]{d.model}[/bold], traffic {d.traffic!r} (peak {d.peak_rate_per_s:g} req/s), SLO {slo} "
+                  f"(goodput >= {d.slo.goodput_share:.0%})")
+    console.print(f"  replica: hardware={dep.hardware} tp={dep.tensor_parallel} pp={dep.pipeline_parallel} "
+                  f"weights={dep.weight_dtype} kv={dep.kv_dtype} engine={dep.engine}")
+    t = Table(title="per hour: offered rate, replicas billed (mean over the hour), SLO attainment (share of the hour's "
+                    "requests within every per-request limit)")
+    for col in ("hour", "req/s", "fixed replicas", "fixed SLO", "autoscaled replicas", "most ready", "autoscaled SLO",
+                "autoscaled mean TTFT ms"):
+        t.add_column(col, justify="right")
+
+    def share(h: HourReport) -> str:
+        if h.slo_attainment is None:
+            return "-"
+        return f"{h.slo_attainment:.1%}" + ("" if h.slo_met else " [red]miss[/red]")
+
+    for f, a in zip(d.fixed.hours, d.autoscaled.hours):
+        t.add_row(str(f.hour), f"{f.offered_rate_per_s:,.2f}", f"{f.replicas:,.2f}", share(f), f"{a.replicas:,.2f}",
+                  str(a.most_ready_replicas), share(a), _number(a.mean_ttft_ms, ",.0f"))
+    console.print(t)
+    t = Table(title="the day")
+    for col in ("fleet", "replica-hours", "GPU-hours", "US$/day", "SLO attainment", "hours meeting the SLO",
+                "scaling actions"):
+        t.add_column(col, justify="left" if col == "fleet" else "right")
+    for r in (d.fixed, d.autoscaled):
+        label = f"fixed ({d.fixed_replicas} replicas)" if r.fleet == "fixed" else "autoscaled"
+        t.add_row(label, f"{r.replica_hours:,.1f}", f"{r.gpu_hours:,.1f}", _number(r.usd_per_day, ",.2f"),
+                  f"{r.slo_attainment:.2%}", f"{r.hours_meeting_slo}/{r.hours_with_traffic}", str(r.scaling_actions))
+    console.print(t)
+    if d.saving_usd_per_day is not None:
+        console.print(f"autoscaling saves US${d.saving_usd_per_day:,.2f} per day "
+                      f"({d.saving_usd_per_day / d.fixed.usd_per_day:.0%} of the fixed fleet's cost)"
+                      if d.fixed.usd_per_day else "")
+    console.print("Assumptions:", style="dim")
+    for key, note in d.assumptions.items():
+        console.print(f"  {key}: {note}", style="dim")
+    console.print(f"planned in {wall_s:,.0f} s", style="dim")
 
 
 def render_plan(r: PlanResult, wall_s: float) -> None:
@@ -1040,11 +1138,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="the full result in the stable schema of docs/simulate.md")
     command(p, cmd_simulate)
 
-    p = sub.add_parser("plan", help="the cheapest deployment that serves a workload at a rate within an SLO")
+    p = sub.add_parser("plan", help="the cheapest deployment that serves a workload at a rate within an SLO; with "
+                                    "--traffic, that deployment over a day, autoscaled and fixed")
     p.add_argument("--model", default="llama-3.1-8b", help="catalog name or path to a config.json / checkpoint folder")
-    p.add_argument("--workload", default="chat", help=f"preset ({', '.join(PRESETS)}), a workload YAML/JSON file, or a "
-                   "JSONL/CSV trace (planned as its lengths, shared prefixes and mean rate: docs/planning.md)")
+    p.add_argument("--workload", help=f"preset ({', '.join(PRESETS)}), a workload YAML/JSON file, or a JSONL/CSV trace "
+                   "(planned as its lengths, shared prefixes and mean rate: docs/planning.md; default: chat)")
     add_flags(p, PLAN_WORKLOAD)
+    p.add_argument("--traffic", metavar="DAY.yaml", help="a day of traffic (rate through the hours, workload, autoscaling; "
+                   "docs/autoscaling.md) instead of --workload and --rate: replicas per hour, cost per day and SLO "
+                   "attainment per hour, autoscaled against a fixed fleet sized for the peak")
     p.add_argument("--slo", required=True, help="latency targets, e.g. 'ttft_p99_ms<=500,tpot_p99_ms<=50'")
     p.add_argument("--hw", dest="hardware", help="comma-separated profiles or YAML files (default: every catalog profile with a price)")
     add_flags(p, settings(PlanSettings))

@@ -238,3 +238,19 @@ def test_a_flag_the_mode_does_not_read_is_refused(capsys, monkeypatch: pytest.Mo
 def test_validate_still_reads_tensor_parallel(capsys) -> None:
     """--tp is validate's (it runs the engine on that many ranks): past the mode check to the next question."""
     assert "--calibration is required" in one_line_error(capsys, "validate", "--tp", "2")
+
+
+# --------------------------------------------------------------------------- plan --traffic (issue 17)
+
+
+def test_plan_traffic_refusals_are_one_line_before_any_search(capsys, tmp_path) -> None:
+    day = tmp_path / "day.yaml"
+    day.write_text("rate: {kind: hourly, rates_per_s: [1, 2]}\nworkload: chat\n")
+    slo = ("--slo", "ttft_p99_ms<=1000")
+    assert "rate=None is invalid: required" in one_line_error(capsys, "plan", *slo)
+    assert "not with --traffic" in one_line_error(capsys, "plan", "--traffic", str(day), "--rate", "3", *slo)
+    assert "not with --traffic" in one_line_error(capsys, "plan", "--traffic", str(day), "--workload", "rag", *slo)
+    assert "colocated" in one_line_error(capsys, "plan", "--traffic", str(day), "--pd-ratios", "1:1", *slo)
+    day.write_text("rate: {kind: diurnal, peak_rate_per_s: 2, trough_rate_per_s: 3}\nworkload: chat\n")
+    err = one_line_error(capsys, "plan", "--traffic", str(day), *slo)
+    assert "rate.diurnal.trough_rate_per_s=3.0 is invalid" in err and "workload" not in err  # no file echoed

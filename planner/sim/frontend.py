@@ -17,15 +17,15 @@ from engine.core import Request
 class FrontEnd:
     def __init__(self, env: simpy.Environment, request_s: float) -> None:
         self.env, self.request_s = env, request_s
-        self._free_at = 0.0  # when the server finishes the requests already in it
+        self.free_at = 0.0  # when the server finishes the requests already in it
 
     def forward(self, request: Request, deliver: Callable[[Request], None]) -> None:
         """Hand `request` to `deliver` once the server has handled it (at once when it costs nothing)."""
         if not self.request_s:
             deliver(request)
             return
-        done = max(self.env.now, self._free_at) + self.request_s
-        self._free_at = done
+        done = max(self.env.now, self.free_at) + self.request_s
+        self.free_at = done
         self.env.process(self._at(done, request, deliver))
 
     def _at(self, when: float, request: Request, deliver: Callable[[Request], None]):  # noqa: ANN202 (SimPy)

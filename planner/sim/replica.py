@@ -2,6 +2,8 @@
 
 The loop is engine.core's StepLoop with the cost-model executor; the replica only lets each
 step's simulated duration pass between launching it and completing it, and sleeps while idle.
+A fleet that scales in stops routing to a replica and waits for `idle()` until it has served
+everything it accepted (it drains; nothing is dropped).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ class Replica:
         env: simpy.Environment,
         loop: StepLoop,
         on_finished: Callable[[Request], None],
-        samples: list[StepSample],
+        samples: list[StepSample] | None,
         recorder: TraceRecorder | None = None,
     ) -> None:
         self.env, self.loop, self.index = env, loop, loop.replica
@@ -33,12 +35,14 @@ class Replica:
         # prompt's KV out to its decode instance): the next step starts that much later.
         self.hold_s = 0.0
         self._wake: simpy.Event | None = None
+        self._idle: simpy.Event | None = None  # fired when the replica next runs out of work
         loop.on_finished = self._finished
+        if samples is not None:  # a day-long fleet keeps no per-step record
 
-        def record(output: SchedulerOutput, sample: StepSample) -> None:
-            samples.append(sample)
+            def record(output: SchedulerOutput, sample: StepSample) -> None:
+                samples.append(sample)
 
-        loop.on_step = record
+            loop.on_step = record
         env.process(self._serve())
 
     def submit(self, request: Request) -> None:
@@ -47,6 +51,14 @@ class Replica:
         self.outstanding_tokens += request.num_prompt_tokens + request.max_tokens
         if self._wake is not None and not self._wake.triggered:
             self._wake.succeed()
+
+    def idle(self) -> simpy.Event:
+        """An event fired when the replica has no unfinished request (at once if it has none now)."""
+        if not self.scheduler.has_unfinished_requests():
+            return self.env.event().succeed()
+        if self._idle is None:
+            self._idle = self.env.event()
+        return self._idle
 
     def _finished(self, request: Request) -> None:
         self.outstanding_requests -= 1
@@ -59,6 +71,9 @@ class Replica:
         env, loop = self.env, self.loop
         while True:
             if not self.scheduler.has_unfinished_requests():
+                if self._idle is not None:
+                    self._idle.succeed()
+                    self._idle = None
                 self._wake = env.event()
                 yield self._wake
                 self._wake = None

@@ -20,7 +20,7 @@ class RoundRobin:
         self._next = 0
 
     def choose(self, request: Request, replicas: Sequence[Replica]) -> int:
-        i = self._next
+        i = self._next % len(replicas)  # an autoscaled fleet may have shrunk since the last choice
         self._next = (i + 1) % len(replicas)
         return i
 

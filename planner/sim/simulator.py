@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 import dataclasses
 from dataclasses import dataclass
 
 import simpy
 
-from engine.config import ModelConfig
-from engine.core import KVCacheManager, Request, SamplingParams, Scheduler, StepLoop, TierStats
+from engine.config import ModelConfig, SpeculativeSettings
+from engine.core import KVCacheManager, Request, SamplingParams, Scheduler, SchedulerConfig, StepLoop, TierStats
 from engine.core.metrics import RequestMetrics
 from engine.core.kv_cache_manager import PrefixCacheStats
 from engine.errors import InputError, unknown_name_error
 from planner.costmodel import CostModel, CostParams
 from planner.costmodel.fitted import FittedModel, prediction_interval
-from planner.engines import get_engine, resolve_deployment
+from planner.engines import EngineProfile, get_engine, resolve_deployment
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import PricingBasis, RunRecord, RunSummary, StepSample, summarize
 from planner.playback import Playback, Replay, Submission, check_lengths
@@ -48,6 +48,76 @@ def context_length(model: ModelConfig, max_model_len: int | None) -> int:
     return max_len
 
 
+@dataclass(frozen=True)
+class ReplicaTemplate:
+    """What every replica of a deployment is built from, resolved once: the engine profile, the
+    deployment as that engine fills it in, its memory plan, cost model and scheduler settings."""
+
+    engine: EngineProfile
+    dep: Deployment  # resolved: the engine's defaults fill the knobs left unset
+    memory: MemoryPlan
+    cost_model: CostModel
+    sched_config: SchedulerConfig
+    max_len: int
+    host_blocks: int
+    disk_blocks: int
+    spec: SpeculativeSettings | None
+    acceptance: tuple[float, ...] | None
+
+    @classmethod
+    def resolve(cls, model: ModelConfig, hw: HardwareProfile, dep: Deployment, calibration: CostParams | None = None,
+                max_model_len: int | None = None, kv_cache_blocks: int | None = None,
+                fit: FittedModel | None = None) -> ReplicaTemplate:
+        """`kv_cache_blocks` replaces the memory plan's count per replica (to mirror an engine run
+        whose cache size was set by hand); `calibration` and `fit` price the steps as simulate() says."""
+        max_len = context_length(model, max_model_len)
+        engine = get_engine(dep.engine)
+        asked, dep = dep, resolve_deployment(dep, hw, max_model_len=max_len)
+        memory = plan_memory(model, hw, dep, context_tokens=max_len)
+        if engine.scheduling.running_from_kv is not None:  # SGLang: the running cap follows the KV pool
+            dep = resolve_deployment(asked, hw, max_model_len=max_len, kv_tokens=memory.kv_cache_tokens)
+        # Only "no KV cache at all" is fatal here: requests are checked one by one by the drivers, so a
+        # default max_model_len beyond what the cache holds does not stop a workload of short ones.
+        if kv_cache_blocks is not None:
+            if kv_cache_blocks < 1:
+                raise InputError("kv_cache_blocks", kv_cache_blocks, "must be >= 1")
+            memory = memory.model_copy(update={"kv_cache_blocks": kv_cache_blocks,
+                                               "kv_cache_tokens": kv_cache_blocks * dep.knobs.block_size_tokens})
+        if memory.kv_cache_blocks < 1:
+            raise InputError("deployment", f"{memory.model} on {dep.replicas} x {dep.gpus_per_replica} {hw.name}",
+                             memory.reason)
+        cost_model = CostModel(model, hw, dep, calibration, fit=fit)
+        host_blocks, disk_blocks = offload_blocks(hw, dep, memory)
+        spec = dep.knobs.speculative
+        acceptance = None if spec is None else spec.acceptance_probabilities()
+        if spec is not None and acceptance is None:
+            raise InputError("speculative.acceptance_profile", None,
+                             "the simulator needs acceptance_profile (per draft position) or acceptance_rate")
+        sched_config = dataclasses.replace(dep.knobs.scheduler_config(max_len), output_reservation=engine.output_reservation())
+        return cls(engine, dep, memory, cost_model, sched_config, max_len, host_blocks, disk_blocks, spec,
+                   None if acceptance is None else tuple(acceptance))
+
+    def decode_token(self, bulk_decodes: bool) -> int | None:
+        """The token the schedulers may apply in bulk: the executor samples SYNTHETIC_TOKEN_ID for every
+        decode. Offload tiers stay one by one: the bulk path's equivalence is proven (tests) without them."""
+        return (SYNTHETIC_TOKEN_ID if bulk_decodes and not self.host_blocks and self.cost_model.reader.reads_bulk_decodes
+                else None)
+
+    def replica(self, env: simpy.Environment, index: int, on_finished: Callable[[Request], None],
+                samples: list[StepSample] | None, recorder: TraceRecorder | None, decode_token: int | None,
+                seed: int) -> tuple[Replica, CostModelExecutor]:
+        """A new replica (the engine's own scheduler and step loop) serving on `env`, and its executor."""
+        config = self.sched_config
+        scheduler = Scheduler(config, KVCacheManager(self.memory.kv_cache_blocks, config.block_size,
+                                                     config.enable_prefix_caching, self.host_blocks, self.disk_blocks),
+                              decode_token)
+        drafts = None if self.spec is None or self.acceptance is None else SyntheticDrafts(
+            self.spec.num_speculative_tokens, self.acceptance, (seed, index), SYNTHETIC_TOKEN_ID, self.spec.proposal_rate)
+        executor = CostModelExecutor(self.cost_model, drafts)
+        loop = StepLoop(scheduler, executor, lambda: env.now, proposer=drafts, replica=index)
+        return Replica(env, loop, on_finished, samples, recorder), executor
+
+
 def simulate(
     model: ModelConfig,
     hw: HardwareProfile,
@@ -77,29 +147,10 @@ def simulate(
     engine does. A traced run is always one by one: its trace records every request's steps."""
     if router not in ROUTERS:
         raise unknown_name_error("router", router, ROUTERS)
-    max_len = context_length(model, max_model_len)
-    engine = get_engine(dep.engine)
-    asked, dep = dep, resolve_deployment(dep, hw, max_model_len=max_len)
-    memory = plan_memory(model, hw, dep, context_tokens=max_len)
-    if engine.scheduling.running_from_kv is not None:  # SGLang: the running cap follows the KV pool
-        dep = resolve_deployment(asked, hw, max_model_len=max_len, kv_tokens=memory.kv_cache_tokens)
-    # Only "no KV cache at all" is fatal here: requests are checked one by one below, so a
-    # default max_model_len beyond what the cache holds does not stop a workload of short ones.
-    if kv_cache_blocks is not None:
-        if kv_cache_blocks < 1:
-            raise InputError("kv_cache_blocks", kv_cache_blocks, "must be >= 1")
-        memory = memory.model_copy(update={"kv_cache_blocks": kv_cache_blocks,
-                                           "kv_cache_tokens": kv_cache_blocks * dep.knobs.block_size_tokens})
-    if memory.kv_cache_blocks < 1:
-        raise InputError("deployment", f"{memory.model} on {dep.replicas} x {dep.gpus_per_replica} {hw.name}", memory.reason)
-    cost_model = CostModel(model, hw, dep, calibration, fit=fit)
-    host_blocks, disk_blocks = offload_blocks(hw, dep, memory)
-    spec = dep.knobs.speculative
-    acceptance = None if spec is None else spec.acceptance_probabilities()
-    if spec is not None and acceptance is None:
-        raise InputError("speculative.acceptance_profile", None,
-                         "the simulator needs acceptance_profile (per draft position) or acceptance_rate")
-    sched_config = dataclasses.replace(dep.knobs.scheduler_config(max_len), output_reservation=engine.output_reservation())
+    build = ReplicaTemplate.resolve(model, hw, dep, calibration, max_model_len, kv_cache_blocks, fit)
+    engine, dep, memory, cost_model = build.engine, build.dep, build.memory, build.cost_model
+    max_len, sched_config, spec, acceptance = build.max_len, build.sched_config, build.spec, build.acceptance
+    host_blocks, disk_blocks = build.host_blocks, build.disk_blocks
     replay = workload if isinstance(workload, Replay) else Replay.of(workload, model.vocab_size, max_len)
     check_lengths(replay, max_len, memory.kv_cache_blocks, sched_config.block_size, where="a replica")
 
@@ -140,21 +191,12 @@ def simulate(
                 yield env.timeout(sub.due_s - env.now)
             send(sub)
 
-    # The executor samples SYNTHETIC_TOKEN_ID for every decode, so the scheduler may apply them in bulk.
-    # Offload tiers stay one by one: the bulk path's equivalence is proven (tests) without them.
-    decode_token = (SYNTHETIC_TOKEN_ID if bulk_decodes and not trace and not host_blocks
-                    and cost_model.reader.reads_bulk_decodes else None)
+    decode_token = build.decode_token(bulk_decodes and not trace)
 
     def replica(index: int) -> Replica:
-        scheduler = Scheduler(sched_config, KVCacheManager(memory.kv_cache_blocks, sched_config.block_size,
-                                                           sched_config.enable_prefix_caching, host_blocks, disk_blocks),
-                              decode_token)
-        drafts = None if spec is None or acceptance is None else SyntheticDrafts(
-            spec.num_speculative_tokens, acceptance, (seed, index), SYNTHETIC_TOKEN_ID, spec.proposal_rate)
-        executor = CostModelExecutor(cost_model, drafts)
+        made, executor = build.replica(env, index, on_finished, samples, recorder, decode_token, seed)
         executors.append(executor)
-        loop = StepLoop(scheduler, executor, lambda: env.now, proposer=drafts, replica=index)
-        return Replica(env, loop, on_finished, samples, recorder)
+        return made
 
     executors: list[CostModelExecutor] = []
     disagg = dep.disaggregation

@@ -48,7 +48,8 @@ def test_calibration_file_holds_measurements_fit_and_provenance(calibrated: tupl
     assert 0 < params.compute_efficiency <= 1 and 0 < params.memory_efficiency <= 1
     assert cal.fit_median_abs_error_pct >= 0  # how small depends on how quiet the machine was: never asserted
     assert cal.profile.name == cal.hardware_profile == cal.device.slug
-    assert cal.profile.memory_bandwidth_gb_s == pytest.approx(cal.microbenchmarks.memory_bandwidth_gb_s, rel=1e-3)
+    # The profile records the measured bandwidth to 0.01 GB/s, however slow this machine measured it.
+    assert cal.profile.memory_bandwidth_gb_s == pytest.approx(cal.microbenchmarks.memory_bandwidth_gb_s, abs=0.005 + 1e-9)
     assert cal.model_fingerprint and cal.created_utc
 
 
