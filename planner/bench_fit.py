@@ -195,6 +195,7 @@ def calibrate_from_bench(runs: Sequence[ReplayRun], *, command: str, model_name:
                for r, inside, out in zip(runs, in_sample, held, strict=True) for f in r.figures]
     hw, engine = runs[0].hw, runs[0].engine
     model = FittedModel(families=figs.families, engines=figs.engines, bands=bands(results),
+                        held_out="figures of bench runs, each predicted by a fit that left its run out",
                         source=f"{command} on {dt.date.today().isoformat()}: {len(runs)} bench runs on {hw.name} "
                                f"with {engine.name}")
     return BenchFit(

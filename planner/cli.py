@@ -438,7 +438,7 @@ def render_summary(s: RunSummary, deployment: str) -> None:
         r = band.ranges
         shown = [("TTFT P50", "ttft_ms.p50", "ms"), ("TTFT P99", "ttft_ms.p99", "ms"), ("TPOT P50", "tpot_ms.p50", "ms"),
                  ("TPOT P99", "tpot_ms.p99", "ms"), ("output", "throughput.output_tokens_per_s", "tok/s")]
-        lines.append(f"if measured ({band.coverage:.0%} band from held-out published runs): " + ", ".join(
+        lines.append(f"if measured ({band.coverage:.0%} band, basis below): " + ", ".join(
             f"{label} {r[key][0]:,.1f}-{r[key][1]:,.1f} {unit}" for label, key, unit in shown if key in r))
         lines.append(f"band basis: {band.basis}")
     for line in lines:
@@ -892,7 +892,7 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
         if (band := v.prediction_interval) is not None:
             shown = [(label, band.ranges[key]) for label, key in (("TTFT P99", "ttft_ms.p99"), ("TPOT P99", "tpot_ms.p99"))
                      if key in band.ranges]
-            console.print(f"  if measured ({band.coverage:.0%} band of held-out published errors): "
+            console.print(f"  if measured ({band.coverage:.0%} band of held-out errors): "
                           + ", ".join(f"{label} {low:,.1f}-{high:,.1f} ms" for label, (low, high) in shown))
         if v.steady_state is not None:
             console.print(f"  {steady_line(v.steady_state)}")
@@ -983,7 +983,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
         if side.capacity is not None:
             console.print(f"capacity of {side.path}: {side.capacity.basis}")
     if banded:
-        console.print("'if measured': the P10-P90 band of held-out published errors around each prediction (both sides "
+        console.print("'if measured': the P10-P90 band of the fit's held-out errors around each prediction (both sides "
                       "share the simulator's biases, so their difference is surer than either band suggests)")
 
 

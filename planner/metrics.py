@@ -197,7 +197,8 @@ class OffloadStats(_Out):
     swap_out_refusals: int = Field(description="Preemptions that recomputed because the host tier had no room")
 class PredictionInterval(_Out):
     """Where a measurement of each figure would likely fall: the prediction times the P10 and P90 of
-    measured / predicted over published figures whose source the fit never saw."""
+    measured / predicted over figures the fit that predicted them never saw (published runs whose
+    source it left out, or a team's own bench runs one at a time)."""
 
     coverage: float = Field(description="Nominal share of measurements inside (held-out coverage in basis)")
     ranges: dict[str, tuple[float, float]] = Field(description="'ttft_ms.p99' -> (low, high), in the figure's unit")

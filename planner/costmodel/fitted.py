@@ -71,6 +71,8 @@ class FittedModel(_Fit):
     engines: dict[str, dict[str, float]] = Field(description="Engine profile -> cost parameter -> fitted value")
     bands: dict[MetricFamily, Band] = Field(default_factory=dict, description="Prediction intervals per metric family")
     source: str = Field(description="What was fitted, when, with which command")
+    held_out: str = Field(default="published figures, each predicted by a fit that left its source out",
+                          description="The figures the bands come from and what each one's prediction left out")
 
 
 def fitted_model(path: Path = PUBLIC_FIT_FILE) -> FittedModel | None:
@@ -111,10 +113,12 @@ BANDED_FIGURES: dict[MetricFamily, tuple[str, ...]] = {
 
 def prediction_interval(summary: RunSummary, hw: HardwareProfile, engine: str,
                         model: FittedModel | None = None) -> PredictionInterval | None:
-    """The P10..P90 band around a simulated run's figures; None on a CPU (its own calibration and
-    validation apply) or before a public fit exists."""
-    model = model or fitted_model()
-    if model is None or hw.kind == "cpu" or not model.bands:
+    """The P10..P90 band around a simulated run's figures, from `model` (a fit given: `--calibration`)
+    or the public GPU fit. None without bands, and on a CPU without a fit given: the public fit's
+    bands are GPUs' (a CPU's own calibration and validation apply)."""
+    if model is None:
+        model = None if hw.kind == "cpu" else fitted_model()
+    if model is None or not model.bands:
         return None
     ranges: dict[str, tuple[float, float]] = {}
     for family, band in model.bands.items():
@@ -132,8 +136,8 @@ def prediction_interval(summary: RunSummary, hw: HardwareProfile, engine: str,
         caveats.append(f"engine profile {engine!r} was not in the fit: its host overheads are the profile's estimates")
     return PredictionInterval(
         coverage=BAND_COVERAGE, ranges=ranges,
-        basis=f"P10..P90 of measured / predicted over {sum(b.figures for b in model.bands.values())} published figures, "
-              f"each predicted by a fit that left its source out ({model.source}); held-out coverage: {coverage}"
+        basis=f"P10..P90 of measured / predicted over {sum(b.figures for b in model.bands.values())} {model.held_out} "
+              f"({model.source}); held-out coverage: {coverage}"
               + "".join(f"; {c}" for c in caveats))
 
 
@@ -168,6 +172,6 @@ def pessimistic(slo: SLO, confidence: float, model: FittedModel | None = None) -
     rate_factor = 1.0 if throughput is None else 1 / throughput.ratio_at(1 - confidence)
     shown = ", ".join(f"{name} {slo.targets[name]:g} -> {targets[name]:.4g} ms (/{f:.2f})" for name, f in factors.items())
     note = (f"sized at confidence {confidence:g}: latency targets divided by the P{100 * confidence:g} of measured / "
-            f"predicted over held-out published figures ({shown}); rate x {rate_factor:.2f} (1 / the throughput "
+            f"predicted over the fit's {model.held_out} ({shown}); rate x {rate_factor:.2f} (1 / the throughput "
             f"ratio's P{100 * (1 - confidence):g})")
     return Pessimism(slo.model_copy(update=targets), rate_factor, note)

@@ -115,6 +115,9 @@ def test_calibrate_from_bench_holds_each_run_out_and_simulate_uses_the_fit(
     expected = simulate(model, hw, deployment_from_args(parsed), replay, calibration=params)
     assert with_fit["tpot_ms"]["mean"] == pytest.approx(expected.summary.tpot_ms.mean)
     assert with_fit["tpot_ms"]["mean"] != pytest.approx(without["tpot_ms"]["mean"])
+    # Its band is the bench runs' held-out errors, and says so: not the published runs'.
+    basis = with_fit["prediction_interval"]["basis"]
+    assert "bench runs, each predicted by a fit that left its run out" in basis and "published" not in basis
 
 
 # --------------------------------------------------------------------------- bad input
