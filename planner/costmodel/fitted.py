@@ -114,11 +114,10 @@ BANDED_FIGURES: dict[MetricFamily, tuple[str, ...]] = {
 def prediction_interval(summary: RunSummary, hw: HardwareProfile, engine: str,
                         model: FittedModel | None = None) -> PredictionInterval | None:
     """The P10..P90 band around a simulated run's figures, from `model` (a fit given: `--calibration`)
-    or the public GPU fit. None without bands, and on a CPU without a fit given: the public fit's
-    bands are GPUs' (a CPU's own calibration and validation apply)."""
-    if model is None:
-        model = None if hw.kind == "cpu" else fitted_model()
-    if model is None or not model.bands:
+    or the public GPU fit. None without bands, and on a CPU the fit never saw: GPUs' bands say
+    nothing of it (its own calibration and validation apply); a bench fit on this CPU does."""
+    model = model or fitted_model()
+    if model is None or not model.bands or (hw.kind == "cpu" and hw.family not in model.families):
         return None
     ranges: dict[str, tuple[float, float]] = {}
     for family, band in model.bands.items():
