@@ -450,7 +450,8 @@ class CostModel:
         per_expert = rows * e.top_k / _max(touched, 1e-9)
         compute = flops * self._s_per_flop * self._compute_rows(per_expert) / _max(per_expert, 1e-9)
         compute += touched * e.dequant_ops_per_expert * self._s_per_dequant_op
-        return (e.kernels * self.params.kernel_latency_s + _max(compute, nbytes * self._s_per_byte)) * _present(rows)
+        roofline = _max(compute, nbytes * self._s_per_byte) / self.params.moe_kernel_efficiency
+        return (e.kernels * self.params.kernel_latency_s + roofline) * _present(rows)
 
     def _attention(self, tokens: Number, pairs: Number, kv_tokens: Number, work: list[Number]) -> Number:
         a = self.ops.attention

@@ -64,10 +64,15 @@ class CostParams:
     # (vLLM's custom all-reduce beats it on small messages). The public fit learns it per GPU family;
     # interconnect_efficiency stays the profile's datasheet-to-achieved estimate for links without a curve.
     collective_time_scale: float = 1.0
+    # Share of the dense-GEMM roofline an engine's fused-MoE kernel reaches on the routed experts
+    # (tokens gathered and sorted by expert, uneven loads, small per-expert tiles, the engine's kernel
+    # for the weight format): 1 prices experts like dense matmuls, the profiles' estimate. The public
+    # fit learns it per engine.
+    moe_kernel_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
-                     "attention_compute_efficiency", "interconnect_efficiency"):
+                     "attention_compute_efficiency", "interconnect_efficiency", "moe_kernel_efficiency"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise InputError(name, value, "must be in (0, 1]")

@@ -4,7 +4,8 @@ sources it never saw.
 Parameters belong to a GPU family (how close its kernels get to the datasheet: GEMM, weight
 streaming and KV-read efficiencies, prefill-attention efficiency, per-kernel latency, small-GEMM
 falloff, collectives' time against nccl-tests) or to an engine profile (host time per step and per
-scheduled request, API-server time per request); never to a run or a source. Each is fitted in a
+scheduled request, API-server time per request, its fused-MoE kernel's share of the dense
+roofline); never to a run or a source. Each is fitted in a
 transformed space (logit for shares, log for times and scales) with a weak Gaussian prior around
 the profile's estimate, so a family or engine with no data keeps its estimate.
 
@@ -43,7 +44,7 @@ HARDWARE_PARAMS: tuple[str, ...] = (
     "compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "attention_compute_efficiency",
     "kernel_latency_s", "collective_time_scale",
 )
-ENGINE_PARAMS: tuple[str, ...] = ("step_overhead_s", "per_request_overhead_s", "api_request_s")
+ENGINE_PARAMS: tuple[str, ...] = ("step_overhead_s", "per_request_overhead_s", "api_request_s", "moe_kernel_efficiency")
 _SHARES = frozenset({"compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
                      "attention_compute_efficiency"})
 # What a GPU family or an engine can physically be: a fit stays inside these, so that a term the
@@ -68,6 +69,9 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     "per_request_overhead_s": (1e-7, 1e-4),
     # The API server's work per request (HTTP, chat template, tokeniser): 0.1-20 ms.
     "api_request_s": (1e-4, 2e-2),
+    # A fused-MoE kernel at best matches dense GEMMs; tuned Triton/CUTLASS/Marlin kernels stay within
+    # 5x of them even at a few rows per expert. Fitted in log space: the estimate, 1, is the edge.
+    "moe_kernel_efficiency": (0.2, 1.0),
 }
 # Prior: the profile's estimate, one unit wide in the transformed space (a factor e on times, about
 # 0.2 on a share near 0.5): decisive where data says nothing, weak against data. Each source's

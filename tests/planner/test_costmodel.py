@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from engine.catalog import resolve_model
@@ -190,6 +192,19 @@ def test_moe_decode_reads_k_experts_at_batch_one_and_all_at_large_batch() -> Non
     assert small == pytest.approx(m.moe.top_k * one_expert_all_layers, rel=0.01)
     assert large == pytest.approx(m.moe.num_experts * one_expert_all_layers, rel=0.05)
     assert cm.decode_breakdown(1, 100)["mlp"] == 0 and cm.decode_breakdown(1, 100)["router"] > 0
+
+
+@pytest.mark.parametrize("batch", [1, 64, 512])
+def test_an_engines_moe_kernel_efficiency_slows_the_routed_experts_alone(batch: int) -> None:
+    """At efficiency e the experts' roofline takes 1/e as long, whatever bounds it (weights at
+    batch 1, more FLOPs at 512); their kernels' fixed latency and every other operator are unchanged."""
+    hw = get_hardware("h100-sxm")
+    base = CostParams.defaults(hw, get_engine("vllm-0.11"))
+    full, half = (cost(model="qwen3-30b-a3b", calibration=replace(base, moe_kernel_efficiency=e)).decode_breakdown(batch, 2000)
+                  for e in (1.0, 0.5))
+    kernels = 4 * resolve_model("qwen3-30b-a3b").num_moe_layers * base.kernel_latency_s
+    assert half["moe_experts"] - kernels == pytest.approx(2 * (full["moe_experts"] - kernels))
+    assert {k: v for k, v in half.items() if k != "moe_experts"} == {k: v for k, v in full.items() if k != "moe_experts"}
 
 
 def test_windowed_layers_cap_the_attended_context() -> None:
