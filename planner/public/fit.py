@@ -2,12 +2,12 @@
 sources it never saw.
 
 Parameters belong to a GPU family (how close its kernels get to the datasheet: GEMM, weight
-streaming and KV-read efficiencies, prefill-attention efficiency, per-kernel latency, small-GEMM
-falloff, collectives' time against nccl-tests) or to an engine profile (host time per step and per
-scheduled request, API-server time per request, its fused-MoE kernel's share of the dense
-roofline); never to a run or a source. Each is fitted in a
-transformed space (logit for shares, log for times and scales) with a weak Gaussian prior around
-the profile's estimate, so a family or engine with no data keeps its estimate.
+streaming and KV-read efficiencies, prefill-attention efficiency, per-kernel latency, collectives'
+time against nccl-tests) or to an engine profile (host time per step and per scheduled request,
+API-server time per request, its fused-MoE kernel's share of the dense roofline); never to a run
+or a source. Each is fitted in a transformed space (logit for shares, log for times and scales)
+within PLAUSIBLE, with a weak Gaussian prior around the profile's estimate, so a family or engine
+with no data keeps its estimate.
 
 The objective is the simulator itself, made fast: every run is simulated once to trace its
 schedule (planner/sim/trace.py), the least-squares fit moves the parameters re-timing those traces
