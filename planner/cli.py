@@ -897,7 +897,7 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
         if v.steady_state is not None:
             console.print(f"  {steady_line(v.steady_state)}")
         if (cap := r.capacity) is not None:
-            console.print(f"  capacity within the SLO: {_number(cap.rate_per_s, ',.2f')} req/s "
+            console.print(f"  capacity within the SLO: {_number(cap.requests_per_s, ',.2f')} req/s "
                           f"({_number(cap.output_tokens_per_s, ',.0f')} output tokens/s, US$"
                           f"{_number(cap.usd_per_million_output_tokens, ',.3f')} per 1M output tokens at capacity); "
                           f"{cap.basis}")

@@ -101,8 +101,8 @@ def _show(result: PlanResult) -> None:
             if (steady := v.steady_state) is not None:
                 st.caption(f"Steady state: {steady.requests_per_s:,.2f} req/s, {steady.output_tokens_per_s:,.0f} output "
                            f"tokens/s, mean batch {steady.mean_batch_requests or 0:,.1f} requests ({steady.basis}).")
-        if (cap := result.capacity) is not None and cap.rate_per_s is not None:
-            st.caption(f"Capacity within the SLO: {cap.rate_per_s:,.2f} req/s"
+        if (cap := result.capacity) is not None and cap.requests_per_s is not None:
+            st.caption(f"Capacity within the SLO: {cap.requests_per_s:,.2f} req/s"
                        + (f", US${cap.usd_per_million_output_tokens:,.3f} per 1M output tokens there"
                           if cap.usd_per_million_output_tokens is not None else "") + f" ({cap.basis}).")
         if result.quality is not None:

@@ -161,7 +161,7 @@ def plan(
 
     def verify(dep: Deployment) -> RunSummary:
         hw = next(c.hw for c in candidates if c.hw.name == dep.hardware)
-        w = probe_workload(base, rate_per_s, min(VERIFY_MAX_REQUESTS, probe_requests(requests_per_probe, dep) * dep.replicas))
+        w = probe_workload(base, rate_per_s, min(VERIFY_MAX_REQUESTS, probe_requests(requests_per_probe, dep, base) * dep.replicas))
         summary, notes = simulate_cached(cfg, hw, dep, w, slo, runs, fit)
         for note in notes:
             _log.warning(note)
