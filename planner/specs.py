@@ -404,6 +404,9 @@ class MemoryQuery(Spec):
 
 # --------------------------------------------------------------------------- plan
 
+# Requests per simulated probe of a plan (at least 3 x max_num_seqs): the CLI's default and the Plan
+# page's, so that one question asked of both gets one answer.
+DEFAULT_REQUESTS_PER_PROBE = 300
 # Prompts this long, on average, make a prefill chunk a visible stall in a colocated decode step:
 # the planner's `pd_ratios: auto` tries disaggregated candidates from here on.
 LONG_PROMPT_TOKENS = 1024

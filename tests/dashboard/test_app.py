@@ -61,6 +61,17 @@ def test_plan_waits_for_the_button_then_recommends_from_the_url():
                for i in at.info)
 
 
+def test_plan_page_defaults_to_the_clis_requests_per_probe():
+    """One question, one answer: left at their defaults, the page and `serveplan plan` simulate
+    probes of the same size (at 100 against 300, Qwen3-30B-A3B at 30 req/s got H200 with bf16 KV
+    on the page and fp8 KV at the CLI, and a different US$ per token)."""
+    from planner.cli import build_parser
+
+    cli = build_parser().parse_args(["plan", "--slo", "ttft_p99_ms<=500"]).requests_per_probe
+    at = open_page("plan")
+    assert at.sidebar.number_input(key="plan.requests").value == cli
+
+
 def test_plan_with_pd_ratios_compares_disaggregated_and_colocated():
     at = open_page("plan", hw="h100-sxm", requests="40", pd_ratios="1:1", run="true")
     assert not at.exception and not errors(at)
