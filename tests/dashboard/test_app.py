@@ -61,15 +61,26 @@ def test_plan_waits_for_the_button_then_recommends_from_the_url():
                for i in at.info)
 
 
-def test_plan_page_defaults_to_the_clis_requests_per_probe():
-    """One question, one answer: left at their defaults, the page and `serveplan plan` simulate
-    probes of the same size (at 100 against 300, Qwen3-30B-A3B at 30 req/s got H200 with bf16 KV
-    on the page and fp8 KV at the CLI, and a different US$ per token)."""
+def test_plan_page_defaults_are_the_clis():
+    """One question, one answer: left at their defaults, the page asks what `serveplan plan` asks:
+    every priced profile, and each declared plan setting, prefix caching and the probe size at the
+    CLI's value (probes of 100 against 300 sized Qwen3-30B-A3B at 30 req/s differently: H200 with
+    bf16 KV on the page, fp8 KV at the CLI, and another US$ per token)."""
+    from engine.knobs import settings
     from planner.cli import build_parser
+    from planner.specs import PlanSettings
 
-    cli = build_parser().parse_args(["plan", "--slo", "ttft_p99_ms<=500"]).requests_per_probe
+    cli = vars(build_parser().parse_args(["plan", "--slo", "ttft_p99_ms<=500"]))
     at = open_page("plan")
-    assert at.sidebar.number_input(key="plan.requests").value == cli
+    shown = {w.key: w.value for w in [*at.sidebar.number_input, *at.sidebar.selectbox, *at.sidebar.text_input]}
+    drawn = [s for s in settings(PlanSettings) if f"plan.{s.url_name}" in shown]
+    assert {s.name for s in drawn} >= {"max_gpus_per_replica", "budget_usd_per_hour", "headroom", "pd_ratios", "offload",
+                                       "max_quality_loss_pct"}
+    assert {s.name: shown[f"plan.{s.url_name}"] for s in drawn} == {s.name: cli[s.name] for s in drawn}
+    assert shown["plan.prefix_caching"] == cli["enable_prefix_caching"]
+    assert shown["plan.requests"] == cli["requests_per_probe"]
+    priced = {name for name, hw in hardware_catalog().items() if hw.price_usd_per_hour is not None}
+    assert set(at.sidebar.multiselect(key="plan.hw").value) == priced  # the CLI's --hw default
 
 
 def test_plan_with_pd_ratios_compares_disaggregated_and_colocated():
