@@ -163,7 +163,9 @@ def _assert_readable(driver: webdriver.Chrome) -> list[dict]:
     unset engine knob reads "engine default"); returns the charts for page-specific checks."""
     charts = driver.execute_script(_CHARTS_JS)
     assert "NaN" not in driver.find_element(By.TAG_NAME, "body").text
-    assert not driver.find_elements(By.CSS_SELECTOR, 'input[placeholder="Choose an option"]')
+    empty = [e.get_attribute("aria-label") for e in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stSelectbox"] input')
+             if not e.get_attribute("value") and e.get_attribute("placeholder") == "Choose an option"]
+    assert not empty, empty
     assert not [(c["title"], t) for c in charts for t in c["texts"] if "NaN" in t]
     assert not [(c["title"], c["cut"]) for c in charts if c["cut"]]
     assert not [c["title"] for c in charts if {"true", "false"} & set(c["legend"])]
