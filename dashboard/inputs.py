@@ -59,8 +59,10 @@ def setting_input(state: PageState, setting: Setting, *, default: Any = None, na
     key = state.bind(name or setting.url_name, value, parse=setting.check, label=label, field=setting.name)
     if setting.optional and (setting.kind is bool or setting.choices is not None):
         # Unset is the serving engine's own default for the device (an engine knob), not a value.
+        # Streamlit draws a None selection as its placeholder ("Choose an option" unless told).
         options = [None, *(setting.choices or (True, False))]
-        return st.selectbox(label, options, key=key, help=help, format_func=_optional_text)
+        return st.selectbox(label, options, key=key, help=help, format_func=_optional_text,
+                            placeholder=_optional_text(None))
     if setting.kind is bool:
         return st.checkbox(label, key=key, help=help)
     if setting.choices is not None:

@@ -39,7 +39,8 @@ from planner.metrics import MIN_STEADY_REQUESTS, RunSummary, SteadyState
 from planner.playback import Replay
 from planner.sim import ROUTERS, context_length, simulate
 from planner.specs import (
-    SLO, Deployment, Disaggregation, EngineKnobs, HardwareProfile, MemoryQuery, PlanSettings, WorkloadOverrides,
+    DEFAULT_REQUESTS_PER_PROBE, SLO, Deployment, Disaggregation, EngineKnobs, HardwareProfile, MemoryQuery, PlanSettings,
+    WorkloadOverrides,
 )
 from planner.workload import PRESETS, Workload, get_workload, workload_from_trace
 
@@ -897,7 +898,7 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
         if v.steady_state is not None:
             console.print(f"  {steady_line(v.steady_state)}")
         if (cap := r.capacity) is not None:
-            console.print(f"  capacity within the SLO: {_number(cap.rate_per_s, ',.2f')} req/s "
+            console.print(f"  capacity within the SLO: {_number(cap.requests_per_s, ',.2f')} req/s "
                           f"({_number(cap.output_tokens_per_s, ',.0f')} output tokens/s, US$"
                           f"{_number(cap.usd_per_million_output_tokens, ',.3f')} per 1M output tokens at capacity); "
                           f"{cap.basis}")
@@ -1154,7 +1155,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p, [s for s in settings(EngineKnobs) if s.name == "enable_prefix_caching"])
     p.add_argument("--weight-dtypes", help="comma-separated weight formats (default: bf16, fp8 where native, int8, int4)")
     p.add_argument("--kv-dtypes", help="comma-separated KV-cache formats (default: bf16,fp8)")
-    p.add_argument("--requests-per-probe", type=int, default=300, help="requests per simulation (at least 3 x max_num_seqs)")
+    p.add_argument("--requests-per-probe", type=int, default=DEFAULT_REQUESTS_PER_PROBE,
+                   help="requests per simulation (at least 3 x max_num_seqs)")
     add_calibration_arg(p)
     p.add_argument("--executor", default="process", choices=["process", "serial", "ray"],
                    help="local process pool, in-process, or a Ray cluster (pip install 'serveplan[cluster]')")

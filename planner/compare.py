@@ -38,7 +38,7 @@ METRICS: tuple[tuple[str, str], ...] = (
     ("requests/s, steady state", "steady_state.requests_per_s"),
     ("output tokens/s, steady state", "steady_state.output_tokens_per_s"),
     ("mean batch (requests), steady state", "steady_state.mean_batch_requests"),
-    ("capacity within the SLO, requests/s", "capacity.rate_per_s"),
+    ("capacity within the SLO, requests/s", "capacity.requests_per_s"),
     ("goodput share", "goodput.share"),
     ("prefix-cache hit rate", "prefix_cache_hit_rate"),
     ("preemptions", "preemptions"),
@@ -65,7 +65,7 @@ class Side(_Out):
     capacity: SLOCapacity | None = Field(None, description="Highest Poisson rate meeting the SLO; None without an SLO")
 
     def figure(self, path: str) -> float | None:
-        """A figure of the run ('ttft_ms.p99') or of its capacity ('capacity.rate_per_s')."""
+        """A figure of the run ('ttft_ms.p99') or of its capacity ('capacity.requests_per_s')."""
         if path.startswith("capacity."):
             value = None if self.capacity is None else getattr(self.capacity, path.removeprefix("capacity."))
             return None if value is None else float(value)

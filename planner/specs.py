@@ -347,7 +347,8 @@ class WorkloadOverrides(Spec):
     unset fields keep the workload's own. The workload then validates the result as a whole."""
 
     rate_per_s: Annotated[float | None, Knob("--rate", "Arrival rate", "requests/s")] = Field(
-        None, ge=MIN_RATE_PER_S, le=MAX_RATE_PER_S, description="Poisson arrivals at this rate, replacing the workload's")
+        None, ge=MIN_RATE_PER_S, le=MAX_RATE_PER_S, description="Poisson arrivals at this rate, replacing the workload's "
+        "(in a multi-turn workload an arrival starts a conversation, whose turns follow its replies)")
     concurrency: Annotated[int | None, Knob("--concurrency", "Concurrent users", "users")] = Field(
         None, ge=1, le=1_000_000, description="Closed loop instead: users each sending their next request on a reply")
     num_requests: Annotated[int | None, Knob("--requests", "Requests")] = Field(
@@ -404,6 +405,9 @@ class MemoryQuery(Spec):
 
 # --------------------------------------------------------------------------- plan
 
+# Requests per simulated probe of a plan (at least 3 x max_num_seqs): the CLI's default and the Plan
+# page's, so that one question asked of both gets one answer.
+DEFAULT_REQUESTS_PER_PROBE = 300
 # Prompts this long, on average, make a prefill chunk a visible stall in a colocated decode step:
 # the planner's `pd_ratios: auto` tries disaggregated candidates from here on.
 LONG_PROMPT_TOKENS = 1024

@@ -324,6 +324,10 @@ class Conversation(_Spec):
             raise ValueError(f"min_turns={self.min_turns} must be <= max_turns={self.max_turns}")
         return self
 
+    @property
+    def mean_turns(self) -> float:
+        return (self.min_turns + self.max_turns) / 2
+
 
 # --------------------------------------------------------------------------- workload
 
@@ -358,6 +362,12 @@ class Workload(_Spec):
         if any(not ch.isprintable() for ch in name):
             raise ValueError("must be printable: no control characters (newlines, tabs, escape sequences)")
         return name
+
+    @property
+    def requests_per_arrival(self) -> float:
+        """Requests each arrival brings on average: a conversation's turns, else one. An arrival
+        rate (Poisson, a plan's --rate) counts conversation starts in a multi-turn workload."""
+        return 1.0 if self.conversation is None else self.conversation.mean_turns
 
     @model_validator(mode="after")
     def _id_range(self) -> Workload:

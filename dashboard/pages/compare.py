@@ -15,6 +15,7 @@ from dashboard.inputs import DEPLOYMENT, KNOBS, model_input, slo_input, upload_b
 from dashboard.state import PageState
 from engine.config import EngineKnobs, SpeculativeSettings
 from engine.errors import InputError, from_validation_error, unknown_name_error
+from planner.compare import Comparison
 from planner.hardware import hardware_catalog
 from planner.specs import Deployment, HardwareProfile
 
@@ -103,6 +104,19 @@ def _rows(text: str, hardware: dict[str, HardwareProfile]) -> list[dict[str, Any
     return rows
 
 
+def _detail(c: Comparison) -> pd.DataFrame:
+    """One comparison's every figure: both sides, B - A, and where each would likely be measured
+    (P10 and P90 as numbers of their own, formatted and sorted like the others, as the Simulate page's)."""
+    a, b = c.a.path, c.b.path
+    rows = []
+    for m in c.metrics:
+        row = {"metric": m.metric, a: m.a, b: m.b, "B − A": m.delta, "B − A (%)": m.delta_pct}
+        for side, band in ((a, m.a_range), (b, m.b_range)):
+            row[f"{side}: likely if measured, P10"], row[f"{side}: likely if measured, P90"] = band or (None, None)
+        rows.append(row)
+    return pd.DataFrame(rows).dropna(axis="columns", how="all").dropna(how="all", subset=[a, b])
+
+
 def _uploaded_profiles() -> dict[str, HardwareProfile]:
     """Hardware profiles uploaded in the page, by name; a catalog name cannot be taken."""
     upload = upload_bytes("Own hardware profile (YAML)", ["yaml", "yml"], key="compare.hardware_upload",
@@ -177,6 +191,9 @@ def render() -> None:
                      "drain left out)" + (", capacities within the SLO by a search of simulations." if capacity and
                                           slo.strip() else "; tick 'Capacity within the SLO' (with an SLO) for "
                                           "each variant's capacity and its cost per token there."))
+    for side in [base, *(c.b for c in results)]:
+        if side.capacity is not None:  # as the CLI prints it: how it was searched, or why there is none
+            st.caption(f"Capacity of {side.path}: {side.capacity.basis}.")
     deltas = pd.DataFrame([{"variant": c.b.path, "metric": m.metric, "change vs A (%)": m.delta_pct}
                            for c in results for m in c.metrics if m.metric in CHARTED and m.delta_pct is not None])
     if not deltas.empty:
@@ -184,13 +201,9 @@ def render() -> None:
         st.altair_chart(charts.grouped_bars(deltas, "metric", "change vs A (%)", "variant", "change vs A (%)"),
                         width="stretch")
     for c in results:
-        detail = pd.DataFrame([m.model_dump() for m in c.metrics]).rename(
-            columns={"a": base.path, "b": c.b.path, "delta": "B − A", "delta_pct": "B − A (%)",
-                     "a_range": f"{base.path}: likely if measured (P10-P90)", "b_range": f"{c.b.path}: likely if measured"}
-        ).dropna(axis="columns", how="all").dropna(how="all", subset=[base.path, c.b.path])
-        ui.table(detail, f"{c.b.path} vs {base.path}", key=f"compare.{c.b.path}")
-    ui.json_download("Comparisons (JSON, as serveplan compare --json)", [c.model_dump(mode="json") for c in results],
-                     "comparisons.json", key="compare.json")
+        ui.table(_detail(c), f"{c.b.path} vs {base.path}", key=f"compare.{c.b.path}")
+    ui.json_download("Comparisons (JSON: a list, each as serveplan compare --json prints one)",
+                     [c.model_dump(mode="json") for c in results], "comparisons.json", key="compare.json")
     ui.assumptions("comparison", [f"{side.path}: {side.summary.cost.basis}" for side in [base, *(c.b for c in results)]],
                    base.summary.assumptions)
 

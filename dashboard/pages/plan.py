@@ -16,10 +16,9 @@ from engine.knobs import Setting, settings
 from planner.hardware import hardware_catalog
 from planner.search import CandidatePlan, PlanResult
 from planner.search.space import DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, DEFAULT_WEIGHT_DTYPES, knobs_label
-from planner.specs import HardwareProfile, PlanSettings
+from planner.specs import DEFAULT_REQUESTS_PER_PROBE, HardwareProfile, PlanSettings
 
 PRICE = Setting.of(HardwareProfile, "price_usd_per_hour")
-PLAN_REQUESTS = 100  # requests per probe by default: the page answers in seconds
 PLAN = {s.name: s for s in settings(PlanSettings)}
 KNOB = {s.name: s for s in settings(EngineKnobs)}
 # The engine settings the page offers to try: the CLI's default grid (its default here too), then
@@ -101,8 +100,8 @@ def _show(result: PlanResult) -> None:
             if (steady := v.steady_state) is not None:
                 st.caption(f"Steady state: {steady.requests_per_s:,.2f} req/s, {steady.output_tokens_per_s:,.0f} output "
                            f"tokens/s, mean batch {steady.mean_batch_requests or 0:,.1f} requests ({steady.basis}).")
-        if (cap := result.capacity) is not None and cap.rate_per_s is not None:
-            st.caption(f"Capacity within the SLO: {cap.rate_per_s:,.2f} req/s"
+        if (cap := result.capacity) is not None and cap.requests_per_s is not None:
+            st.caption(f"Capacity within the SLO: {cap.requests_per_s:,.2f} req/s"
                        + (f", US${cap.usd_per_million_output_tokens:,.3f} per 1M output tokens there"
                           if cap.usd_per_million_output_tokens is not None else "") + f" ({cap.basis}).")
         if result.quality is not None:
@@ -139,7 +138,7 @@ def render() -> None:
     with st.sidebar.form("plan.form"):
         model = model_input(state)
         work = state.attempt(lambda: workload_inputs(
-            state, default_requests=PLAN_REQUESTS,
+            state, default_requests=DEFAULT_REQUESTS_PER_PROBE,
             requests_help="Requests per simulated probe (at least 3 × max running requests are used)"))
         # The planner names the probe size by its parameter; on this page the Requests input sets it.
         if "num_requests" in state.labels:  # not drawn for a trace
@@ -185,7 +184,7 @@ def render() -> None:
             return
         workload = state.attempt(lambda: compute.trace_workload(
             work.trace_name, work.trace_bytes, resolve_model(model).max_position_embeddings))
-        rate, requests = workload.arrival.offered_rate_per_s, PLAN_REQUESTS
+        rate, requests = workload.arrival.offered_rate_per_s, DEFAULT_REQUESTS_PER_PROBE
         st.caption(f"Planned for the {workload.description}; {requests} requests per probe.")
     else:
         for name, value in (("rate_per_s", rate), ("num_requests", requests)):

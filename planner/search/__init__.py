@@ -39,7 +39,7 @@ from planner.search.space import (
 )
 from planner.search.widen import narrower_than_default, what_to_widen, wider_space
 from planner.search.slo_capacity import SLOCapacity, slo_capacity
-from planner.specs import DEFAULT_ENGINE, SLO, Deployment, HardwareProfile, PlanSettings
+from planner.specs import DEFAULT_ENGINE, DEFAULT_REQUESTS_PER_PROBE, SLO, Deployment, HardwareProfile, PlanSettings
 from planner.workload import Workload, get_workload
 
 __all__ = ["DEFAULT_CACHE_DIR", "EXECUTORS", "CandidatePlan", "Executor", "PDComparison", "PlanResult", "SearchSpace",
@@ -79,7 +79,7 @@ def plan(
     prefix_caching: bool | None = None,
     fit: FittedModel | None = None,
     widen: bool = False,
-    requests_per_probe: int = 300,
+    requests_per_probe: int = DEFAULT_REQUESTS_PER_PROBE,
     executor: Executor = "process",
     workers: int | None = None,
     cache_dir: str | Path | None = DEFAULT_CACHE_DIR,
@@ -161,7 +161,7 @@ def plan(
 
     def verify(dep: Deployment) -> RunSummary:
         hw = next(c.hw for c in candidates if c.hw.name == dep.hardware)
-        w = probe_workload(base, rate_per_s, min(VERIFY_MAX_REQUESTS, probe_requests(requests_per_probe, dep) * dep.replicas))
+        w = probe_workload(base, rate_per_s, min(VERIFY_MAX_REQUESTS, probe_requests(requests_per_probe, dep, base) * dep.replicas))
         summary, notes = simulate_cached(cfg, hw, dep, w, slo, runs, fit)
         for note in notes:
             _log.warning(note)

@@ -35,9 +35,12 @@ MAX_REPLICAS = 4096
 PROBE_SEQS_MULTIPLE = 3
 
 
-def probe_requests(requests_per_probe: int, dep: Deployment) -> int:
-    """Requests in one probe of `dep`: enough to fill its batch several times over."""
-    return max(requests_per_probe, PROBE_SEQS_MULTIPLE * dep.knobs.max_num_seqs)
+def probe_requests(requests_per_probe: int, dep: Deployment, workload: Workload) -> int:
+    """Requests in one probe of `dep`: enough to fill its batch several times over. A conversation's
+    turns run one after another, so the batch fills with conversations: a multi-turn probe holds
+    PROBE_SEQS_MULTIPLE x max_num_seqs of them (with fewer, any rate only replays the same few
+    conversations at once, and no backlog forms however fast they start)."""
+    return max(requests_per_probe, math.ceil(PROBE_SEQS_MULTIPLE * dep.knobs.max_num_seqs * workload.requests_per_arrival))
 
 
 def probe_workload(workload: Workload, rate_per_s: float, num_requests: int) -> Workload:
@@ -116,7 +119,7 @@ def capacity_search(task: Task) -> Outcome:
 
     def probe(k: int) -> bool:
         rate = q.sized_rate_per_s / k
-        w = probe_workload(q.workload, rate, probe_requests(q.requests_per_probe, task.dep))
+        w = probe_workload(q.workload, rate, probe_requests(q.requests_per_probe, task.dep, q.workload))
         summary, bad = simulate_cached(q.model, task.hw, task.dep, w, q.sizing_slo, q.runs, q.fit)
         notes.extend(bad)
         probes.append(Probe(k, rate, bool(summary.goodput.slo_met), summary))

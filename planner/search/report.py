@@ -239,7 +239,7 @@ def assemble(q: Question, shape: Shape, found: list[Searched], space: SearchSpac
     hw_best: dict[str, Searched] = {}
     for s in feasible:
         hw_best.setdefault(s.candidate.hw.name, s)
-    hours_per_million_tokens = 1e6 / (q.rate_per_s * shape.mean_output_tokens * 3600)
+    hours_per_million_tokens = 1e6 / (q.rate_per_s * shape.requests_per_arrival * shape.mean_output_tokens * 3600)
     plans = {id(s): _candidate_plan(s, *_verdict(s, best, hw_best.get(s.candidate.hw.name), q.budget_usd_per_hour),
                                     hours_per_million_tokens) for s in found}
     ranked = [plans[id(s)] for s in feasible]
@@ -359,9 +359,11 @@ def _assumptions(q: Question, shape: Shape, space: SearchSpace) -> list[str]:
         f"Poisson arrivals; replicas sized for {q.rate_per_s:g} x (1 + {q.headroom:g}){margin} = {q.sized_rate_per_s:g} "
         "req/s, each replica probed alone at its share of that rate",
         *([q.pessimism.note] if q.pessimism else []),
-        f"max({q.requests_per_probe}, {PROBE_SEQS_MULTIPLE} x max_num_seqs) requests per probe drawn from workload "
-        f"{q.workload.name!r} with seed {q.workload.seed}; a probe passes when the simulated run meets every SLO "
-        "target and the goodput share",
+        f"max({q.requests_per_probe}, {PROBE_SEQS_MULTIPLE} x max_num_seqs"
+        + ("" if q.workload.conversation is None else f" x {q.workload.requests_per_arrival:g} mean turns") +
+        f") requests per probe drawn from workload {q.workload.name!r} with seed {q.workload.seed}; a probe passes when "
+        "the simulated run meets every SLO target and the goodput share"
+        + ("" if q.workload.conversation is None else "; the rate counts conversation starts"),
         f"longest request {shape.longest_tokens} tokens: memory planned so that one fits; mean prompt "
         f"{shape.mean_prompt_tokens:.0f}, mean output {shape.mean_output_tokens:.0f} tokens",
         "cost = replicas x GPUs per replica x the profile's price per GPU-hour; per 1M output tokens at the target rate",

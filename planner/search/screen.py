@@ -32,6 +32,7 @@ class Shape:
     mean_prompt_tokens: float  # as submitted, follow-ups with their history
     mean_new_prompt_tokens: float  # excluding shared prefixes and history: the least prefill work
     mean_output_tokens: float
+    requests_per_arrival: float  # a conversation's turns in a multi-turn workload (whose rate counts its starts), else 1
     new_prompt_tokens: np.ndarray
     prompt_tokens: np.ndarray
 
@@ -50,6 +51,7 @@ class Shape:
             mean_prompt_tokens=float(prompts.mean()),
             mean_new_prompt_tokens=float(new.mean()),
             mean_output_tokens=float((totals - prompts).mean()),
+            requests_per_arrival=len(replay.requests) / sum(r.parent_id is None for r in replay.requests),
             new_prompt_tokens=new,
             prompt_tokens=prompts,
         )

@@ -39,8 +39,11 @@ class SLOCapacity(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rate_per_s: float | None = Field(description="Highest Poisson rate probed at which the deployment met the SLO "
-                                                 "(requests/s); None: it missed even at the lowest rate probed")
+                                                 "(requests/s; conversation starts/s in a multi-turn workload); None: "
+                                                 "it missed even at the lowest rate probed")
     failed_rate_per_s: float | None = Field(description="Lowest rate probed at which it missed; None: none missed")
+    requests_per_s: float | None = Field(description="rate_per_s in requests: times the requests each arrival brings "
+                                                     "(a conversation's turns; the same figure for single requests)")
     output_tokens_per_s: float | None = Field(description="Output tokens per second served at rate_per_s")
     usd_per_million_output_tokens: float | None = Field(description="Hourly cost over the output-token rate at capacity")
     probes: int = Field(description="Simulations run")
@@ -58,6 +61,11 @@ def slo_capacity(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workl
     if not MIN_RATE_PER_S <= start_rate_per_s <= MAX_RATE_PER_S:
         raise InputError("start_rate_per_s", start_rate_per_s, f"must be in {MIN_RATE_PER_S:g}..{MAX_RATE_PER_S:g}")
     n = _probe_requests(model, hw, dep, probe_workload(workload, start_rate_per_s, requests_per_probe)) * dep.replicas
+    # Every probe draws these requests (only the gaps scale with the rate); an arrival is a
+    # conversation's start in a multi-turn workload, so it brings all its turns' output.
+    drawn = Replay.of(probe_workload(workload, start_rate_per_s, n), model.vocab_size, model.max_position_embeddings).requests
+    arrivals = sum(r.parent_id is None for r in drawn)
+    output_per_arrival = sum(r.output_tokens for r in drawn) / arrivals
     passed: dict[float, RunSummary] = {}
     failed: set[float] = set()
 
@@ -87,26 +95,30 @@ def slo_capacity(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workl
     best = max(passed) if passed else None
     at = passed.get(best) if best is not None else None
     usd = at.cost.usd_per_hour if at is not None else None
-    # At capacity every request is served: the token rate is the rate times the mean reply.
-    tokens = best * at.throughput.output_tokens_per_s / at.throughput.requests_per_s if at is not None else None
+    # At capacity every request is served: the request and token rates are the arrival rate times what each brings.
+    requests = best * len(drawn) / arrivals if best is not None else None
+    tokens = best * output_per_arrival if best is not None else None
     miss = min(failed) if failed else None
+    unit = "req/s" if arrivals == len(drawn) else "conversations/s"
     return SLOCapacity(
-        rate_per_s=best, failed_rate_per_s=miss, output_tokens_per_s=tokens,
+        rate_per_s=best, failed_rate_per_s=miss, requests_per_s=requests, output_tokens_per_s=tokens,
         usd_per_million_output_tokens=usd / (tokens * 3600) * 1e6 if usd is not None and tokens else None,
         probes=len(passed) + len(failed), requests_per_probe=n, tolerance=tolerance,
-        basis=(f"Poisson arrivals, {n:,} requests of workload {workload.name!r} (seed {workload.seed}) per probe; "
-               + (f"no rate probed met the SLO, down to {miss:,.3g} req/s" if best is None else
-                  "highest rate that met the SLO" + (f", {miss:,.3g} req/s missed it" if miss is not None else
+        basis=(f"Poisson arrivals, {n:,} requests of workload {workload.name!r} (seed {workload.seed}) per probe"
+               + (f" in {arrivals:,} conversations, whose starts the rate counts" if arrivals < len(drawn) else "") + "; "
+               + (f"no rate probed met the SLO, down to {miss:,.3g} {unit}" if best is None else
+                  "highest rate that met the SLO" + (f", {miss:,.3g} {unit} missed it" if miss is not None else
                                                      ", no rate probed missed it (the search stopped at its limit)")
                   + "; cost per token at that rate")),
     )
 
 
 def _probe_requests(model: ModelConfig, hw: HardwareProfile, dep: Deployment, sample: Workload) -> int:
-    """Requests per replica in a probe: `sample`'s count, and at least PROBE_SEQS_MULTIPLE largest batches."""
+    """Requests per replica in a probe: `sample`'s count, and at least PROBE_SEQS_MULTIPLE largest batches
+    (of conversations in a multi-turn workload: capacity.probe_requests says why)."""
     lengths = request_lengths(Replay.of(sample, model.vocab_size, model.max_position_embeddings))
     mean_tokens = sum(total for _, total in lengths.values()) / len(lengths)
     resolved = resolve_deployment(dep, hw, max_model_len=model.max_position_embeddings)
     kv_tokens = plan_memory(model, hw, resolved, model.max_position_embeddings).kv_cache_tokens
     batch = min(resolved.knobs.max_num_seqs or 1, max(1, int(kv_tokens / mean_tokens)))
-    return max(sample.num_requests, PROBE_SEQS_MULTIPLE * batch)
+    return max(sample.num_requests, math.ceil(PROBE_SEQS_MULTIPLE * batch * sample.requests_per_arrival))

@@ -61,6 +61,28 @@ def test_plan_waits_for_the_button_then_recommends_from_the_url():
                for i in at.info)
 
 
+def test_plan_page_defaults_are_the_clis():
+    """One question, one answer: left at their defaults, the page asks what `serveplan plan` asks:
+    every priced profile, and each declared plan setting, prefix caching and the probe size at the
+    CLI's value (probes of 100 against 300 sized Qwen3-30B-A3B at 30 req/s differently: H200 with
+    bf16 KV on the page, fp8 KV at the CLI, and another US$ per token)."""
+    from engine.knobs import settings
+    from planner.cli import build_parser
+    from planner.specs import PlanSettings
+
+    cli = vars(build_parser().parse_args(["plan", "--slo", "ttft_p99_ms<=500"]))
+    at = open_page("plan")
+    shown = {w.key: w.value for w in [*at.sidebar.number_input, *at.sidebar.selectbox, *at.sidebar.text_input]}
+    drawn = [s for s in settings(PlanSettings) if f"plan.{s.url_name}" in shown]
+    assert {s.name for s in drawn} >= {"max_gpus_per_replica", "budget_usd_per_hour", "headroom", "pd_ratios", "offload",
+                                       "max_quality_loss_pct"}
+    assert {s.name: shown[f"plan.{s.url_name}"] for s in drawn} == {s.name: cli[s.name] for s in drawn}
+    assert shown["plan.prefix_caching"] == cli["enable_prefix_caching"]
+    assert shown["plan.requests"] == cli["requests_per_probe"]
+    priced = {name for name, hw in hardware_catalog().items() if hw.price_usd_per_hour is not None}
+    assert set(at.sidebar.multiselect(key="plan.hw").value) == priced  # the CLI's --hw default
+
+
 def test_plan_with_pd_ratios_compares_disaggregated_and_colocated():
     at = open_page("plan", hw="h100-sxm", requests="40", pd_ratios="1:1", run="true")
     assert not at.exception and not errors(at)
@@ -138,6 +160,16 @@ def test_simulate_with_a_shared_prefix_hits_the_prefix_cache():
     assert not at.exception
     assert errors(at) == ["Share of requests with the prefix (0-1): 0.5 is invalid: applies to a shared prefix: give "
                           "its length too"]
+
+
+def test_an_unset_engine_knob_reads_engine_default():
+    """Streamlit draws a None selection as its placeholder, "Choose an option" unless told: an engine
+    knob left to the engine reads "engine default" on every page that offers one."""
+    for page in ("plan", "simulate"):
+        at = open_page(page, hw="h100-sxm")
+        unset = [box for box in at.selectbox if box.value is None]
+        assert unset, page  # Plan: prefix caching; Simulate: the optional engine knobs
+        assert {box.proto.placeholder for box in unset} == {"engine default"}, [(b.label, b.proto.placeholder) for b in unset]
 
 
 # --------------------------------------------------------------------------- Simulate
@@ -256,6 +288,33 @@ def test_compare_capacity_within_the_slo_on_request():
     capacity = wide.loc["capacity within the SLO, requests/s"]
     assert capacity["A"] > 0 and capacity["B"] > 0
     assert "requests/s" not in wide.index  # whole-run rates (with the drain tail) are not compared
+    # How each capacity was found (or why a variant has none), as `serveplan compare` prints it.
+    for name in ("A", "B"):
+        assert any(c.value.startswith(f"Capacity of {name}: Poisson arrivals") and "met the SLO" in c.value
+                   for c in at.caption), [c.value for c in at.caption]
+
+
+def test_compare_likely_ranges_are_numbers_formatted_like_the_rest(monkeypatch: pytest.MonkeyPatch):
+    """Each side's P10 and P90 if measured are columns of numbers (shown as people read them,
+    downloaded exact), not a pair of 15-digit floats in one cell."""
+    import pyarrow as pa
+
+    from dashboard import ui
+
+    band = Band(probabilities=[0.05, 0.1, 0.5, 0.9, 0.95], ratios=[0.7, 0.8, 1.0, 1.25, 1.5], held_out_coverage=0.8,
+                figures=100)
+    model = FittedModel(families={}, engines={}, source="test", bands=dict.fromkeys(("throughput", "ttft", "tpot_itl", "e2e"), band))
+    monkeypatch.setattr(fitted, "fitted_model", lambda *_: model)
+    at = open_page("compare", **{**SMALL, "rate": "3"})  # inputs no other test caches
+    assert not at.exception and not errors(at), errors(at)
+    detail = next(d for d in at.dataframe if "B − A" in d.value.columns)
+    row = detail.value.set_index("metric").loc["TTFT P99, ms"]
+    assert row["A: bf16: likely if measured, P10"] == pytest.approx(0.8 * row["A: bf16"])
+    assert row["B: fp8: likely if measured, P90"] == pytest.approx(1.25 * row["B: fp8"])
+    shown = pa.ipc.open_stream(detail.proto.arrow_data.styler.display_values).read_pandas()
+    likely = [c for c in detail.value.columns if "likely if measured" in c]
+    assert len(likely) == 4
+    assert all(shown[c].tolist() == [ui.readable(v) for v in detail.value[c]] for c in likely)
 
 
 # --------------------------------------------------------------------------- Memory

@@ -159,9 +159,13 @@ MIN_PLOT_PX = 120
 
 def _assert_readable(driver: webdriver.Chrome) -> list[dict]:
     """What a person sees: no NaN in the page or its charts, every legend label whole and inside
-    its chart, no true/false legend; returns the charts for page-specific checks."""
+    its chart, no true/false legend, no select left reading Streamlit's "Choose an option" (an
+    unset engine knob reads "engine default"); returns the charts for page-specific checks."""
     charts = driver.execute_script(_CHARTS_JS)
     assert "NaN" not in driver.find_element(By.TAG_NAME, "body").text
+    empty = [e.get_attribute("aria-label") for e in driver.find_elements(By.CSS_SELECTOR, '[data-testid="stSelectbox"] input')
+             if not e.get_attribute("value") and e.get_attribute("placeholder") == "Choose an option"]
+    assert not empty, empty
     assert not [(c["title"], t) for c in charts for t in c["texts"] if "NaN" in t]
     assert not [(c["title"], c["cut"]) for c in charts if c["cut"]]
     assert not [c["title"] for c in charts if {"true", "false"} & set(c["legend"])]

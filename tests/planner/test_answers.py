@@ -14,6 +14,7 @@ from planner.cli import main
 from planner.hardware import get_hardware
 from planner.metrics import PricingBasis, steady_state
 from planner.search import PlanResult, plan, probe_requests, probe_workload, widen
+from planner.search.slo_capacity import slo_capacity
 from planner.sim import simulate
 from planner.specs import SLO, Deployment
 from planner.workload import get_workload
@@ -148,7 +149,7 @@ def test_every_hardware_gets_its_cheapest_feasible_candidate_in_one_run(cache_di
     assert l40s.replicas is not None and l40s.usd_per_hour is not None  # simulated and feasible, not a bound
     assert l40s.usd_per_hour == min(p.usd_per_hour for p in r.ranked if p.deployment.hardware == "l40s")
     dep = l40s.deployment
-    w = probe_workload(get_workload("chat"), 15.0 / dep.replicas, probe_requests(100, dep))
+    w = probe_workload(get_workload("chat"), 15.0 / dep.replicas, probe_requests(100, dep, get_workload("chat")))
     one = dep.model_copy(update={"replicas": 1})
     assert simulate(get_hardware_model(), get_hardware("l40s"), one, w, slo=SLO.parse(SLO_TEXT)).summary.goodput.slo_met
 
@@ -222,7 +223,7 @@ def test_compare_deltas_are_on_steady_state_and_capacity(tmp_path, capsys: pytes
         steady, capacity = side["summary"]["steady_state"], side["capacity"]
         assert rows["requests/s, steady state"][key] == pytest.approx(steady["requests_per_s"])
         assert rows["US$ per 1M output tokens, steady state"][key] == pytest.approx(steady["usd_per_million_output_tokens"])
-        assert rows["capacity within the SLO, requests/s"][key] == pytest.approx(capacity["rate_per_s"])
+        assert rows["capacity within the SLO, requests/s"][key] == pytest.approx(capacity["requests_per_s"])
         assert rows["US$ per 1M output tokens at capacity"][key] == pytest.approx(capacity["usd_per_million_output_tokens"])
         assert capacity["rate_per_s"] >= 1.0  # it met the SLO at the offered rate, so its capacity is no lower
     # Both kept up with 1 req/s: their steady rates differ by sampling, not by a drain tail.
@@ -230,6 +231,51 @@ def test_compare_deltas_are_on_steady_state_and_capacity(tmp_path, capsys: pytes
     # fp8 halves the bytes per decode step: more capacity and cheaper tokens there.
     assert rows["capacity within the SLO, requests/s"]["delta_pct"] > 20
     assert rows["US$ per 1M output tokens at capacity"]["delta_pct"] < 0
+
+
+# Conversations of 2-4 turns (their starts are the arrivals) on an L4 running at most 8 requests at once.
+TALKS = get_workload("chat", conversation={"min_turns": 2, "max_turns": 4, "think_time_s": 1.0}, num_requests=24)
+SMALL_BATCH = EngineKnobs(max_num_batched_tokens=2048, max_num_seqs=8)
+
+
+def test_capacity_of_a_multi_turn_workload_is_a_rate_the_deployment_sustains() -> None:
+    """A conversation's turns run one after another, so a probe of as many conversations as the
+    batch holds never queues however fast they start: its 'capacity' ran away (Q2 of issue 21: 64
+    conversations/s, 28k output tokens/s, from an H100 kept 99 % busy by 685). The capacity's token
+    rate is bounded by what the deployment delivers overloaded (known answer: its steady rate with
+    the batch full all along)."""
+    model, hw = get_hardware_model(), get_hardware("l4")
+    dep = Deployment(hardware="l4", weight_dtype="bf16", kv_dtype="bf16", knobs=SMALL_BATCH)
+    talks = TALKS
+    cap = slo_capacity(model, hw, dep, talks, SLO.parse("ttft_p99_ms<=2000"), start_rate_per_s=1.0,
+                       requests_per_probe=talks.num_requests)
+    overloaded = simulate(model, hw, dep, probe_workload(talks, 50.0, 240)).summary.steady_state
+    assert overloaded is not None and overloaded.mean_batch_requests > 7.5  # of 8: saturated
+    assert cap.rate_per_s is not None and cap.output_tokens_per_s is not None
+    assert cap.output_tokens_per_s <= 1.15 * overloaded.output_tokens_per_s, (cap, overloaded.output_tokens_per_s)
+    # 3 x 8 conversations of 3 turns on average; the rate counts their starts, and the basis says so.
+    assert cap.requests_per_probe >= 3 * 8 * 3 and "conversations, whose starts the rate counts" in cap.basis
+    assert cap.requests_per_s is not None and cap.requests_per_s > 2 * cap.rate_per_s  # each start brings its turns
+
+
+def test_plan_of_a_multi_turn_workload_prices_every_turns_tokens(cache_dir) -> None:
+    """The rate counts conversation starts, each bringing its turns' replies: US$ per 1M output
+    tokens at the target rate is the cost over that token rate (known answer from the drawn
+    requests); it divided by one reply per start, about 3 x too dear here."""
+    from planner.playback import Replay
+
+    rate = 0.05
+    r = plan(MODEL, TALKS, rate, "ttft_p99_ms<=2000", hardware=["l4"], max_gpus_per_replica=1, weight_dtypes=["bf16"],
+             kv_dtypes=["bf16"], knobs_grid=[SMALL_BATCH], headroom=0.0, requests_per_probe=TALKS.num_requests,
+             executor="serial", progress=False, cache_dir=cache_dir)
+    rec = r.recommended
+    assert rec is not None and rec.usd_per_hour is not None
+    drawn = Replay.of(probe_workload(TALKS, rate, TALKS.num_requests), get_hardware_model().vocab_size).requests
+    starts = sum(q.parent_id is None for q in drawn)
+    output_per_start = sum(q.output_tokens for q in drawn) / starts
+    assert len(drawn) / starts > 2  # the draw has conversations, so the two readings differ
+    assert rec.usd_per_million_output_tokens == pytest.approx(rec.usd_per_hour / (rate * output_per_start * 3600) * 1e6)
+    assert any("mean turns" in a and "the rate counts conversation starts" in a for a in r.assumptions)
 
 
 def test_cli_simulate_prints_its_steady_state(capsys: pytest.CaptureFixture[str]) -> None:

@@ -54,7 +54,7 @@ def test_recommended_plan_meets_the_slo_at_the_requested_rate(result: PlanResult
     assert result.verification is not None and result.verification.goodput.slo_met
     # Independently of the planner's own verification: the deployment, simulated at the rate.
     model, dep = resolve_model(MODEL), rec.deployment
-    w = probe_workload(get_workload("chat"), RATE_PER_S, probe_requests(100, dep) * dep.replicas)
+    w = probe_workload(get_workload("chat"), RATE_PER_S, probe_requests(100, dep, get_workload("chat")) * dep.replicas)
     summary = simulate(model, get_hardware(dep.hardware), dep, w, slo=SLO.parse(SLO_TEXT)).summary
     assert summary.goodput.slo_met
     assert rec.usd_per_hour == pytest.approx(dep.replicas * dep.gpus_per_replica * get_hardware(dep.hardware).price_usd_per_hour)
@@ -82,7 +82,7 @@ def test_no_cheaper_candidate_meets_the_slo_by_brute_force(result: PlanResult) -
                 for replicas in range(1, math.ceil(best / price)):
                     if replicas * price >= best - 1e-9:
                         break
-                    w = probe_workload(workload, RATE_PER_S / replicas, probe_requests(100, dep))
+                    w = probe_workload(workload, RATE_PER_S / replicas, probe_requests(100, dep, workload))
                     summary = simulate(model, hw, dep, w, slo=slo).summary
                     assert not summary.goodput.slo_met, f"{replicas} x {name} tp{tp} {weight} is cheaper and meets the SLO"
                     checked += 1
