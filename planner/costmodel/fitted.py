@@ -56,6 +56,7 @@ class Band(_Fit):
 
     def ratio_at(self, probability: float) -> float:
         """measured / predicted that a share `probability` of held-out figures stayed below."""
+        probability = round(probability, 9)  # 1 - 0.9 is 0.0999...: a band from P10 must answer it
         if not self.probabilities[0] <= probability <= self.probabilities[-1]:
             raise InputError("confidence", probability,
                              f"the bands hold {self.probabilities[0]:g}..{self.probabilities[-1]:g}")

@@ -156,6 +156,11 @@ def test_band_quantiles_interval_and_bounds() -> None:
         BAND.ratio_at(0.99)
     with pytest.raises(ValueError, match="must not decrease"):
         Band(probabilities=[0.1, 0.9], ratios=[1.2, 0.8], held_out_coverage=0.8, figures=3)
+    # A band from P10 answers sizing at confidence 0.9, whose rate reads the ratio at 1 - 0.9 = 0.0999...
+    p10 = Band(probabilities=[0.1, 0.5, 0.9], ratios=[0.8, 1.0, 1.25], held_out_coverage=0.8, figures=3)
+    assert p10.interval() == (0.8, 1.25)
+    narrow = MODEL.model_copy(update={"bands": dict.fromkeys(MODEL.bands, p10)})
+    assert pessimistic(SLO(ttft_p99_ms=500), 0.9, narrow).rate_factor == pytest.approx(1 / 0.8)
 
 
 def test_pessimistic_sizing_tightens_targets_and_raises_the_rate() -> None:
