@@ -3,8 +3,7 @@ prefix-cache map from block hash to block. Block ids only; the tensors live in t
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from engine.core.request import BlockHash, Request
@@ -17,6 +16,51 @@ class KVCacheBlock:
     # Set while the block is full and registered in the prefix cache, even at ref_cnt 0:
     # a freed block keeps its KV until it is evicted, so a later request can still hit it.
     block_hash: BlockHash | None = None
+    # Neighbours in the pool's queue of cached free blocks (CachedFreeQueue); None when not in it.
+    prev_free_block: KVCacheBlock | None = None
+    next_free_block: KVCacheBlock | None = None
+
+
+class CachedFreeQueue:
+    """Freed blocks still registered in the prefix cache, least recently freed first: a doubly
+    linked list through the blocks' own prev/next fields, as vLLM v1's FreeKVCacheBlockQueue. A cache
+    hit takes a block out of the middle in O(1). The links cost 16 bytes a block, where an
+    OrderedDict entry costs 75-105 (CPython 3.11): most of a fleet's blocks sit here, and at 10^7
+    of them that difference is most of a gigabyte."""
+
+    def __init__(self) -> None:
+        # A sentinel closes the list into a ring, so neither end nor an empty list needs a branch.
+        self._ring = KVCacheBlock(-1)
+        self._ring.prev_free_block = self._ring.next_free_block = self._ring
+        self.num_blocks = 0
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        block = self._ring.next_free_block
+        while block is not self._ring:
+            assert block is not None
+            yield block
+            block = block.next_free_block
+
+    def append(self, block: KVCacheBlock) -> None:
+        ring = self._ring
+        tail = ring.prev_free_block
+        assert tail is not None
+        block.prev_free_block, block.next_free_block = tail, ring
+        tail.next_free_block = ring.prev_free_block = block
+        self.num_blocks += 1
+
+    def remove(self, block: KVCacheBlock) -> None:
+        prev, next_ = block.prev_free_block, block.next_free_block
+        assert prev is not None and next_ is not None, f"block {block.block_id} is not in the queue"
+        prev.next_free_block, next_.prev_free_block = next_, prev
+        block.prev_free_block = block.next_free_block = None
+        self.num_blocks -= 1
+
+    def popleft(self) -> KVCacheBlock:
+        block = self._ring.next_free_block
+        assert block is not None and block is not self._ring, "popleft from an empty queue"
+        self.remove(block)
+        return block
 
 
 class BlockPool:
@@ -26,7 +70,7 @@ class BlockPool:
       only when first handed out, so an idle pool of a million blocks costs nothing (a simulator
       runs thousands of replicas) and memory grows with the blocks requests actually used;
     - `_cached_free`: freed blocks still registered in the prefix cache, least recently freed
-      first (LRU eviction).
+      first (LRU eviction; CachedFreeQueue).
     This is exactly the order of a single queue that starts as every id in order, appends cached
     blocks at the tail and pushes uncached ones at the head: a freed block cannot gain a hash
     while free, and a never-used one cannot be hit, so no block ever moves between the parts.
@@ -43,13 +87,12 @@ class BlockPool:
         self.on_evict = on_evict
         self.blocks: list[KVCacheBlock] = []  # every block handed out so far; blocks[i].block_id == i
         self._uncached_free: list[KVCacheBlock] = []  # a stack: the head of the queue is its end
-        # OrderedDict gives O(1) removal from the middle when a cache hit revives a free block.
-        self._cached_free: OrderedDict[int, KVCacheBlock] = OrderedDict()
+        self._cached_free = CachedFreeQueue()
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._uncached_free) + (self.num_blocks - len(self.blocks)) + len(self._cached_free)
+        return len(self._uncached_free) + (self.num_blocks - len(self.blocks)) + self._cached_free.num_blocks
 
     @property
     def usage(self) -> float:
@@ -59,7 +102,7 @@ class BlockPool:
     def free_block_ids(self) -> list[int]:
         """The free queue, head first. O(num_blocks): for tests and debugging, not the hot path."""
         return ([b.block_id for b in reversed(self._uncached_free)] + list(range(len(self.blocks), self.num_blocks))
-                + list(self._cached_free))
+                + [b.block_id for b in self._cached_free])
 
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
         if n > self.num_free_blocks:
@@ -73,7 +116,7 @@ class BlockPool:
                 block = KVCacheBlock(len(blocks))
                 blocks.append(block)
             else:
-                _, block = self._cached_free.popitem(last=False)
+                block = self._cached_free.popleft()
                 if block.block_hash is not None:  # None only after reset_prefix_cache
                     if self.on_evict is not None:
                         self.on_evict(block.block_hash, block.block_id)
@@ -87,8 +130,10 @@ class BlockPool:
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         for block in blocks:
-            if block.ref_cnt == 0 and self._cached_free.pop(block.block_id, None) is None:
-                raise RuntimeError(f"block {block.block_id} is free but not cached: only prefix-cache hits are touched")
+            if block.ref_cnt == 0:
+                if block.prev_free_block is None:
+                    raise RuntimeError(f"block {block.block_id} is free but not cached: only prefix-cache hits are touched")
+                self._cached_free.remove(block)
             block.ref_cnt += 1
 
     def free_blocks(self, blocks: Iterable[KVCacheBlock]) -> None:
@@ -103,7 +148,7 @@ class BlockPool:
                     # Nothing worth keeping: reuse it before evicting any cached block.
                     self._uncached_free.append(block)
                 else:
-                    self._cached_free[block.block_id] = block
+                    self._cached_free.append(block)
 
     def cache_full_blocks(
         self, request: Request, blocks: Sequence[KVCacheBlock], num_cached_blocks: int, num_full_blocks: int

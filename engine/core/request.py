@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Literal, NewType
 
 from engine.core.errors import InputError
 
@@ -79,15 +79,15 @@ FINISH_REASONS: dict[RequestStatus, str] = {
 }
 
 
-class BlockHash(NamedTuple):
-    """Key of a full KV block in the prefix cache.
+# Key of a full KV block in the prefix cache: a 128-bit digest chained over every token up to the
+# block's end (kv_cache_manager.hash_block_tokens). An int and nothing else, so that a cached block
+# costs a few hundred bytes: no copy of its tokens is kept to double-check a hit, as the digest's
+# collision odds are negligible (see hash_block_tokens).
+BlockHash = NewType("BlockHash", int)
 
-    `value` chains over every earlier token; the block's own tokens are kept too so that a
-    64-bit collision of `value` alone can never hand out another prompt's KV.
-    """
-
-    value: int
-    token_ids: tuple[int, ...]
+# What may be folded into block hashes beside the tokens (a LoRA id, a cache salt): types whose
+# repr is injective, so that two different keys can never hash alike.
+ExtraKey = str | int | None
 
 
 # eq=False: requests are entities (identity), and comparing token lists field by field would
@@ -100,7 +100,7 @@ class Request:
     arrival_time: float
     eos_token_id: int | None = None
     priority: int = 0  # lower is more important, as in vLLM
-    extra_key: object = None  # e.g. a LoRA id: folded into block hashes so caches never mix
+    extra_key: ExtraKey = None  # e.g. a LoRA id: folded into block hashes so caches never mix
     # Leading prompt tokens whose KV reaches the engine from outside instead of being computed: a
     # prefill instance's transfer (disaggregation), or calibration's synthetic context, whose
     # values do not matter for timing. Taken as computed at first admission, like a prefix hit.
@@ -130,12 +130,10 @@ class Request:
                 f"request {self.request_id!r}: num_external_computed_tokens={self.num_external_computed_tokens} "
                 f"is invalid: must be in 0..{len(self.prompt_token_ids) - 1} (the last prompt token is always computed)"
             )
-        try:
-            hash(self.extra_key)
-        except TypeError as e:
+        if self.extra_key is not None and not isinstance(self.extra_key, str | int):
             raise ValueError(
-                f"request {self.request_id!r}: extra_key={self.extra_key!r} is invalid: must be hashable"
-            ) from e
+                f"request {self.request_id!r}: extra_key={self.extra_key!r} is invalid: must be None, a str or an int"
+            )
 
     @property
     def num_prompt_tokens(self) -> int:

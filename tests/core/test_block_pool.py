@@ -13,7 +13,7 @@ from .testlib import make_request
 def _cached(pool: BlockPool, n: int) -> list:
     """Allocate n blocks and register them under made-up hashes."""
     request = make_request("r", 1)
-    request.block_hashes = [BlockHash(i, (i,)) for i in range(n)]
+    request.block_hashes = [BlockHash(i) for i in range(n)]
     blocks = pool.get_new_blocks(n)
     pool.cache_full_blocks(request, blocks, 0, n)
     return blocks
@@ -42,8 +42,8 @@ def test_lru_eviction_order_tail_of_a_request_goes_first():
     evicted = pool.get_new_blocks(1)[0]
     assert evicted.block_id == 3
     assert evicted.block_hash is None
-    assert BlockHash(3, (3,)) not in pool.cached_block_hash_to_block
-    assert pool.get_cached_block(BlockHash(0, (0,))) is blocks[0]
+    assert BlockHash(3) not in pool.cached_block_hash_to_block
+    assert pool.get_cached_block(BlockHash(0)) is blocks[0]
 
 
 def test_least_recently_freed_is_evicted_first():
@@ -71,7 +71,7 @@ def test_cache_hit_after_free_revives_the_block():
     block = _cached(pool, 1)[0]
     pool.free_blocks([block])
     assert pool.num_free_blocks == 4
-    hit = pool.get_cached_block(BlockHash(0, (0,)))
+    hit = pool.get_cached_block(BlockHash(0))
     assert hit is block
     pool.touch([hit])
     assert hit.ref_cnt == 1
@@ -79,12 +79,6 @@ def test_cache_hit_after_free_revives_the_block():
     assert pool.num_free_blocks == 3
     pool.touch([hit])  # a second holder: not in the free queue, just counted
     assert hit.ref_cnt == 2
-
-
-def test_same_hash_differing_tokens_is_a_miss():
-    pool = BlockPool(2, enable_caching=True)
-    _cached(pool, 1)
-    assert pool.get_cached_block(BlockHash(0, (999,))) is None
 
 
 def test_double_free_raises():
@@ -99,7 +93,7 @@ def test_duplicate_content_keeps_the_first_copy():
     pool = BlockPool(4, enable_caching=True)
     first = _cached(pool, 1)[0]
     second = _cached(pool, 1)[0]
-    assert pool.get_cached_block(BlockHash(0, (0,))) is first
+    assert pool.get_cached_block(BlockHash(0)) is first
     assert second.block_hash is None
 
 
@@ -200,14 +194,14 @@ def test_the_lazy_pool_hands_out_blocks_in_the_eager_pools_order(num_blocks: int
             block_id = ids[x % len(ids)]
             if eager.blocks[block_id].block_hash is not None:
                 continue
-            block_hash = BlockHash(x % 5, (x % 5,))
+            block_hash = BlockHash(x % 5)
             request = make_request("r", 1)
             request.block_hashes = [block_hash]
             lazy_block, eager_block = both(block_id)
             lazy.cache_full_blocks(request, [lazy_block], 0, 1)
             eager.cache(eager_block, block_hash)
         elif op == "hit" and eager.cached:
-            block_hash = sorted(eager.cached, key=lambda h: h.value)[x % len(eager.cached)]
+            block_hash = sorted(eager.cached)[x % len(eager.cached)]
             hit = lazy.get_cached_block(block_hash)
             assert hit is not None and hit.block_id == eager.cached[block_hash].block_id
             lazy.touch([hit])

@@ -73,7 +73,7 @@ def _pool_state(sched: Scheduler) -> tuple:
     kv = sched.kv_cache_manager
     pool = kv.block_pool
     return (pool.free_block_ids(), {rid: [b.block_id for b in blocks] for rid, blocks in kv.req_to_blocks.items()},
-            sorted((b.block_id, b.block_hash.value) for b in pool.cached_block_hash_to_block.values()),
+            sorted((b.block_id, b.block_hash) for b in pool.cached_block_hash_to_block.values()),
             dict(kv.num_cached_blocks))
 
 

@@ -1,6 +1,10 @@
+import gc
+import sys
+import tracemalloc
+
 import pytest
 
-from engine.core import KVCacheManager, Request, SamplingParams
+from engine.core import BlockHash, KVCacheManager, Request, SamplingParams, hash_block_tokens
 
 from .testlib import make_request
 
@@ -117,6 +121,56 @@ def test_hash_chains_over_the_prefix():
     _admit(kv, make_request("a", [1, 2, 3, 4, 5, 6, 7, 8, 9]))
     # Same second block, different first block: no hit at all.
     assert kv.get_computed_blocks(make_request("b", [0, 2, 3, 4, 5, 6, 7, 8, 9])) == ([], 0)
+
+
+def test_a_block_hash_is_128_bits_over_parent_tokens_and_extra_key():
+    root, tokens = BlockHash(0), (1000, 1001, 1002, 1003)
+    h = hash_block_tokens(root, tokens, None)
+    assert h == hash_block_tokens(root, list(tokens), None)  # a pure function of the values
+    assert 0 <= h < 2**128 and h.bit_length() > 64  # wide, not Python's 64-bit hash()
+    assert len({h, hash_block_tokens(h, tokens, None),  # the parent, i.e. the prefix, counts
+                hash_block_tokens(root, tokens[::-1], None), hash_block_tokens(root, tokens[:3], None),
+                hash_block_tokens(root, tokens, "1"), hash_block_tokens(root, tokens, 1),  # a str is not its int
+                hash_block_tokens(root, tokens, "")}) == 7
+
+
+def test_an_extra_key_must_be_a_str_or_an_int():
+    for key in ("lora-1", 7, None):
+        Request("r", [1, 2], SamplingParams(), 0.0, extra_key=key)
+    with pytest.raises(ValueError, match=r"extra_key=\(1, 2\) is invalid: must be None, a str or an int"):
+        Request("r", [1, 2], SamplingParams(), 0.0, extra_key=(1, 2))  # type: ignore[arg-type]
+
+
+def test_a_cached_block_keeps_only_its_block_object_and_its_hash() -> None:
+    """Memory follows the blocks a pool has filled, not what was in them: once its requests are
+    gone, all that is live is, per cached block, the KVCacheBlock, its id and its hash, plus the
+    pool's list of blocks and its hash -> block map. No token ids, no per-entry queue nodes."""
+    num_blocks, bs, blocks_per_request = 4096, 16, 8
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kv = KVCacheManager(num_blocks, bs)
+        for i in range(num_blocks // blocks_per_request):
+            r = make_request(f"r{i}", blocks_per_request * bs)  # fresh token ids >= 1000: real int objects
+            _admit(kv, r)
+            r.num_computed_tokens = r.num_tokens
+            kv.free(r)
+        del r
+        gc.collect()
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    pool = kv.block_pool
+    assert len(pool.cached_block_hash_to_block) == num_blocks == pool.num_free_blocks
+    stored = sum(sys.getsizeof(b) + sys.getsizeof(b.block_id) + sys.getsizeof(b.block_hash) for b in pool.blocks)
+    stored += sys.getsizeof(pool.blocks) + sys.getsizeof(pool.cached_block_hash_to_block)
+    # Slack: the manager's own objects and the interpreter's free lists, a few bytes a block.
+    assert used <= stored + 64 * 1024, f"{used / num_blocks:.0f} bytes per cached block, {stored / num_blocks:.0f} stored"
+    # 72 the block (5 slots and the GC header), 28-32 its id, 44 a 128-bit int, 8 its place in
+    # pool.blocks, 32-120 its dict entry depending on the dict's fill: under 256 in all, where a
+    # copy of its 16 token ids alone costs 16 * 32 + 184.
+    assert used / num_blocks < 256, f"{used / num_blocks:.0f} bytes per cached block"
 
 
 def test_draft_tokens_are_never_hashed():

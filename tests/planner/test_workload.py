@@ -205,7 +205,7 @@ def test_engine_block_hashing_shares_exactly_the_prefix_blocks() -> None:
             h = hash_block_tokens(parent, r.prompt_token_ids[i * bs : (i + 1) * bs], None)
             hits += h in seen
             seen.add(h)
-            parent = h.value
+            parent = h
     assert hits == (30 - 2) * 64 // bs  # all but each group's first request reuse the 4 prefix blocks
 
 
