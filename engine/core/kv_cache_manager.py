@@ -14,20 +14,22 @@ from engine.core.request import BlockHash, ExtraKey, Request
 
 # Parent of a request's first block: a fixed value keeps hashes identical across processes.
 _ROOT_HASH = BlockHash(0)
-_HASH_BYTES = 16
+# 120 bits: CPython stores ints in 30-bit digits, so 4 digits take 40 bytes, as a 64-bit int does
+# (pymalloc rounds 36 up to 40); a 128-bit key would need a fifth digit and 48.
+_HASH_BYTES = 15
 
 
 def hash_block_tokens(parent_hash: BlockHash, token_ids: Sequence[int], extra_key: ExtraKey) -> BlockHash:
-    """The prefix-cache key of a block: BLAKE2b-128 of its parent's key, its tokens and the extra key.
+    """The prefix-cache key of a block: BLAKE2b-120 of its parent's key, its tokens and the extra key.
 
     The chain makes the key stand for every token up to the block's end, so equal keys mean equal
     prefixes and a hit is taken on the key alone, as vLLM v1 does with SHA-256. A collision would
     hand one request another's KV, so the hash is cryptographic and wide: 10^14 probes (a year of
     1,000 replicas at 16 req/s of 60-block prompts is ~3e13) of caches holding 10^6 blocks each
-    meet a false hit with probability under 10^20 / 2^128 ~ 3e-19, and crafting one (a prompt that
-    reads another user's KV) needs a BLAKE2b collision. Python's hash() of a tuple of ints would
-    be neither: 64 bits, unkeyed, and built to spread keys, not to resist collisions. Tokens are
-    int64 in native byte order: the keys never leave the process.
+    meet a false hit with probability under 10^20 / 2^120 ~ 8e-17, and aiming a prompt at another
+    user's cached block needs a second preimage of its key (~2^120 BLAKE2b calls). Python's hash()
+    of a tuple of ints would give neither: 64 bits, unkeyed, built to spread keys, not to resist
+    collisions. Tokens are int64 in native byte order: the keys never leave the process.
     """
     tokens = array("q", token_ids)
     # The token count fixes where the tokens end and the extra key begins.

@@ -123,11 +123,11 @@ def test_hash_chains_over_the_prefix():
     assert kv.get_computed_blocks(make_request("b", [0, 2, 3, 4, 5, 6, 7, 8, 9])) == ([], 0)
 
 
-def test_a_block_hash_is_128_bits_over_parent_tokens_and_extra_key():
+def test_a_block_hash_is_120_bits_over_parent_tokens_and_extra_key():
     root, tokens = BlockHash(0), (1000, 1001, 1002, 1003)
     h = hash_block_tokens(root, tokens, None)
     assert h == hash_block_tokens(root, list(tokens), None)  # a pure function of the values
-    assert 0 <= h < 2**128 and h.bit_length() > 64  # wide, not Python's 64-bit hash()
+    assert 0 <= h < 2**120 and h.bit_length() > 64  # wide, not Python's 64-bit hash()
     assert len({h, hash_block_tokens(h, tokens, None),  # the parent, i.e. the prefix, counts
                 hash_block_tokens(root, tokens[::-1], None), hash_block_tokens(root, tokens[:3], None),
                 hash_block_tokens(root, tokens, "1"), hash_block_tokens(root, tokens, 1),  # a str is not its int
@@ -167,7 +167,7 @@ def test_a_cached_block_keeps_only_its_block_object_and_its_hash() -> None:
     stored += sys.getsizeof(pool.blocks) + sys.getsizeof(pool.cached_block_hash_to_block)
     # Slack: the manager's own objects and the interpreter's free lists, a few bytes a block.
     assert used <= stored + 64 * 1024, f"{used / num_blocks:.0f} bytes per cached block, {stored / num_blocks:.0f} stored"
-    # 72 the block (5 slots and the GC header), 28-32 its id, 44 a 128-bit int, 8 its place in
+    # 72 the block (5 slots and the GC header), 28-32 its id, 40 a 120-bit int, 8 its place in
     # pool.blocks, 32-120 its dict entry depending on the dict's fill: under 256 in all, where a
     # copy of its 16 token ids alone costs 16 * 32 + 184.
     assert used / num_blocks < 256, f"{used / num_blocks:.0f} bytes per cached block"
