@@ -81,7 +81,7 @@ FINISH_REASONS: dict[RequestStatus, str] = {
 
 # Key of a full KV block in the prefix cache: a 120-bit digest chained over every token up to the
 # block's end (kv_cache_manager.hash_block_tokens). An int and nothing else, so that a cached block
-# costs a few hundred bytes: no copy of its tokens is kept to double-check a hit, as the digest's
+# costs about 0.2 KB: no copy of its tokens is kept to double-check a hit, as the digest's
 # collision odds are negligible (see hash_block_tokens).
 BlockHash = NewType("BlockHash", int)
 
