@@ -167,9 +167,9 @@ def test_a_cached_block_keeps_only_its_block_object_and_its_hash() -> None:
     stored += sys.getsizeof(pool.blocks) + sys.getsizeof(pool.cached_block_hash_to_block)
     # Slack: the manager's own objects and the interpreter's free lists, a few bytes a block.
     assert used <= stored + 64 * 1024, f"{used / num_blocks:.0f} bytes per cached block, {stored / num_blocks:.0f} stored"
-    # 72 the block (5 slots and the GC header), 28-32 its id, 40 a 120-bit int, 8 its place in
+    # 72 the block (5 slots and the GC header), 28 its id, 40 a 120-bit int, 8 its place in
     # pool.blocks, 32-120 its dict entry depending on the dict's fill: under 256 in all, where a
-    # copy of its 16 token ids alone costs 16 * 32 + 184.
+    # tuple of its 16 token ids alone took 184 + 16 * 28 (the ints too, once the prompt is gone).
     assert used / num_blocks < 256, f"{used / num_blocks:.0f} bytes per cached block"
 
 
