@@ -77,7 +77,11 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             time.sleep(0.2)  # polling the health endpoint, not waiting for the page
     yield url
     proc.terminate()
-    proc.wait(timeout=20)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:  # a browser session still open can hold Streamlit's shutdown up
+        proc.kill()
+        proc.wait()
 
 
 @pytest.fixture(scope="module")
