@@ -217,6 +217,9 @@ def test_page_in_the_browser(server: str, browser: webdriver.Chrome, screenshots
                              marker: str) -> None:
     browser.get(f"{server}/{page}?{query}")
     _wait_drawn(browser, marker)
+    if page == "memory":  # Vega draws a chart's legend after its SVG element appears: wait for the bar's
+        WebDriverWait(browser, PAGE_TIMEOUT_S).until(
+            lambda d: any("KV cache" in c["legend"] for c in d.execute_script(_CHARTS_JS)))
     charts = _assert_readable(browser)
     if page == "simulate":
         over_time = [c for c in charts if c["title"] in OVER_TIME]
