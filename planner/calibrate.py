@@ -31,10 +31,10 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from scipy.optimize import least_squares
+from scipy.optimize import isotonic_regression, least_squares
 import yaml
 
-from engine.config import ModelConfig
+from engine.config import EngineConfig, ModelConfig
 from engine.dtypes import SHORT_NAME
 from engine.core import Request, SamplingParams, SchedulerOutput
 from engine.errors import EXCERPT_CHARS, InputError, from_validation_error
@@ -95,7 +95,7 @@ class MicroBenchmarks(_Rec):
     attention_kv_gb_s: dict[str, float] = Field(description="'decode batch B ctx C' -> KV bytes read / time")
     collectives_us: dict[Collective, list[tuple[int, float]]] = Field(
         default_factory=dict, description="CPU: the engine's collectives between COMM_RANKS processes over gloo, "
-        "collective -> [(payload bytes, median microseconds)] (engine/parallel/commbench.py)")
+        "collective -> [(payload bytes, mean microseconds a call)] (engine/parallel/commbench.py)")
     kv_copies: KVCopyBenchmarks | None = Field(None, description="KV block copies (absent in calibrations made before them)")
 
 
@@ -105,6 +105,8 @@ class StepMeasurement(_Rec):
     measured_s: float = Field(description="Median of the repeats")
     repeats_s: list[float]
     predicted_s: float = Field(0.0, description="The fitted cost model's prediction")
+    tensor_parallel: int = Field(1, description="Engine processes the step ran on (engine/parallel)")
+    expert_parallel: int = Field(1, description="Ranks its experts were placed on")
 
 
 class Calibration(_Rec):
@@ -280,15 +282,16 @@ def micro_benchmarks(device_kind: str, dtype: str, quick: bool) -> MicroBenchmar
 
 def gloo_link(micro: MicroBenchmarks, cpus: int) -> Link | None:
     """This machine's processes as a scale-up link, priced by the measured curves. A larger message
-    never takes less time than a smaller one, so each point keeps the least time measured at its
-    size or above: a rank descheduled in the middle of a small collective is noise, not latency."""
+    never takes less time than a smaller one, so each curve is made non-decreasing by isotonic
+    regression (violating neighbours pooled to their mean): the small messages' means are noisy
+    (a rank woken late now and then), and keeping the least time at each size or above instead
+    biased them low by a third."""
     if not micro.collectives_us:
         return None
     curves = {}
     for kind, points in micro.collectives_us.items():
-        times = [t for _, t in points]
-        floor = [min(times[i:]) for i in range(len(times))]
-        curves[kind] = CollectiveCurve(ranks=COMM_RANKS, points=tuple((size, t) for (size, _), t in zip(points, floor)),
+        times = isotonic_regression([t for _, t in points]).x
+        curves[kind] = CollectiveCurve(ranks=COMM_RANKS, points=tuple((size, float(t)) for (size, _), t in zip(points, times)),
                                        source=f"gloo between {COMM_RANKS} processes, measured by serveplan calibrate "
                                        "(engine/parallel/commbench.py)")
     reduce = curves["all_reduce"].points
@@ -557,26 +560,40 @@ def _check_shapes(label: str, wanted: list[tuple[int, int, bool]], output: Sched
 
 # --------------------------------------------------------------------------- fit
 
-_FITTED = ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "attention_compute_efficiency",
-           "step_overhead_s", "layer_overhead_s", "gemm_half_size_tokens", "gemm_efficiency_floor")
-_LOWER = (0.01, 0.01, 0.005, 0.005, 0.0, 0.0, 0.0, 0.0)
-_UPPER = (1.0, 1.0, 1.0, 1.0, 0.5, 0.05, 4096.0, 1.0)
+# name: (start, lower, upper)
+_FITTED: dict[str, tuple[float, float, float]] = {
+    "compute_efficiency": (0.5, 0.01, 1.0), "memory_efficiency": (0.5, 0.01, 1.0),
+    "attention_memory_efficiency": (0.2, 0.005, 1.0), "attention_compute_efficiency": (0.3, 0.005, 1.0),
+    "step_overhead_s": (0.002, 0.0, 0.5), "layer_overhead_s": (0.0005, 0.0, 0.05),
+    "gemm_half_size_tokens": (16.0, 0.0, 4096.0), "gemm_efficiency_floor": (0.3, 0.0, 1.0),
+}
+# Fitted too when the grid was also run on several engine processes: how the engine's collectives,
+# between computations and on ranks that wake at their own pace, compare with the benchmark's.
+_FITTED_PARALLEL: dict[str, tuple[float, float, float]] = {"collective_time_scale": (1.0, 0.1, 10.0)}
 
 
 def fit_cost_params(model: ModelConfig, hw: HardwareProfile, dep: Deployment,
                     steps: list[StepMeasurement]) -> tuple[CostParams, list[float]]:
     """Least squares on relative error (every step counts alike, short or long); returns the
-    parameters and each step's prediction."""
+    parameters and each step's prediction. Each step is priced on the deployment it ran on (`dep`
+    at the step's tensor and expert parallelism): steps of one process and of several share every
+    figure, so the split between fixed per-layer costs (which more ranks do not shrink) and work
+    (which they divide) is measured rather than assumed."""
     measured = np.array([s.measured_s for s in steps])
     base = CostParams.defaults(hw).with_values({"attention_pairs": "dense"})
+    fitted = {**_FITTED, **(_FITTED_PARALLEL if any(s.tensor_parallel > 1 for s in steps) else {})}
+    names = list(fitted)
+    x0, lower, upper = (np.array(column) for column in zip(*fitted.values(), strict=True))
+    deployments = {(s.tensor_parallel, s.expert_parallel) for s in steps}
+    deps = {(tp, ep): dep.model_copy(update={"tensor_parallel": tp, "expert_parallel": ep}) for tp, ep in deployments}
 
     def predict(x: np.ndarray) -> np.ndarray:
-        cm = CostModel(model, hw, dep, base.with_values(dict(zip(_FITTED, map(float, x)))))
-        return np.array([cm.shape_cost(s.requests).seconds for s in steps])
+        params = base.with_values(dict(zip(names, map(float, x))))
+        models = {key: CostModel(model, hw, d, params) for key, d in deps.items()}
+        return np.array([models[(s.tensor_parallel, s.expert_parallel)].shape_cost(s.requests).seconds for s in steps])
 
-    x0 = np.array([0.5, 0.5, 0.2, 0.3, 0.002, 0.0005, 16.0, 0.3])
-    result = least_squares(lambda x: predict(x) / measured - 1.0, x0, bounds=(_LOWER, _UPPER), x_scale="jac")
-    return base.with_values(dict(zip(_FITTED, map(float, result.x)))), predict(result.x).tolist()
+    result = least_squares(lambda x: predict(x) / measured - 1.0, x0, bounds=(lower, upper), x_scale="jac")
+    return base.with_values(dict(zip(names, map(float, result.x)))), predict(result.x).tolist()
 
 
 # --------------------------------------------------------------------------- the command
@@ -584,10 +601,13 @@ def fit_cost_params(model: ModelConfig, hw: HardwareProfile, dep: Deployment,
 
 def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", quick: bool = False,
               out: str | Path | None = None, random_weights: bool = False, threads: int | None = None,
-              write_profile: bool = False, progress: bool = True) -> tuple[Calibration, Path]:
+              write_profile: bool = False, progress: bool = True, tensor_parallel: int = 1,
+              expert_parallel: int = 1) -> tuple[Calibration, Path]:
     """Measure this device and engine steps of `model_name`, fit the cost model, write the
     calibration to `out` (default under hwprofiles/calibrations/) and, with `write_profile`, the
-    measured profile to hwprofiles/ when none of that name exists. Every input and the output path
+    measured profile to hwprofiles/ when none of that name exists. With `tensor_parallel` or
+    `expert_parallel` above 1, the grid is also run on that many engine processes and the fit covers
+    both (what `serveplan validate --tp/--ep` should be given). Every input and the output path
     are checked, and the model loaded, before anything is measured."""
     import torch
     from rich.console import Console
@@ -603,6 +623,7 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
         torch.set_num_threads(threads)
     if out is not None:
         output_file(out, "out")
+    parallel = EngineConfig(tensor_parallel=tensor_parallel, expert_parallel=expert_parallel)  # --ep N alone: N ranks
     info = detect_device(device)
     cm_dtype = SHORT_NAME[dtype]
     block_size = 16
@@ -627,6 +648,16 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
     with Progress(console=Console(stderr=True), disable=not progress) as bar:
         task = bar.add_task(f"timing {len(grid)} engine steps of {model_name}", total=len(grid))
         steps = measure_steps(llm, grid, repeats, progress=lambda: bar.advance(task))
+        if parallel.tensor_parallel > 1:
+            del llm
+            llm = LLM(model_name, device=info.kind, dtype=dtype, random_weights=random_weights,
+                      num_kv_blocks=grid_blocks_needed(grid, block_size, repeats), block_size_tokens=block_size,
+                      max_num_batched_tokens=4096, max_num_seqs=64, enable_prefix_caching=False,
+                      tensor_parallel=parallel.tensor_parallel, expert_parallel=expert_parallel,
+                      threads=torch.get_num_threads())
+            task = bar.add_task(f"timing them on {parallel.tensor_parallel} processes", total=len(grid))
+            steps += [s.model_copy(update={"tensor_parallel": parallel.tensor_parallel, "expert_parallel": expert_parallel})
+                      for s in measure_steps(llm, grid, repeats, progress=lambda: bar.advance(task))]
     dep = Deployment(hardware=profile.name, weight_dtype=cm_dtype, kv_dtype=cm_dtype,
                      knobs=EngineKnobs(block_size_tokens=block_size))
     params, predicted = fit_cost_params(config, profile, dep, steps)
@@ -654,7 +685,9 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
             f"torch threads: {torch.get_num_threads()}" if info.kind == "cpu" else f"GPU: {info.name}",
         ],
     )
-    path = Path(out) if out else CALIBRATION_DIR / f"{profile.name}__{_slug(config.name or model_name)}__{cm_dtype}.json"
+    ranks = (f"__ep{expert_parallel}" if expert_parallel > 1 else f"__tp{parallel.tensor_parallel}"
+             ) if parallel.tensor_parallel > 1 else ""
+    path = Path(out) if out else CALIBRATION_DIR / f"{profile.name}__{_slug(config.name or model_name)}__{cm_dtype}{ranks}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(cal.model_dump_json(indent=1) + "\n")
     profile_path = PROFILE_DIR / f"{profile.name}.yaml"

@@ -593,7 +593,8 @@ def render_sweep(result: BenchReport) -> None:
 # when given, not dropped.
 _MODE_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
     "calibrate": {
-        "cpu": ("model", "device", "dtype", "threads", "random_weights", "quick", "write_profile"),
+        "cpu": ("model", "device", "dtype", "threads", "random_weights", "quick", "write_profile", "tensor_parallel",
+                "expert_parallel"),
         "public": ("rounds", "workers", "public_report", "checkpoint"),
         "from_bench": ("model", "rounds", "workers", "hardware", "max_model_len",
                        *(s.name for s in (*DEPLOYMENT, *KNOBS, *DISAGGREGATION))),
@@ -713,13 +714,15 @@ def cmd_calibrate(args: argparse.Namespace) -> None:
 
     cal, path = calibrate(args.model or "smollm2-135m", device=args.device, dtype=args.dtype, quick=args.quick, out=args.out,
                           random_weights=args.random_weights, threads=args.threads or default_threads(),
-                          write_profile=args.write_profile)
+                          write_profile=args.write_profile, tensor_parallel=args.tensor_parallel,
+                          expert_parallel=args.expert_parallel)
     t = Table(title=f"{cal.model} on {cal.device.name} ({cal.hardware_profile}): "
                     f"fit median |error| {cal.fit_median_abs_error_pct:.1f} %, max {cal.fit_max_abs_error_pct:.1f} %")
     for col in ("grid step", "measured ms", "predicted ms", "error %"):
         t.add_column(col, justify="left" if col == "grid step" else "right")
     for s in cal.steps:
-        t.add_row(s.label, f"{s.measured_s * 1e3:,.1f}", f"{s.predicted_s * 1e3:,.1f}",
+        ranks = f" (EP {s.expert_parallel})" if s.expert_parallel > 1 else f" (TP {s.tensor_parallel})" if s.tensor_parallel > 1 else ""
+        t.add_row(s.label + ranks, f"{s.measured_s * 1e3:,.1f}", f"{s.predicted_s * 1e3:,.1f}",
                   f"{(s.predicted_s / s.measured_s - 1) * 100:+.1f}")
     console.print(t)
     m = cal.microbenchmarks

@@ -4,8 +4,13 @@
 scale-up link), so the CPU validation of tensor and expert parallelism prices communication
 from measurements of the very calls the engine makes (engine/parallel/group.py). Payloads follow
 nccl-tests: the buffer all-reduced, the whole gathered output, the whole buffer a rank sends.
-Each size is the median of `repeats` calls after a warm-up; ranks start each call together
-(a barrier), so the times hold no waiting for a late rank.
+Each size is timed as the engine calls it, back to back: ranks start a run of calls together (a
+barrier), and the figure is the run's mean time per call, the median over `ROUNDS` runs
+(nccl-tests reports the same mean over iterations). A run is `repeats` calls, ten times as many
+for messages up to 64 KiB, whose times are short and heavy-tailed. Not the median of single calls:
+on a virtual machine a rank that sleeps in a collective can take a scheduler tick to wake, so a
+quarter of the calls of a 2 KiB all-reduce took 3-4 ms where the median was 0.46 ms (mean 1.6 ms);
+a decode step pays the mean, one all-reduce per layer after another.
 """
 
 from __future__ import annotations
@@ -18,6 +23,9 @@ import tempfile
 import time
 
 KINDS = ("all_reduce", "all_gather", "all_to_all")
+ROUNDS = 3
+SMALL_MESSAGE_BYTES = 1 << 16
+SMALL_MESSAGE_CALLS = 10  # times `repeats`
 SIZES = tuple(1 << n for n in range(8, 25, 2))  # 256 B to 16 MiB in steps of 4
 
 
@@ -67,13 +75,15 @@ def _rank(rank: int, world: int, init: str, sizes: tuple[int, ...], repeats: int
             for size in sizes:
                 call = calls[kind](size)
                 call()  # warm-up: connections, buffers
-                times = []
-                for _ in range(repeats):
+                n = repeats * (SMALL_MESSAGE_CALLS if size <= SMALL_MESSAGE_BYTES else 1)
+                means = []
+                for _ in range(ROUNDS):
                     dist.barrier()
                     start = time.perf_counter()
-                    call()
-                    times.append(time.perf_counter() - start)
-                curves[kind].append((size, statistics.median(times) * 1e6))
+                    for _ in range(n):
+                        call()
+                    means.append((time.perf_counter() - start) / n)
+                curves[kind].append((size, statistics.median(means) * 1e6))
         if rank == 0:
             results.put(curves)
     except Exception:  # noqa: BLE001 (reported to the caller, which raises)
