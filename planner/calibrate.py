@@ -624,6 +624,10 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
     if out is not None:
         output_file(out, "out")
     parallel = EngineConfig(tensor_parallel=tensor_parallel, expert_parallel=expert_parallel)  # --ep N alone: N ranks
+    cpus, per_rank = os.cpu_count() or 1, threads or torch.get_num_threads()
+    if parallel.tensor_parallel * per_rank > cpus:  # ranks sharing a CPU would time each other's waits
+        raise InputError("tp" if expert_parallel == 1 else "ep", parallel.tensor_parallel,
+                         f"times {per_rank} thread(s) a rank must be at most this machine's {cpus} CPUs")
     info = detect_device(device)
     cm_dtype = SHORT_NAME[dtype]
     block_size = 16

@@ -217,11 +217,9 @@ def _must_not_run(*args: object, **kwargs: object) -> None:
 
 
 @pytest.mark.parametrize(("argv", "message"), [
-    # validate runs the engine at --tp; a CPU calibration measures one process and used to drop it.
-    (["calibrate", "--tp", "2"], "--tp does not apply to a CPU calibration (without --public); "
-                                 "calibrate reads it with --from-bench only"),
-    (["calibrate", "--ep", "2"], "--ep does not apply to a CPU calibration"),
-    (["calibrate", "--public", "--tp", "2"], "--tp does not apply to --public; calibrate reads it with --from-bench"),
+    (["calibrate", "--public", "--tp", "2"], "--tp does not apply to --public; calibrate reads it with a CPU "
+                                             "calibration (without --public) or --from-bench"),
+    (["calibrate", "--public", "--ep", "2"], "--ep does not apply to --public"),
     (["calibrate", "--from-bench", "run.json", "--hw", "h100-sxm", "--threads", "2"],
      "--threads does not apply to --from-bench; calibrate reads it with a CPU calibration (without --public) only"),
     (["validate", "--memory", "--workers", "2"], "--workers does not apply to --memory; validate reads it with --public"),

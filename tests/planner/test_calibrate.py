@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+import os
 from pathlib import Path
 
 import pytest
@@ -145,6 +146,12 @@ def test_a_parallel_calibration_times_the_grid_on_one_and_on_two_processes(tiny:
     assert [(s.label, s.tensor_parallel) for s in cal.steps] == [(g, 1) for g in grid] + [(g, 2) for g in grid]
     assert all(s.measured_s > 0 and s.predicted_s > 0 for s in cal.steps)
     assert "collective_time_scale" in cal.params and 0.1 <= cal.cost_params().collective_time_scale <= 10
+
+
+def test_a_parallel_calibration_needs_a_cpu_per_rank(tiny: Path, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"tp=.*must be at most this machine's \d+ CPUs"):
+        calibrate(str(tiny), device="cpu", quick=True, out=tmp_path / "x.json", random_weights=True, progress=False,
+                  threads=1, tensor_parallel=(os.cpu_count() or 1) + 1)
 
 
 def test_disaggregation_and_offload_scenarios_run_engine_and_simulator_alike(
