@@ -146,20 +146,21 @@ class BulkDecodes:
             self._owed_takes.add(request.request_id)
 
     def next_owed(self, step: int, seq: int) -> tuple[Request, bool] | None:
-        """The first member that owes an event before place `seq` of bulk step `step`, its fields
-        exact, now owing nothing, and whether the event takes a block; None when nothing is owed
-        before that place."""
+        """The first member that owes an event before place `seq` of bulk step `step`, now owing
+        nothing, and whether the event takes a block (else it registers one, and the member's fields
+        are made exact); None when nothing is owed before that place."""
         owed = self._owed
         # (step, seq, id) > (step, seq): a place is not before itself.
         while owed and owed[0] < (step, seq):
             owed_step, owed_seq, rid = heapq.heappop(owed)
             request = self.members.get(rid)
             if request is not None and request.bulk_owed == owed_step and request.running_seq == owed_seq:
-                self.sync(request)
                 request.bulk_owed = -1
                 takes = rid in self._owed_takes
                 if takes:
                     self._owed_takes.remove(rid)
+                else:
+                    self.sync(request)  # a full block is hashed over its tokens
                 return request, takes
         return None
 

@@ -224,6 +224,20 @@ class KVCacheManager:
         self._cache_full_blocks(request, held, computed + 1)
         return True
 
+    def take_decode_block(self, request: Request) -> bool:
+        """allocate_decode_slot for a decode whose next token starts a new block and fills none
+        (blocks as decoding leaves them: every full one registered): the block alone. False,
+        changing nothing, when none is free."""
+        if not self.block_pool.num_free_blocks:
+            return False
+        self.req_to_blocks[request.request_id].append(self.block_pool.get_new_block())
+        return True
+
+    def cache_decode_block(self, request: Request) -> None:
+        """allocate_decode_slot for a decode whose last known token fills its last block: the block
+        registered (its slot is there already)."""
+        self._cache_full_blocks(request, self.req_to_blocks[request.request_id], request.num_tokens)
+
     def decode_block_steps(self, request: Request) -> tuple[int, int]:
         """For a decoding request (num_computed_tokens = num_tokens - 1), counting one-token decode
         steps from the next (0): the step whose allocate_slots takes a new block, and the step whose

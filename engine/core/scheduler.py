@@ -462,7 +462,9 @@ class Scheduler:
         after_take = bs - 1 if self.config.enable_prefix_caching else bs
         while (owed := bulk.next_owed(step, seq)) is not None:
             request, took = owed
-            if not kv.allocate_decode_slot(request):
+            if not took:
+                kv.cache_decode_block(request)
+            elif not kv.take_decode_block(request):
                 raise RuntimeError(f"request {request.request_id!r} owed a block the pool did not have: members may owe "
                                    "blocks only while the free ones outnumber those owed")
             # What _plan_bulk works out, for a decode whose blocks are as decoding leaves them.
