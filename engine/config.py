@@ -599,9 +599,8 @@ class EngineConfig(EngineKnobs):
         None, min_length=1, max_length=4096, description="Existing folder where the disk KV tier keeps its file "
         "(created and removed by the engine); needed with kv_offload_disk_gib")
     lm_head_dtype: Annotated[Literal["auto", "int8"], Knob("--lm-head-dtype", "LM head format")] = Field(
-        "auto", description="The LM head's weight: 'auto' = dtype; 'int8' = on a CPU, GGUF Q8_0's blocks of 32 on the "
-        "native W8A8 kernel (engine/quant/native.py) where it is built, else per output channel on fbgemm's W8A8 "
-        "matmul (activations per token to 7 bits). It is the largest matmul of a small model; "
+        "auto", description="The LM head's weight: 'auto' = dtype; 'int8' = per output channel, run on a CPU by "
+        "fbgemm's W8A8 matmul (activations per token to 7 bits). It is the largest matmul of a small model; "
         "the planner's memory model counts it unquantised (a tied embedding keeps its float copy)")
     threads: Annotated[int | None, Knob("--threads", "CPU threads", "threads")] = Field(
         None, ge=1, le=4096, description="Threads of torch's CPU pool, set when the engine starts on a CPU; unset: "

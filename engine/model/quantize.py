@@ -27,7 +27,6 @@ from torch import Tensor, nn
 from engine.dtypes import QuantWeightDtype
 from engine.model.layers import Linear
 from engine.model.moe import SparseMoE
-from engine.quant import native
 from engine.quant.linear import Fp8Linear, Int4Linear, Int8Kernel, Int8Linear
 from engine.quant.smooth import activation_amax, smoothing_factors
 
@@ -89,22 +88,15 @@ def quantize_model(
 
 @torch.no_grad()
 def quantize_lm_head(model: nn.Module, calibration_ids: Sequence[int] | None = None) -> Int8Kernel:
-    """Replace the LM head by an int8 Int8Linear (a tied embedding keeps its float weight for
-    lookups); returns the kernel chosen. The head is a small model's largest matmul (SmolLM2-135M:
-    28 M of its 134 M weights, read for every sampled row). On a CPU with the native library it is
-    GGUF Q8_0's format (a fp16 scale per 32 columns: a Q8_0 embedding's own codes) on the native
-    W8A8 kernel, whose per-block activation scales need no smoothing; without it, per channel on
-    fbgemm's W8A8 matmul (torch's packed weight-only int8 kernel is slow there once a batch has
-    more than a few rows); elsewhere per channel, weight-only.
-    calibration_ids (fbgemm only): token ids whose prefill sets the head's SmoothQuant factors."""
+    """Replace the LM head by a per-channel Int8Linear (a tied embedding keeps its float weight for
+    lookups); returns the kernel chosen. On a CPU that is fbgemm's W8A8 matmul: the head is a small
+    model's largest matmul (SmolLM2-135M: 28 M of its 134 M weights, read for every sampled row),
+    and the packed weight-only int8 kernel is slow there once a batch has more than a few rows.
+    calibration_ids (W8A8 only): token ids whose prefill sets the head's SmoothQuant factors."""
     head = model.lm_head
     if type(head) is not Linear:
         raise ValueError(f"the LM head is already a {type(head).__name__}")
-    on_cpu = head.weight.device.type == "cpu"
-    if on_cpu and native.available() and head.weight.shape[1] % native.BLOCK == 0:
-        model.lm_head = Int8Linear.from_linear_blocks(head, "w8a8")
-        return "w8a8"
-    kernel: Int8Kernel = "dynamic" if on_cpu else "auto"
+    kernel: Int8Kernel = "dynamic" if head.weight.device.type == "cpu" else "auto"
     smooth = None
     if kernel == "dynamic" and calibration_ids is not None:
         smooth = smoothing_factors(head.weight, activation_amax(model, {"lm_head": head}, list(calibration_ids))["lm_head"])

@@ -10,7 +10,6 @@ whatever the input dtype; results come back as fp32 unless stated.
   so q = round((w - min) / scale). When in_features is not a multiple of group_size the
   columns are zero-padded up to one (SmolLM2's 576 with group 128 pads to 640).
 - fp8: float8_e4m3fn with one scale per output channel: w ~= q * scale, scale = amax / 448.
-- int8 in blocks of 32 columns (GGUF Q8_0): w ~= q * scale, scale = amax / 127 of the block, in fp16.
 - activations, for the native W4A8 / W8A8 kernel: int8 per block of 32 with scale amax / 127
   (quantize_activations), and that kernel's product (block_matmul).
 """
@@ -49,19 +48,6 @@ def dequantize_int8(q: Tensor, scales: Tensor) -> Tensor:
     if scales.dim() == 2:
         return q.float() * scales.float().repeat_interleave(q.shape[1] // scales.shape[1], dim=1)
     return q.float() * scales.float()[:, None]
-
-
-def quantize_int8_blocks(weight: Tensor, block: int = 32) -> tuple[Tensor, Tensor]:
-    """weight [N, K] (K a multiple of block) -> (q int8 [N, K], scales fp32 [N, K / block]), GGUF Q8_0's
-    format: scale = amax / 127 of each block, rounded to fp16 as the file stores it, q = round(w / scale).
-    On a Q8_0 file's dequantised weights this gives back its codes and scales exactly."""
-    n, k = weight.shape
-    if k % block:
-        raise ValueError(f"in_features {k} is not a multiple of the block {block}")
-    w = weight.float().reshape(n, k // block, block)
-    scales = _safe_scale(w.abs().amax(dim=-1), INT8_MAX).half().float()
-    q = torch.round(w / scales[..., None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-    return q.reshape(n, k), scales
 
 
 # ------------------------------------------------------------------ int8 activations per block (W4A8 / W8A8)

@@ -5,8 +5,8 @@ format as buffers (the bias, when there is one, stays in the activation dtype). 
 F.linear(x, dequantized_weight(), bias) up to float rounding, except on the kernels that quantise
 activations too: fbgemm's "dynamic" (below) and, on a CPU with the native library built
 (engine/quant/native.py), "w4a8" / "w8a8" for weights in GGUF's blocks of 32 (a Q4_0 / Q4_1 / Q8_0
-file's own groups, and the int8 LM head): int8 activations per block of 32, llama.cpp's arithmetic,
-which "auto" picks there.
+file's own groups): int8 activations per block of 32, llama.cpp's arithmetic, which "auto" picks
+there.
 
 CPU kernels (torch 2.13, measured on 2-core x86 machines; see engine/quant/README.md): torch's
 packed weight-only kernels `_weight_int8pack_mm` and `_weight_int4pack_mm_for_cpu` have SIMD code
@@ -119,7 +119,7 @@ class Int8Linear(_QuantLinear):
     where per-channel scales absorb them. Same function, easier activations for W8A8.
 
     scales [N, K / g] instead of [N]: a scale per group of g input columns, as a pre-quantised
-    checkpoint stores them (GGUF Q8_0, g = 32; Int8Linear.from_groups, from_linear_blocks). Two
+    checkpoint stores them (GGUF Q8_0, g = 32; Int8Linear.from_groups). Two
     kernels run that layout: "dequant", and for g = 32 on a CPU "w8a8" = the native kernel
     (engine/quant/native.py: activations quantised to int8 per block of 32 on each call, llama.cpp's
     Q8_0 x Q8_0; weight zero-padded to [N, Kp], scales kept in fp16 as Q8_0 stores them), which
@@ -178,13 +178,6 @@ class Int8Linear(_QuantLinear):
                              f"weight {tuple(linear.weight.shape)}")
         device, dtype = linear.weight.device, linear.weight.dtype
         return cls(q.to(device), scales.to(device, dtype), linear.bias, kernel)
-
-    @classmethod
-    def from_linear_blocks(cls, linear: FloatLinear, kernel: Int8Kernel = "auto") -> Int8Linear:
-        """Quantise `linear` in GGUF Q8_0's format (formats.quantize_int8_blocks: a fp16 scale per 32
-        columns; a Q8_0 file's dequantised weight gives back its own codes and scales)."""
-        q, scales = formats.quantize_int8_blocks(linear.weight, native.BLOCK)
-        return cls.from_groups(linear, q, scales, kernel)
 
     def native_weight(self) -> native.PackedWeight | None:
         """This Linear as the native kernel takes it, when it runs that kernel (w8a8)."""

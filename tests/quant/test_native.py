@@ -117,21 +117,23 @@ def test_int4_linear_runs_w4a8_on_groups_of_32() -> None:
         Int4Linear.from_linear(lin, 64, kernel="w4a8")
 
 
-def test_int8_blocks_run_w8a8_and_keep_a_q8_0_weight_exactly() -> None:
+def test_int8_groups_of_32_run_w8a8_and_keep_their_codes_and_scales() -> None:
+    """A GGUF Q8_0 matrix kept under weight_dtype="int8" (Int8Linear.from_groups) runs w8a8."""
     g = torch.Generator().manual_seed(6)
     q = torch.randint(-127, 128, (64, 96), generator=g, dtype=torch.int8)
-    q[:, ::32] = 127  # every block reaches the top code, as Q8_0's amax / 127 scale makes it
-    scales = (torch.rand(64, 3, generator=g) * 0.01 + 1e-3).half().float()
-    lin = make_linear(96, 64, bias=False)
-    lin.weight.data = formats.dequantize_int8(q, scales)
-    mod = Int8Linear.from_linear_blocks(lin)
+    scales = (torch.rand(64, 3, generator=g) * 0.01 + 1e-3).half().float()  # fp16, as Q8_0 stores them
+    lin = make_linear(96, 64, bias=True)
+    mod = Int8Linear.from_groups(lin, q, scales)
     assert mod.kernel == "w8a8" and mod.weight.shape == (64, 128)  # K padded to a pair of blocks
     assert torch.equal(mod.weight[:, :96], q) and torch.equal(mod.scales[:, :3].float(), scales)
-    torch.testing.assert_close(mod.dequantized_weight(), lin.weight, rtol=0, atol=0)
+    w = formats.dequantize_int8(q, scales)
+    torch.testing.assert_close(mod.dequantized_weight(), w, rtol=0, atol=0)
     for x in inputs(96):
-        assert_matches(mod(x), F.linear(x, lin.weight), ACTIVATION_TOL)
-    exact = Int8Linear.from_linear_blocks(lin, "dequant")
-    assert exact.kernel == "dequant" and torch.equal(exact.dequantized_weight(), mod.dequantized_weight())
+        y = mod(x)
+        ref = formats.block_matmul(x.reshape(-1, 96), mod.weight, mod.scales, None) + lin.bias.double()
+        assert_matches(y.reshape(-1, 64), ref.float(), KERNEL_TOL)
+        assert_matches(y, F.linear(x, w, lin.bias), ACTIVATION_TOL)
+    assert Int8Linear.from_groups(lin, q, scales, "dequant").kernel == "dequant"
     with pytest.raises(ValueError, match="w8a8 needs a CPU weight, scales per 32 columns"):
         Int8Linear(q, torch.rand(64, 2), None, kernel="w8a8")  # groups of 48
 
