@@ -2,7 +2,8 @@
 
     OMP_NUM_THREADS=2 .venv/bin/python bench/quant_linears.py [--rows 1 16] [--threads 2]
 
-Prints the best-of-5 mean time per call (microseconds) for each shape and row count.
+Prints the best-of-5 mean time per call (microseconds) for each shape and row count. The w4a8
+column is the native kernel (engine/quant/native.py; `make native` first).
 """
 
 from __future__ import annotations
@@ -45,15 +46,17 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, cpu capability {torch.backends.cpu.get_cpu_capability()}")
-    kinds = ["fp32", "int8 int8pack", "int8 dequant", "int8 dynamic", "int4 int4pack", "int4 dequant", "fp8"]
+    kinds = ["fp32", "int8 int8pack", "int8 dequant", "int8 dynamic", "int4 int4pack", "int4 w4a8 g32", "int4 dequant",
+             "fp8"]
     print(f"{'shape':20s} rows " + " ".join(f"{k:>14s}" for k in kinds))
     with torch.inference_mode():
         for name, (k, n) in SHAPES.items():
             lin = Linear(k, n).requires_grad_(False)
             lin.weight.normal_(0, 0.02)
             mods = [lin, Int8Linear.from_linear(lin, "int8pack"), Int8Linear.from_linear(lin, "dequant"),
-                    Int8Linear.from_linear(lin, "dynamic"), Int4Linear.from_linear(lin, 128, cpu_kernel=True),
-                    Int4Linear.from_linear(lin, 128, cpu_kernel=False), Fp8Linear.from_linear(lin)]
+                    Int8Linear.from_linear(lin, "dynamic"),
+                    Int4Linear.from_linear(lin, 128, kernel="int4pack"), Int4Linear.from_linear(lin, 32, kernel="w4a8"),
+                    Int4Linear.from_linear(lin, 128, kernel="dequant"), Fp8Linear.from_linear(lin)]
             for rows in args.rows:
                 x = torch.randn(rows, k)
                 times = [best_us(lambda m=m: m(x)) for m in mods]

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from engine import kernels
 from engine.kernels.metadata import AttentionMetadata
 from engine.config import ModelConfig
+from engine.quant import native
 from engine.quant.kv import dequantize_kv, is_quantized_kv, kv_last_dim, quantize_kv
 
 
@@ -268,3 +269,13 @@ def _attend(q: Tensor, kv_cache: Tensor, tables: Tensor, visible: Tensor, max_kv
     v = v.flatten(1, 2)[:, :max_kv].transpose(1, 2)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k, v, attn_mask=visible, scale=scale, enable_gqa=True)
     return out.transpose(1, 2)
+
+
+def native_decode_applies(rows: Tensor, kv_cache: Tensor, m: AttentionMetadata) -> bool:
+    """Whether a layer's decode step, given its input rows [T, ...], may run the native kernels
+    (engine/quant/native.py: attention with its rotary and cache write in one call, or the whole layer):
+    a decode-only step (one query per sequence, no padding rows) in fp32 on a CPU with an fp32 cache and
+    the library built, eager (a compiled step keeps the cached_attention operator)."""
+    return (m.max_query_len == 1 and rows.dtype == torch.float32 and kv_cache.dtype == torch.float32
+            and rows.device.type == "cpu" and rows.shape[0] == m.seq_lens.shape[0] and native.available()
+            and not torch.compiler.is_compiling())

@@ -14,10 +14,11 @@ from torch import Tensor, nn
 from engine.config import ModelConfig
 from engine.errors import InputError
 from engine.kernels.metadata import AttentionMetadata
-from engine.model.attention import allocate_kv_caches, attend
+from engine.model.attention import allocate_kv_caches, attend, native_decode_applies
 from engine.model.layers import Embedding, GatedMLP, Linear, RMSNorm
 from engine.model.moe import SparseMoE
 from engine.model.rotary import RotaryEmbedding, rotate_qk
+from engine.quant import native
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe")
 
@@ -62,7 +63,12 @@ class SelfAttention(nn.Module):
         self, x: Tensor, cos: Tensor, sin: Tensor, metadata: AttentionMetadata, kv_cache: Tensor
     ) -> Tensor:
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = self.qkv_proj(x)
+        if self.q_norm is None and native_decode_applies(qkv, kv_cache, metadata):
+            out = native.decode_attention(qkv, cos, sin, kv_cache, metadata, self.num_heads, self.num_kv_heads,
+                                          self.scale, self.window)
+            return self.o_proj(out)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(tokens, self.num_heads, self.head_dim)
         k = k.view(tokens, self.num_kv_heads, self.head_dim)
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
@@ -91,12 +97,17 @@ class DecoderLayer(nn.Module):
             self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self._native: native.DecodeLayer | None = None
 
     def forward(
         self, x: Tensor, residual: Tensor | None, cos: Tensor, sin: Tensor, metadata: AttentionMetadata, kv_cache: Tensor
     ) -> tuple[Tensor, Tensor]:
         """(this layer's MLP output, the residual stream before it); the caller adds the two at the
         next norm, which fuses the add (residual is None on the first layer)."""
+        if native_decode_applies(x, kv_cache, metadata):
+            fused = self.native_decode_layer()
+            if fused is not None:
+                return fused(x, residual, cos, sin, kv_cache, metadata)
         if residual is None:
             h, residual = self.input_layernorm(x), x
         else:
@@ -104,6 +115,28 @@ class DecoderLayer(nn.Module):
         h = self.self_attn(h, cos, sin, metadata, kv_cache)
         h, residual = self.post_attention_layernorm(h, residual)
         return self.mlp(h), residual
+
+    def native_decode_layer(self) -> native.DecodeLayer | None:
+        """This layer as one native call per decode step (native.DecodeLayer), when all of it runs
+        natively: a dense SwiGLU MLP, no q/k norm, fp32 norms, and its four Linears on the native
+        kernels (GGUF blocks: Int4Linear w4a8 / Int8Linear w8a8). Built on first use and again when a
+        Linear is swapped; it points into (and holds) the tensors it was built from, so a Linear whose
+        buffers are replaced in place afterwards (not done by the engine) would not be seen."""
+        attn, mlp = self.self_attn, self.mlp
+        if not isinstance(mlp, GatedMLP) or attn.q_norm is not None:
+            return None
+        linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+        if self._native is not None and self._native.source == linears:
+            return self._native
+        norms = (self.input_layernorm, self.post_attention_layernorm)
+        packed = [getattr(linear, "native_weight", lambda: None)() for linear in linears]
+        if any(p is None for p in packed) or any(n.weight.dtype != torch.float32 for n in norms):
+            return None
+        self._native = native.DecodeLayer(
+            source=linears, heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
+            window=attn.window, scale=attn.scale, norms=((norms[0].weight, norms[0].eps), (norms[1].weight, norms[1].eps)),
+            qkv=packed[0], o=packed[1], gate_up=packed[2], down=packed[3])
+        return self._native
 
 
 class DecoderModel(nn.Module):

@@ -217,8 +217,10 @@ def _load_gguf(
             fused = _fused_rows(model, gguf_checkpoint.gguf_quantized_groups(reader, config, keep_groups))
             kept = {name: groups for name, groups in fused.items() if name in linears}
             quantize_model(model, keep_groups, checkpoint_groups=kept)  # type: ignore[arg-type]  # int4 or int8
+            kernels = sorted({model.get_submodule(name).kernel for name in linears})
             description += (f"; {keep_groups}: {len(kept)} of {len(linears)} layer matrices keep the file's groups of "
-                            f"{gguf_checkpoint.GGUF_BLOCK}, the rest quantised from the dequantised weights")
+                            f"{gguf_checkpoint.GGUF_BLOCK}, the rest quantised from the dequantised weights "
+                            f"(kernel {', '.join(kernels)})")
     return LoadedModel(model, config, gguf_checkpoint.gguf_tokenizer(reader, path), description)
 
 

@@ -10,6 +10,8 @@ whatever the input dtype; results come back as fp32 unless stated.
   so q = round((w - min) / scale). When in_features is not a multiple of group_size the
   columns are zero-padded up to one (SmolLM2's 576 with group 128 pads to 640).
 - fp8: float8_e4m3fn with one scale per output channel: w ~= q * scale, scale = amax / 448.
+- activations, for the native W4A8 / W8A8 kernel: int8 per block of 32 with scale amax / 127
+  (quantize_activations), and that kernel's product (block_matmul).
 """
 
 from __future__ import annotations
@@ -46,6 +48,37 @@ def dequantize_int8(q: Tensor, scales: Tensor) -> Tensor:
     if scales.dim() == 2:
         return q.float() * scales.float().repeat_interleave(q.shape[1] // scales.shape[1], dim=1)
     return q.float() * scales.float()[:, None]
+
+
+# ------------------------------------------------------------------ int8 activations per block (W4A8 / W8A8)
+
+ACTIVATION_BLOCK = 32
+
+
+def quantize_activations(x: Tensor, padded: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows x [M, K] -> (xq int8 [M, padded], xd fp32 [M, padded / 32], xs fp32 [M, padded / 32]): per
+    block of 32 (K zero-padded), xd = amax / 127, xq = round(x * (1 / xd)) in fp32 with ties to even,
+    xs = xd * sum(xq) (llama.cpp's Q8_1). The native kernel's arithmetic, bit for bit."""
+    m, k = x.shape
+    blocks = F.pad(x.float(), (0, padded - k)).reshape(m, padded // ACTIVATION_BLOCK, ACTIVATION_BLOCK)
+    amax = blocks.abs().amax(dim=-1)
+    xd = amax / INT8_MAX
+    inv = torch.where(amax > 0, 1 / xd, torch.zeros_like(xd))
+    xq = torch.round(blocks * inv[..., None])
+    return xq.to(torch.int8).reshape(m, padded), xd, xd * xq.sum(dim=-1)
+
+
+def block_matmul(x: Tensor, q: Tensor, d: Tensor, m: Tensor | None) -> Tensor:
+    """The native kernel's result in float64: rows x [M, K] quantised by quantize_activations, times
+    weights w = d * q + m in blocks of 32 (q [N, Kp] integer codes, d and m [N, Kp / 32]; m None = 0):
+    y[r, n] = sum_b d[n, b] * xd[r, b] * (q[n, b] . xq[r, b]) + m[n, b] * xs[r, b]."""
+    n, kp = q.shape
+    xq, xd, xs = quantize_activations(x, kp)
+    nb = kp // ACTIVATION_BLOCK
+    dots = torch.einsum("rbj,nbj->rnb", xq.double().reshape(-1, nb, ACTIVATION_BLOCK),
+                        q.double().reshape(n, nb, ACTIVATION_BLOCK))
+    y = (dots * d.double()[None] * xd.double()[:, None]).sum(-1)
+    return y if m is None else y + xs.double() @ m.double().t()
 
 
 # ------------------------------------------------------------------ int4, group-wise asymmetric

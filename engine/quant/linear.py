@@ -1,9 +1,12 @@
-"""Weight-only quantised drop-ins for a float Linear (engine.model.layers.Linear): Int8Linear, Int4Linear, Fp8Linear.
+"""Quantised drop-ins for a float Linear (engine.model.layers.Linear): Int8Linear, Int4Linear, Fp8Linear.
 
 Each is built from a float Linear with `from_linear` and keeps its weight in the quantised
-format as buffers (the bias, when there is one, stays in the activation dtype). Activations
-are never quantised on the default kernels, so each module's output equals
-F.linear(x, dequantized_weight(), bias) up to float rounding.
+format as buffers (the bias, when there is one, stays in the activation dtype). Its output equals
+F.linear(x, dequantized_weight(), bias) up to float rounding, except on the kernels that quantise
+activations too: fbgemm's "dynamic" (below) and, on a CPU with the native library built
+(engine/quant/native.py), "w4a8" / "w8a8" for weights in GGUF's blocks of 32 (a Q4_0 / Q4_1 / Q8_0
+file's own groups): int8 activations per block of 32, llama.cpp's arithmetic, which "auto" picks
+there.
 
 CPU kernels (torch 2.13, measured on 2-core x86 machines; see engine/quant/README.md): torch's
 packed weight-only kernels `_weight_int8pack_mm` and `_weight_int4pack_mm_for_cpu` have SIMD code
@@ -30,9 +33,10 @@ from torch import Tensor, nn
 import torch.nn.functional as F
 
 from engine import kernels
-from engine.quant import formats
+from engine.quant import formats, native
 
-Int8Kernel = Literal["auto", "triton", "int8pack", "dynamic", "dequant"]
+Int8Kernel = Literal["auto", "triton", "int8pack", "dynamic", "w8a8", "dequant"]
+Int4Kernel = Literal["auto", "w4a8", "int4pack", "dequant"]
 
 
 class FloatLinear(Protocol):
@@ -115,8 +119,11 @@ class Int8Linear(_QuantLinear):
     where per-channel scales absorb them. Same function, easier activations for W8A8.
 
     scales [N, K / g] instead of [N]: a scale per group of g input columns, as a pre-quantised
-    checkpoint stores them (GGUF Q8_0, g = 32; Int8Linear.from_groups); only the dequant kernel
-    runs that layout.
+    checkpoint stores them (GGUF Q8_0, g = 32; Int8Linear.from_groups). Two
+    kernels run that layout: "dequant", and for g = 32 on a CPU "w8a8" = the native kernel
+    (engine/quant/native.py: activations quantised to int8 per block of 32 on each call, llama.cpp's
+    Q8_0 x Q8_0; weight zero-padded to [N, Kp], scales kept in fp16 as Q8_0 stores them), which
+    "auto" picks there when the library is built.
     """
 
     def __init__(
@@ -129,21 +136,30 @@ class Int8Linear(_QuantLinear):
     ) -> None:
         out_features, in_features = weight.shape
         super().__init__(in_features, out_features, bias)
+        grouped = scales.dim() == 2
+        blocks_of_32 = grouped and scales.shape[1] * native.BLOCK == in_features
+        packable = in_features % INT8PACK_K_MULTIPLE == 0
+        on_cpu = weight.device.type == "cpu"
+        if kernel == "auto":
+            kernel = ("w8a8" if blocks_of_32 and on_cpu and native.available() else "dequant" if grouped else
+                      "triton" if kernels.use_triton(weight) else
+                      "int8pack" if on_cpu and hasattr(torch, "_weight_int8pack_mm") and packable
+                      and cpu_packed_kernels_vectorised() else "dequant")
+        if kernel not in ("triton", "int8pack", "dynamic", "w8a8", "dequant"):
+            raise ValueError(f"kernel must be auto, triton, int8pack, dynamic, w8a8 or dequant, got {kernel!r}")
+        if kernel == "int8pack" and not packable:
+            raise ValueError(f"int8pack needs in_features a multiple of {INT8PACK_K_MULTIPLE}, got {in_features}")
+        if grouped and kernel not in ("dequant", "w8a8"):
+            raise ValueError(f"group-wise int8 scales {tuple(scales.shape)} run on the dequant and w8a8 kernels only, not {kernel!r}")
+        if kernel == "w8a8":
+            if not (blocks_of_32 and on_cpu and native.available()):
+                raise ValueError(f"w8a8 needs a CPU weight, scales per {native.BLOCK} columns and the native library "
+                                 f"(make native): weight {tuple(weight.shape)} on {weight.device}, scales {tuple(scales.shape)}, "
+                                 f"library built: {native.available()}")
+            weight, scales = native.pack_int8(weight, scales)
         self.register_buffer("weight", weight.contiguous())
         self.register_buffer("scales", scales.contiguous())
         self.register_buffer("smooth", None if smooth is None else smooth.float().contiguous())
-        grouped = scales.dim() == 2
-        packable = in_features % INT8PACK_K_MULTIPLE == 0
-        if kernel == "auto":
-            on_cpu = weight.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm")
-            kernel = ("dequant" if grouped else "triton" if kernels.use_triton(weight) else
-                      "int8pack" if on_cpu and packable and cpu_packed_kernels_vectorised() else "dequant")
-        if kernel not in ("triton", "int8pack", "dynamic", "dequant"):
-            raise ValueError(f"kernel must be auto, triton, int8pack, dynamic or dequant, got {kernel!r}")
-        if kernel == "int8pack" and not packable:
-            raise ValueError(f"int8pack needs in_features a multiple of {INT8PACK_K_MULTIPLE}, got {in_features}")
-        if grouped and kernel != "dequant":
-            raise ValueError(f"group-wise int8 scales {tuple(scales.shape)} run on the dequant kernel only, not {kernel!r}")
         self.kernel = kernel
         self._packed = self._fbgemm_pack() if kernel == "dynamic" else None
 
@@ -154,14 +170,18 @@ class Int8Linear(_QuantLinear):
         return cls(q, scales.to(linear.weight.dtype), linear.bias, kernel, smooth)
 
     @classmethod
-    def from_groups(cls, linear: FloatLinear, q: Tensor, scales: Tensor) -> Int8Linear:
+    def from_groups(cls, linear: FloatLinear, q: Tensor, scales: Tensor, kernel: Int8Kernel = "auto") -> Int8Linear:
         """Replace `linear` with given int8 codes q [N, K] and per-group scales [N, K / g] (a
         pre-quantised checkpoint's, e.g. GGUF Q8_0)."""
         if q.shape != linear.weight.shape or scales.dim() != 2 or scales.shape[0] != q.shape[0] or q.shape[1] % scales.shape[1]:
             raise ValueError(f"int8 groups q {tuple(q.shape)}, scales {tuple(scales.shape)} do not fit a Linear of "
                              f"weight {tuple(linear.weight.shape)}")
         device, dtype = linear.weight.device, linear.weight.dtype
-        return cls(q.to(device), scales.to(device, dtype), linear.bias, "dequant")
+        return cls(q.to(device), scales.to(device, dtype), linear.bias, kernel)
+
+    def native_weight(self) -> native.PackedWeight | None:
+        """This Linear as the native kernel takes it, when it runs that kernel (w8a8)."""
+        return (self.weight, self.scales, None, self.bias, self.in_features) if self.kernel == "w8a8" else None
 
     def _fbgemm_pack(self) -> object:
         if self.weight.device.type != "cpu" or not ({"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines)):
@@ -174,11 +194,14 @@ class Int8Linear(_QuantLinear):
             return torch.ops.quantized.linear_prepack(qweight, None)
 
     def dequantized_weight(self) -> Tensor:
-        w = formats.dequantize_int8(self.weight, self.scales)
+        w = formats.dequantize_int8(self.weight, self.scales)[:, : self.in_features]  # w8a8 pads K
         return w if self.smooth is None else w / self.smooth
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = _flat(x)
+        if self.kernel == "w8a8":
+            return native.matmul(x2, self.weight, self.scales, None, self.in_features, self.bias).reshape(
+                *x.shape[:-1], self.out_features)
         if self.smooth is not None:
             x2 = x2 / self.smooth.to(x.dtype)
         if self.kernel == "triton":
@@ -209,15 +232,19 @@ class Int8Linear(_QuantLinear):
 class Int4Linear(_QuantLinear):
     """int4 weight-only, asymmetric per group of `group_size` input columns (see formats).
 
-    Buffers: weight uint8 and scales_and_zeros [Kp/g, N, 2] (torch's int4pack layout: [..., 0] =
-    scale, [..., 1] = zero, w = (q - 8) * scale + zero). With cpu_kernel (a CPU weight, torch's
-    `_weight_int4pack_mm_for_cpu` present, N a multiple of 16), weight is torch's opaque CPU
-    int4pack [N, Kp/2], scales_and_zeros are bf16 and forward runs that kernel in bf16
-    (packed_matmul); otherwise weight is plain nibbles [N, Kp/2] (formats.pack_int4),
-    scales_and_zeros are in the activation dtype, and forward runs engine.kernels.quant_matmul's
-    int4 kernel on CUDA or dequantises then matmuls elsewhere (exact in x's dtype, slow).
-    cpu_kernel=None (from_linear's and from_groups' default) uses the CPU kernel where it is
-    vectorised (cpu_packed_kernels_vectorised).
+    kernel (chosen once, from the weight's device and layout):
+    - "w4a8": the native kernel (engine/quant/native.py; CPU, groups of 32, the library built):
+      activations quantised to int8 per block of 32 on each call, llama.cpp's Q4_1 x Q8_1. Buffers:
+      weight = codes uint8 [N, Kp64 / 2] in its layout, block_scales and block_mins fp16 [N, Kp64 / 32]
+      (w = d * q + m: a GGUF Q4_0 / Q4_1 file's d and m exactly, K padded to a multiple of 64).
+    - "int4pack": torch's `_weight_int4pack_mm_for_cpu` (CPU, N a multiple of 16), run in bf16
+      (packed_matmul). weight = torch's opaque CPU int4pack [N, Kp/2], scales_and_zeros bf16.
+    - "dequant": weight = plain nibbles [N, Kp/2] (formats.pack_int4), scales_and_zeros in the
+      activation dtype; forward runs engine.kernels.quant_matmul's int4 kernel on CUDA or
+      dequantises then matmuls elsewhere (exact in x's dtype, slow).
+    scales_and_zeros is [Kp/g, N, 2], torch's int4pack layout: [..., 0] = scale, [..., 1] = zero,
+    w = (q - 8) * scale + zero. "auto" takes the first of w4a8, int4pack (where torch's kernel is
+    vectorised: cpu_packed_kernels_vectorised) and dequant that applies.
     Inputs are zero-padded from K to Kp when K is not a multiple of group_size.
     """
 
@@ -229,30 +256,48 @@ class Int4Linear(_QuantLinear):
         in_features: int,
         bias: Tensor | None,
         dtype: torch.dtype,
-        cpu_kernel: bool = True,
+        kernel: Int4Kernel = "auto",
     ) -> None:
         out_features, padded = q.shape
         super().__init__(in_features, out_features, bias)
         self.padded_in_features, self.group_size = padded, padded // scales.shape[1]
-        self.cpu_kernel = (
-            cpu_kernel
-            and q.device.type == "cpu" and out_features % 16 == 0 and hasattr(torch, "_weight_int4pack_mm_for_cpu")
-        )
-        sz_dtype = PACKED_KERNEL_DTYPE if self.cpu_kernel else dtype
+        self.kernel = self._choose(kernel, q.device)
+        if self.kernel == "w4a8":
+            codes, d, m = native.pack_int4(q, scales, zeros)
+            self.register_buffer("weight", codes)
+            self.register_buffer("block_scales", d)
+            self.register_buffer("block_mins", m)
+            return
+        sz_dtype = PACKED_KERNEL_DTYPE if self.kernel == "int4pack" else dtype
         self.register_buffer("scales_and_zeros", torch.stack([scales, zeros], dim=-1).transpose(0, 1).contiguous().to(sz_dtype))
-        if self.cpu_kernel:
+        if self.kernel == "int4pack":
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32).contiguous(), 1)
         else:
             packed = formats.pack_int4(q)
         self.register_buffer("weight", packed)
 
+    def _choose(self, kernel: Int4Kernel, device: torch.device) -> str:
+        on_cpu = device.type == "cpu"
+        w4a8 = on_cpu and self.group_size == native.BLOCK and native.available()
+        int4pack = on_cpu and self.out_features % 16 == 0 and hasattr(torch, "_weight_int4pack_mm_for_cpu")
+        if kernel == "auto":
+            return "w4a8" if w4a8 else "int4pack" if int4pack and cpu_packed_kernels_vectorised() else "dequant"
+        if kernel == "w4a8" and not w4a8:
+            raise ValueError(f"w4a8 needs a CPU weight, groups of {native.BLOCK} and the native library (make native): "
+                             f"{device}, groups of {self.group_size}, library built: {native.available()}")
+        if kernel == "int4pack" and not int4pack:
+            raise ValueError(f"int4pack needs a CPU weight and out_features a multiple of 16: {device}, {self.out_features}")
+        if kernel not in ("w4a8", "int4pack", "dequant"):
+            raise ValueError(f"kernel must be auto, w4a8, int4pack or dequant, got {kernel!r}")
+        return kernel
+
     @classmethod
-    def from_linear(cls, linear: FloatLinear, group_size: int = 128, cpu_kernel: bool | None = None) -> Int4Linear:
-        return cls.from_groups(linear, *formats.quantize_int4(linear.weight, group_size), cpu_kernel=cpu_kernel)
+    def from_linear(cls, linear: FloatLinear, group_size: int = 128, kernel: Int4Kernel = "auto") -> Int4Linear:
+        return cls.from_groups(linear, *formats.quantize_int4(linear.weight, group_size), kernel=kernel)
 
     @classmethod
     def from_groups(
-        cls, linear: FloatLinear, q: Tensor, scales: Tensor, zeros: Tensor, cpu_kernel: bool | None = None
+        cls, linear: FloatLinear, q: Tensor, scales: Tensor, zeros: Tensor, kernel: Int4Kernel = "auto"
     ) -> Int4Linear:
         """Replace `linear` with given codes q [N, Kp] in 0..15, scales and zeros [N, Kp / group]
         (a pre-quantised checkpoint's groups, or formats.quantize_int4's)."""
@@ -261,17 +306,21 @@ class Int4Linear(_QuantLinear):
                 scales.shape[0] != out_features or q.shape[1] % scales.shape[1]):
             raise ValueError(f"int4 groups q {tuple(q.shape)}, scales {tuple(scales.shape)}, zeros "
                              f"{tuple(zeros.shape)} do not fit a Linear of weight {tuple(linear.weight.shape)}")
-        if cpu_kernel is None:
-            cpu_kernel = cpu_packed_kernels_vectorised()
         device = linear.weight.device
-        return cls(q.to(device), scales.to(device), zeros.to(device), in_features, linear.bias, linear.weight.dtype, cpu_kernel)
+        return cls(q.to(device), scales.to(device), zeros.to(device), in_features, linear.bias, linear.weight.dtype, kernel)
+
+    def native_weight(self) -> native.PackedWeight | None:
+        """This Linear as the native kernel takes it, when it runs that kernel (w4a8)."""
+        return (self.weight, self.block_scales, self.block_mins, self.bias, self.in_features) if self.kernel == "w4a8" else None
 
     def _pad(self, x2: Tensor) -> Tensor:
         return F.pad(x2, (0, self.padded_in_features - self.in_features)) if self.padded_in_features != self.in_features else x2
 
     def codes(self) -> Tensor:
         """The stored codes q [N, Kp] in 0..15, as uint8."""
-        if not self.cpu_kernel:
+        if self.kernel == "w4a8":
+            return native.unpack_int4(self.weight)[:, : self.padded_in_features]
+        if self.kernel == "dequant":
             return formats.unpack_int4(self.weight)
         # The CPU pack is opaque: read it back through the kernel itself, with scale 1 and zero 8 so
         # that it returns the codes (exact in bf16) rather than weights rounded to bf16.
@@ -281,16 +330,23 @@ class Int4Linear(_QuantLinear):
         return torch._weight_int4pack_mm_for_cpu(eye, self.weight, self.group_size, unit).t().to(torch.uint8)
 
     def dequantized_weight(self) -> Tensor:
-        """fp32 [N, K]: the weight the kernels multiply by (with bf16 scales and zeros on the CPU kernel)."""
+        """fp32 [N, K]: the weight the kernels multiply by (with bf16 scales and zeros on int4pack, fp16 d and m on w4a8)."""
+        if self.kernel == "w4a8":
+            q = native.unpack_int4(self.weight).float().reshape(self.out_features, -1, native.BLOCK)
+            w = q * self.block_scales.float()[..., None] + self.block_mins.float()[..., None]
+            return w.reshape(self.out_features, -1)[:, : self.in_features]
         sz = self.scales_and_zeros.float()
         return formats.dequantize_int4(self.codes(), sz[..., 0].t(), sz[..., 1].t(), self.in_features)
 
     def forward(self, x: Tensor) -> Tensor:
         x2 = _flat(x)
-        if self.cpu_kernel and x.device.type == "cpu":
+        if self.kernel == "w4a8":
+            y = native.matmul(x2, self.weight, self.block_scales, self.block_mins, self.in_features, self.bias)
+            return y.reshape(*x.shape[:-1], self.out_features)
+        if self.kernel == "int4pack" and x.device.type == "cpu":
             y = packed_matmul(lambda rows: torch._weight_int4pack_mm_for_cpu(
                 rows, self.weight, self.group_size, self.scales_and_zeros), self._pad(x2))
-        elif not self.cpu_kernel and kernels.use_triton(x):
+        elif self.kernel == "dequant" and kernels.use_triton(x):
             from engine.kernels.quant_matmul import int4_weight_matmul
 
             sz = self.scales_and_zeros
@@ -300,7 +356,7 @@ class Int4Linear(_QuantLinear):
         return _add_bias(y.reshape(*x.shape[:-1], self.out_features), self.bias)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, group_size={self.group_size}, cpu_kernel={self.cpu_kernel}"
+        return f"{super().extra_repr()}, group_size={self.group_size}, kernel={self.kernel}"
 
 
 class Fp8Linear(_QuantLinear):

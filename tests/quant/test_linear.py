@@ -74,7 +74,7 @@ def test_packed_kernels_agree_with_the_float_kernels_on_every_row(rows: int) -> 
     lin = make_linear(128, 64, True)
     x = torch.randn(rows, 128, generator=torch.Generator().manual_seed(2))
     for fast, exact in [(Int8Linear.from_linear(lin, "int8pack"), Int8Linear.from_linear(lin, "dequant")),
-                        (Int4Linear.from_linear(lin, 32, cpu_kernel=True), Int4Linear.from_linear(lin, 32, cpu_kernel=False))]:
+                        (Int4Linear.from_linear(lin, 32, kernel="int4pack"), Int4Linear.from_linear(lin, 32, kernel="dequant"))]:
         y = fast(x)
         assert_matches(y, exact(x.to(PACKED_KERNEL_DTYPE).float()), PACKED_TOL)
         for row in (0, rows - 1):
@@ -91,13 +91,16 @@ def test_int8_dynamic_kernel_is_close() -> None:
         assert ((mod(x) - ref).norm() / ref.norm()).item() < 0.03
 
 
-@pytest.mark.parametrize("k,n,group,cpu_kernel", [(256, 48, 128, True), (200, 32, 64, True), (96, 40, 32, False)])
-def test_int4_linear_matches_its_dequantised_weight(k: int, n: int, group: int, cpu_kernel: bool) -> None:
-    # N=40 is not a multiple of 16: torch's CPU int4pack refuses it, so the nibble layout is used.
+@pytest.mark.parametrize("k,n,group", [(256, 48, 128), (200, 32, 64), (96, 40, 32)])
+def test_int4_linear_matches_its_dequantised_weight(k: int, n: int, group: int) -> None:
+    # N=40 is not a multiple of 16: torch's CPU int4pack refuses it, so only the nibble layout runs.
+    # (The native w4a8 kernel, which quantises activations, is checked in test_native.)
     lin = make_linear(k, n, bias=True)
     q, scales, zeros = formats.quantize_int4(lin.weight, group)
-    for mod in (Int4Linear.from_linear(lin, group, cpu_kernel=True), Int4Linear.from_linear(lin, group, cpu_kernel=False)):
-        assert mod.group_size == group
+    for kernel in ("int4pack", "dequant") if n % 16 == 0 else ("dequant",):
+        mod = Int4Linear.from_linear(lin, group, kernel=kernel)
+        packed = kernel == "int4pack"
+        assert mod.group_size == group and mod.kernel == kernel
         # The stored weight reads back as our reference dequantisation: torch's packing and
         # its (q - 8) * scale + zero convention agree with engine.quant.formats (the packed
         # kernel with its scales and zeros in bf16, as it takes them).
@@ -105,12 +108,13 @@ def test_int4_linear_matches_its_dequantised_weight(k: int, n: int, group: int, 
         sz = mod.scales_and_zeros.float()
         w_deq = formats.dequantize_int4(q, sz[..., 0].t(), sz[..., 1].t(), k)
         assert sz.dtype == torch.float32 and torch.allclose(mod.dequantized_weight(), w_deq, atol=1e-5)
-        if not mod.cpu_kernel:
+        if not packed:
             torch.testing.assert_close(w_deq, formats.dequantize_int4(q, scales, zeros, k), rtol=0, atol=0)
         for x in inputs(k):
-            assert_matches(mod(x), reference(x, w_deq, lin, mod.cpu_kernel), PACKED_TOL if mod.cpu_kernel else 1e-5)
-    assert Int4Linear.from_linear(lin, group, cpu_kernel=True).cpu_kernel == cpu_kernel
-    assert not Int4Linear.from_linear(lin, group, cpu_kernel=False).cpu_kernel
+            assert_matches(mod(x), reference(x, w_deq, lin, packed), PACKED_TOL if packed else 1e-5)
+    if n % 16:
+        with pytest.raises(ValueError, match="int4pack needs a CPU weight and out_features a multiple of 16"):
+            Int4Linear.from_linear(lin, group, kernel="int4pack")
 
 
 @pytest.mark.parametrize("k,n,bias", [(96, 48, False), (72, 40, True)])
@@ -126,8 +130,8 @@ def test_fp8_linear_matches_its_dequantised_weight(k: int, n: int, bias: bool) -
 @pytest.mark.parametrize("make", [
     lambda lin: Int8Linear.from_linear(lin),
     lambda lin: Int8Linear.from_linear(lin, "dequant"),
-    lambda lin: Int4Linear.from_linear(lin, 64, cpu_kernel=True),
-    lambda lin: Int4Linear.from_linear(lin, 64, cpu_kernel=False),
+    lambda lin: Int4Linear.from_linear(lin, 64, kernel="int4pack"),
+    lambda lin: Int4Linear.from_linear(lin, 64, kernel="dequant"),
     lambda lin: Fp8Linear.from_linear(lin),
 ], ids=["int8-auto", "int8-dequant", "int4-cpu-kernel", "int4-nibbles", "fp8"])
 def test_bf16_activations(make) -> None:
@@ -168,16 +172,16 @@ def test_smoothing_moves_activation_outliers_into_the_weight_without_changing_th
     assert smooth[5] > 3 * smooth.median()  # the outlier channel is the one divided most
 
 
-def test_group_wise_int8_from_a_checkpoint_runs_the_dequant_kernel_only() -> None:
+def test_group_wise_int8_from_a_checkpoint_on_the_dequant_kernel() -> None:
     lin = make_linear(64, 16, bias=True)
     q = torch.randint(-127, 128, (16, 64), dtype=torch.int8, generator=torch.Generator().manual_seed(4))
     scales = torch.rand(16, 2, generator=torch.Generator().manual_seed(5))  # groups of 32 columns
-    mod = Int8Linear.from_groups(lin, q, scales)
+    mod = Int8Linear.from_groups(lin, q, scales, "dequant")  # w8a8 (fp16 scales): test_native
     expected_weight = q.float() * scales.repeat_interleave(32, dim=1)
     torch.testing.assert_close(mod.dequantized_weight(), expected_weight)
     for x in inputs(64):
         assert_matches(mod(x), reference(x, expected_weight, lin), 1e-5)
-    with pytest.raises(ValueError, match="dequant kernel only"):
+    with pytest.raises(ValueError, match="dequant and w8a8 kernels only"):
         Int8Linear(q, scales, None, kernel="dynamic")
     with pytest.raises(ValueError, match="do not fit"):
         Int8Linear.from_groups(lin, q[:, :48], scales)
