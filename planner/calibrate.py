@@ -631,18 +631,19 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
     info = detect_device(device)
     cm_dtype = SHORT_NAME[dtype]
     block_size = 16
-    probe = LLM(model_name, device=info.kind, dtype=dtype, random_weights=random_weights, num_kv_blocks=1,
-                block_size_tokens=block_size, max_num_batched_tokens=4096, max_num_seqs=64)
+    engine_settings: dict[str, object] = {"device": info.kind, "dtype": dtype, "random_weights": random_weights,
+                                          "block_size_tokens": block_size, "max_num_batched_tokens": 4096,
+                                          "max_num_seqs": 64}
+    probe = LLM(model_name, num_kv_blocks=1, **engine_settings)
     config = probe.config
     grid = step_grid(quick, config.max_position_embeddings)
     del probe
     micro = micro_benchmarks(info.kind, cm_dtype, quick)
     profile = local_profile(info, micro, cm_dtype)
     repeats = 2 if quick else 3
-    llm = LLM(model_name, device=info.kind, dtype=dtype, random_weights=random_weights,
-              num_kv_blocks=max(grid_blocks_needed(grid, block_size, repeats),
-                                kv_copy_block_counts(config.kv_bytes_per_token(cm_dtype) * block_size)[1]),
-              block_size_tokens=block_size, max_num_batched_tokens=4096, max_num_seqs=64, enable_prefix_caching=False)
+    llm = LLM(model_name, num_kv_blocks=max(grid_blocks_needed(grid, block_size, repeats),
+                                            kv_copy_block_counts(config.kv_bytes_per_token(cm_dtype) * block_size)[1]),
+              enable_prefix_caching=False, **engine_settings)
     micro = micro.model_copy(update={"kv_copies": kv_copy_benchmarks(llm, 3 if quick else 5)})
     profile = local_profile(info, micro, cm_dtype)
     profile_path = PROFILE_DIR / f"{profile.name}.yaml"
@@ -654,11 +655,9 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
         steps = measure_steps(llm, grid, repeats, progress=lambda: bar.advance(task))
         if parallel.tensor_parallel > 1:
             del llm
-            llm = LLM(model_name, device=info.kind, dtype=dtype, random_weights=random_weights,
-                      num_kv_blocks=grid_blocks_needed(grid, block_size, repeats), block_size_tokens=block_size,
-                      max_num_batched_tokens=4096, max_num_seqs=64, enable_prefix_caching=False,
+            llm = LLM(model_name, num_kv_blocks=grid_blocks_needed(grid, block_size, repeats), enable_prefix_caching=False,
                       tensor_parallel=parallel.tensor_parallel, expert_parallel=expert_parallel,
-                      threads=torch.get_num_threads())
+                      threads=torch.get_num_threads(), **engine_settings)
             task = bar.add_task(f"timing them on {parallel.tensor_parallel} processes", total=len(grid))
             steps += [s.model_copy(update={"tensor_parallel": parallel.tensor_parallel, "expert_parallel": expert_parallel})
                       for s in measure_steps(llm, grid, repeats, progress=lambda: bar.advance(task))]
