@@ -10,11 +10,13 @@ from dataclasses import replace
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+import pytest
 
 from engine.catalog import resolve_model
 from engine.errors import InputError
 from planner.costmodel import CostParams
 from planner.hardware import get_hardware
+from planner.playback import Replay
 from planner.sim import simulate
 from planner.specs import Deployment, EngineKnobs
 from planner.workload import (ClosedLoopArrivals, Conversation, GammaArrivals, LognormalLength, OfflineArrivals,
@@ -71,3 +73,32 @@ def test_bulk_decodes_simulate_exactly_what_one_by_one_simulates(run: dict[str, 
     assert bulk.record.requests == one.record.requests
     assert bulk.record.samples == one.record.samples
     assert bulk.summary == one.summary
+
+
+_SHORT_POOL_BLOCKS = 200  # 3,200 tokens: two or three conversations at their longest
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_bulk_decodes_exact_where_follow_ups_hit_decoded_blocks_in_a_short_pool(seed: int) -> None:
+    """Prefix caching on, chats whose follow-up turns hit the blocks their parents decoded, and a pool
+    that holds a few conversations: block events owed by bulk decodes (engine/core/bulk_decodes.py)
+    meet hits on decode-produced blocks, evictions and preemptions, and still give what one by one gives."""
+    workload = Workload(
+        name="t", arrival=PoissonArrivals(rate_per_s=40.0), num_requests=90, seed=seed,
+        input_tokens=LognormalLength(median_tokens=60, sigma=0.8, max_tokens=300),
+        output_tokens=LognormalLength(median_tokens=100, sigma=0.6, max_tokens=300),
+        conversation=Conversation(min_turns=2, max_turns=3, think_time_s=0.0))
+    dep = Deployment(hardware="h100-sxm", knobs=EngineKnobs(max_num_seqs=32, enable_prefix_caching=True))
+    model = MODELS["llama-3.1-8b"]
+    one = simulate(model, H100, dep, workload, bulk_decodes=False, kv_cache_blocks=_SHORT_POOL_BLOCKS)
+    bulk = simulate(model, H100, dep, workload, bulk_decodes=True, kv_cache_blocks=_SHORT_POOL_BLOCKS)
+    assert bulk.record.requests == one.record.requests
+    assert bulk.record.samples == one.record.samples
+    assert bulk.summary == one.summary
+    # The run met what it is meant to: preemptions, and follow-ups hitting past their parent's prompt.
+    assert one.summary.preemptions > 0
+    prompts = {r.request_id: r.prompt_tokens for r in one.record.requests}
+    parents = {r.request_id: r.parent_id for r in Replay.of(workload, model.vocab_size).requests}
+    assert any(parents[r.request_id] is not None and r.cached_prompt_tokens > prompts[parents[r.request_id]]
+               for r in one.record.requests)
+
