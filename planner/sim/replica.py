@@ -8,14 +8,14 @@ everything it accepted (it drains; nothing is dropped).
 A step that ends before anything else is due in the simulation (`env.peek()`), and whose
 completion makes no event of its own (no request finishes: nothing is scheduled but bulk decodes),
 is completed at once, on the replica's own clock, which runs ahead of SimPy's: nobody else runs
-meanwhile, so nobody can tell, and the step after it waits for SimPy's clock to catch up exactly
-at its end. That saves a SimPy event per step for the long runs of decode-only steps between arrivals.
+meanwhile, so nobody can tell, and the next step that needs SimPy first brings its clock exactly
+onto its own start (`_catch_up`). That saves a SimPy event per step for the long runs of
+decode-only steps between arrivals.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-import math
 
 import simpy
 
@@ -99,7 +99,9 @@ class Replica:
                 self.now = end  # completed at once (module docstring)
                 loop.complete(launched)
                 continue
-            yield env.timeout(duration if self.now == env.now else _delay_to(env.now, end))
+            if env.now < self.now:  # behind after steps completed at once
+                yield from _catch_up(env, self.now)
+            yield env.timeout(duration)  # lands on self.now + duration == end, as one by one
             self.now = env.now
             updates = loop.complete(launched)
             if self.recorder is not None:
@@ -110,11 +112,12 @@ class Replica:
                 self.now = env.now
 
 
-def _delay_to(now: float, at: float) -> float:
-    """The delay SimPy adds to `now` to land exactly on `at` (a float sum, so not always at - now)."""
-    delay = at - now
-    while now + delay < at:
-        delay = math.nextafter(delay, math.inf)
-    while now + delay > at:
-        delay = math.nextafter(delay, -math.inf)
-    return delay
+def _catch_up(env: simpy.Environment, to: float):  # noqa: ANN202 (a SimPy process generator)
+    """Bring SimPy's clock exactly onto `to`, where nothing else is due before it (module docstring).
+    A timeout lands on now + delay rounded, so `to - now` can miss `to`; it is exact when now >= to / 2
+    (Sterbenz), so a clock further behind first doubles (now + now is exact). The extra wake-ups find
+    nothing else due, so they change no order; the step's own timeout is then made at its start, as
+    one by one makes it, and lands on the same float sum."""
+    while 0.0 < env.now < to / 2:
+        yield env.timeout(env.now)
+    yield env.timeout(to - env.now)

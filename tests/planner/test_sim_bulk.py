@@ -11,6 +11,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 import pytest
+import simpy
 
 from engine.catalog import resolve_model
 from engine.errors import InputError
@@ -18,6 +19,7 @@ from planner.costmodel import CostParams
 from planner.hardware import get_hardware
 from planner.playback import Replay
 from planner.sim import simulate
+from planner.sim.replica import _catch_up
 from planner.specs import Deployment, EngineKnobs
 from planner.workload import (ClosedLoopArrivals, Conversation, GammaArrivals, LognormalLength, OfflineArrivals,
                               PoissonArrivals, SharedPrefix, Workload)
@@ -102,3 +104,31 @@ def test_bulk_decodes_exact_where_follow_ups_hit_decoded_blocks_in_a_short_pool(
     assert any(parents[r.request_id] is not None and r.cached_prompt_tokens > prompts[parents[r.request_id]]
                for r in one.record.requests)
 
+
+
+@given(st.floats(0.0, 1e6), st.floats(0.0, 1e6))
+def test_catching_up_lands_simpy_exactly_on_the_replica_clock(behind_s: float, ahead_s: float) -> None:
+    """A clock left far behind by steps completed at once cannot reach `to` in one timeout: now +
+    (to - now) rounds. _catch_up lands on `to` exactly, whatever the two floats."""
+    env = simpy.Environment(initial_time=behind_s)
+    to = behind_s + ahead_s
+    env.process(_catch_up(env, to))
+    env.run()
+    assert env.now == to
+
+
+def test_bulk_decodes_exact_when_a_step_ends_long_after_simpys_clock() -> None:
+    """The counterexample that found the rounding: the queue runs dry, the replica completes half
+    a second of decode steps at once, and the last step's end must still be the one-by-one float."""
+    workload = Workload(
+        name="t", arrival=PoissonArrivals(rate_per_s=40.0), num_requests=10, seed=0,
+        input_tokens=LognormalLength(median_tokens=200, sigma=1.0, max_tokens=3000),
+        output_tokens=LognormalLength(median_tokens=60, sigma=0.9, max_tokens=800),
+        shared_prefix=SharedPrefix(num_prefixes=3, prefix_tokens=40, share=0.7))
+    dep = Deployment(hardware="h100-sxm", engine="trtllm-1.2",
+                     knobs=EngineKnobs(max_num_batched_tokens=16384, max_num_seqs=4, enable_prefix_caching=False))
+    model, params = MODELS["llama-3.1-8b"], CostParams.defaults(H100)
+    one = simulate(model, H100, dep, workload, bulk_decodes=False, calibration=params)
+    bulk = simulate(model, H100, dep, workload, bulk_decodes=True, calibration=params)
+    assert bulk.record.requests == one.record.requests
+    assert bulk.record.samples == one.record.samples
