@@ -107,23 +107,29 @@ class BlockPool:
     def get_new_blocks(self, n: int) -> list[KVCacheBlock]:
         if n > self.num_free_blocks:
             raise ValueError(f"cannot allocate {n} blocks: only {self.num_free_blocks} free")
-        out = []
-        uncached_free, blocks = self._uncached_free, self.blocks
-        for _ in range(n):
-            if uncached_free:
-                block = uncached_free.pop()
-            elif len(blocks) < self.num_blocks:
-                block = KVCacheBlock(len(blocks))
-                blocks.append(block)
-            else:
-                block = self._cached_free.popleft()
-                if block.block_hash is not None:  # None only after reset_prefix_cache
-                    if self.on_evict is not None:
-                        self.on_evict(block.block_hash, block.block_id)
-                    self._evict(block, block.block_hash)
-            block.ref_cnt = 1
-            out.append(block)
-        return out
+        return [self._pop_free() for _ in range(n)]
+
+    def get_new_block(self) -> KVCacheBlock:
+        """get_new_blocks(1)[0]: a decode crossing into its next block, the simulator's commonest take."""
+        if not self.num_free_blocks:
+            raise ValueError("cannot allocate 1 block: none free")
+        return self._pop_free()
+
+    def _pop_free(self) -> KVCacheBlock:
+        """The head of the free queue, held once (a cached block's hash evicted); the caller checked it is not empty."""
+        if self._uncached_free:
+            block = self._uncached_free.pop()
+        elif len(self.blocks) < self.num_blocks:
+            block = KVCacheBlock(len(self.blocks))
+            self.blocks.append(block)
+        else:
+            block = self._cached_free.popleft()
+            if block.block_hash is not None:  # None only after reset_prefix_cache
+                if self.on_evict is not None:
+                    self.on_evict(block.block_hash, block.block_id)
+                self._evict(block, block.block_hash)
+        block.ref_cnt = 1
+        return block
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         return self.cached_block_hash_to_block.get(block_hash)

@@ -11,6 +11,17 @@ own fields up to date only at its event. The requests stay in the scheduler's ru
 their place, so every decision that depends on order (budget, allocation, preemption victims) is
 taken exactly as step by step.
 
+A member's block events (the step that takes its next block and, with prefix caching, the one
+before it, which registers its full block) are not visits either: the member *owes* the event
+(`request.bulk_owed`, the bulk step it falls in), and the scheduler pays what is owed in the order
+one by one would meet it (bulk step, then place in the running list: `request.running_seq`), at the
+first thing after it that touches the block pool (anyone's allocation, lookup or release, and the
+end of each step's schedule, which reports the pool's use). Between the two nothing touches the
+pool, so the payment finds it exactly as one by one did. A block owed must also be there when paid:
+a member owes one only while the free blocks outnumber those owed, and whatever else takes blocks
+turns owed blocks back into visits (`cancel_owed_takes`) when that no longer holds, so a pool
+running short meets each taker in its place, with its preemptions, as one by one.
+
 The clock is `steps`, the number of bulk steps so far. A member's fields are exact as of
 `request.bulk_since`; it is next looked at in bulk step `request.bulk_until`. Both are -1 for a
 request handled one by one.
@@ -51,6 +62,13 @@ class BulkDecodes:
         # Contexts grow together, so num_computed_tokens + 1 - bulk_since orders members for good:
         # a max-heap of it, entries dropped lazily once their request left or moved.
         self._longest: list[tuple[int, str]] = []
+        # Block events owed: (bulk step, running_seq, request id), a min-heap in the order one by one
+        # meets them; entries dropped lazily once their request left, paid or turned it into a visit.
+        self._owed: list[tuple[int, int, str]] = []
+        self._owed_takes: set[str] = set()  # members whose owed event takes a block
+        # (bulk_until, request id): a min-heap of the steps members are looked at, entries dropped
+        # lazily once their request left or moved; a step before all of them is bulk decodes only.
+        self._visits: list[tuple[int, str]] = []
 
     @property
     def num_requests(self) -> int:
@@ -61,10 +79,34 @@ class BulkDecodes:
             return NO_BULK
         return BulkShape(len(self.members), self.context_tokens, self._max_context_len())
 
-    def join(self, request: Request, until: int) -> None:
-        """Take a decoding request whose fields are exact now, to be looked at again in bulk step `until`."""
+    @property
+    def num_owed_takes(self) -> int:
+        return len(self._owed_takes)
+
+    def next_visit(self) -> int:
+        """The first bulk step in which a member is looked at (-1: no member)."""
+        heap, members = self._visits, self.members
+        while heap:
+            until, rid = heap[0]
+            request = members.get(rid)
+            if request is not None and request.bulk_until == until:
+                return until
+            heapq.heappop(heap)
+        return -1
+
+    def look_at(self, request: Request, step: int) -> None:
+        """Look at a member next in bulk step `step`."""
+        if request.bulk_until != step:
+            request.bulk_until = step
+            heapq.heappush(self._visits, (step, request.request_id))
+            if len(self._visits) > 2 * len(self.members) + 64:
+                self._visits = [(r.bulk_until, rid) for rid, r in self.members.items()]
+                heapq.heapify(self._visits)
+
+    def join(self, request: Request) -> None:
+        """Take a decoding request whose fields are exact now; the caller sets when it is next looked at (look_at)."""
         rid = request.request_id
-        request.bulk_since, request.bulk_until = self.steps, until
+        request.bulk_since = self.steps
         self.members[rid] = request
         self.context_tokens += request.num_computed_tokens + 1
         heapq.heappush(self._longest, (self.steps - request.num_computed_tokens - 1, rid))
@@ -86,11 +128,49 @@ class BulkDecodes:
         self.sync(request)
         del self.members[request.request_id]
         self.context_tokens -= request.num_computed_tokens + 1
-        request.bulk_since = request.bulk_until = -1
+        request.bulk_since = request.bulk_until = request.bulk_owed = -1
+        self._owed_takes.discard(request.request_id)
         if not self.members:
             self._times.clear()
             self._longest.clear()
+            self._owed.clear()
+            self._visits.clear()
             self._first_time_step = self.steps
+
+    def owe(self, request: Request, step: int, takes: bool) -> None:
+        """A member's next block event falls in bulk step `step`, at its place in the running list:
+        owed, not a visit. `takes`: the event takes a block (else it registers a full one)."""
+        request.bulk_owed = step
+        heapq.heappush(self._owed, (step, request.running_seq, request.request_id))
+        if takes:
+            self._owed_takes.add(request.request_id)
+
+    def next_owed(self, step: int, seq: int) -> tuple[Request, bool] | None:
+        """The first member that owes an event before place `seq` of bulk step `step`, now owing
+        nothing, and whether the event takes a block (else it registers one, and the member's fields
+        are made exact); None when nothing is owed before that place."""
+        owed = self._owed
+        # (step, seq, id) > (step, seq): a place is not before itself.
+        while owed and owed[0] < (step, seq):
+            owed_step, owed_seq, rid = heapq.heappop(owed)
+            request = self.members.get(rid)
+            if request is not None and request.bulk_owed == owed_step and request.running_seq == owed_seq:
+                request.bulk_owed = -1
+                takes = rid in self._owed_takes
+                if takes:
+                    self._owed_takes.remove(rid)
+                else:
+                    self.sync(request)  # a full block is hashed over its tokens
+                return request, takes
+        return None
+
+    def cancel_owed_takes(self) -> None:
+        """Turn every owed block take back into a visit in the step it falls in."""
+        for rid in self._owed_takes:
+            request = self.members[rid]
+            self.look_at(request, request.bulk_owed)
+            request.bulk_owed = -1
+        self._owed_takes.clear()
 
     def advance(self, now: float) -> None:
         """Every member decoded one token in the step that ends at `now`."""

@@ -31,11 +31,18 @@ def hash_block_tokens(parent_hash: BlockHash, token_ids: Sequence[int], extra_ke
     of a tuple of ints would give neither: 64 bits, unkeyed, built to spread keys, not to resist
     collisions. Tokens are int64 in native byte order: the keys never leave the process.
     """
-    tokens = array("q", token_ids)
+    return _block_key(parent_hash, len(token_ids).to_bytes(4, "little"), array("q", token_ids).tobytes(), _extra_bytes(extra_key))
+
+
+def _block_key(parent_hash: BlockHash, num_tokens: bytes, tokens: bytes, extra: bytes) -> BlockHash:
+    """hash_block_tokens from the bytes of its parts: a request's blocks are hashed in one go."""
     # The token count fixes where the tokens end and the extra key begins.
-    data = b"".join((parent_hash.to_bytes(_HASH_BYTES, "little"), len(tokens).to_bytes(4, "little"), tokens,
-                     b"" if extra_key is None else repr(extra_key).encode()))
+    data = b"".join((parent_hash.to_bytes(_HASH_BYTES, "little"), num_tokens, tokens, extra))
     return BlockHash(int.from_bytes(blake2b(data, digest_size=_HASH_BYTES).digest(), "little"))
+
+
+def _extra_bytes(extra_key: ExtraKey) -> bytes:
+    return b"" if extra_key is None else repr(extra_key).encode()
 
 
 @dataclass(frozen=True)
@@ -203,17 +210,45 @@ class KVCacheManager:
         self._cache_full_blocks(request, held, num_computed + num_new_tokens)
         return new_block_ids
 
-    def untouched_decode_steps(self, request: Request) -> int:
-        """How many one-token decode steps of a decoding request (num_computed_tokens = num_tokens
-        - 1), counting from the next, allocate_slots would serve without touching the pool: no new
-        block, and no full block to register in the prefix cache."""
+    def allocate_decode_slot(self, request: Request) -> bool:
+        """allocate_slots(request, 1) for a decoding request that holds its blocks (num_computed_tokens
+        = num_tokens - 1), without the general case's work: the slot of its next token, a new block
+        when that starts one, and its block registered once full. False, changing nothing, when a
+        block is needed and none is free. The simulator's bulk decodes run it for every block."""
+        held = self.req_to_blocks[request.request_id]
+        computed = request.num_computed_tokens
+        if computed >= len(held) * self.block_size:
+            if not self.block_pool.num_free_blocks:
+                return False
+            held += self.block_pool.get_new_blocks(1)
+        self._cache_full_blocks(request, held, computed + 1)
+        return True
+
+    def take_decode_block(self, request: Request) -> bool:
+        """allocate_decode_slot for a decode whose next token starts a new block and fills none
+        (blocks as decoding leaves them: every full one registered): the block alone. False,
+        changing nothing, when none is free."""
+        if not self.block_pool.num_free_blocks:
+            return False
+        self.req_to_blocks[request.request_id].append(self.block_pool.get_new_block())
+        return True
+
+    def cache_decode_block(self, request: Request) -> None:
+        """allocate_decode_slot for a decode whose last known token fills its last block: the block
+        registered (its slot is there already)."""
+        self._cache_full_blocks(request, self.req_to_blocks[request.request_id], request.num_tokens)
+
+    def decode_block_steps(self, request: Request) -> tuple[int, int]:
+        """For a decoding request (num_computed_tokens = num_tokens - 1), counting one-token decode
+        steps from the next (0): the step whose allocate_slots takes a new block, and the step whose
+        allocate_slots registers a full block in the prefix cache (-1 without prefix caching)."""
         bs, rid = self.block_size, request.request_id
         computed = request.num_computed_tokens
-        # Step j (from 0) needs ceil((computed + j + 1) / bs) blocks and fills computed + j + 1 slots.
-        steps = len(self.req_to_blocks[rid]) * bs - computed
-        if self.enable_prefix_caching:
-            steps = min(steps, (self.num_cached_blocks[rid] + 1) * bs - computed - 1)
-        return steps
+        # Step j (from 0) needs ceil((computed + j + 1) / bs) blocks and knows computed + j + 1 tokens.
+        take = len(self.req_to_blocks[rid]) * bs - computed
+        if not self.enable_prefix_caching:
+            return take, -1
+        return take, (self.num_cached_blocks[rid] + 1) * bs - computed - 1
 
     def _cache_full_blocks(self, request: Request, held: list[KVCacheBlock], num_tokens: int) -> None:
         """Register the request's full blocks of known tokens among its first `num_tokens`.
@@ -319,8 +354,10 @@ class KVCacheManager:
         if start >= end:
             return
         parent = hashes[-1] if hashes else _ROOT_HASH
-        tokens, extra_key = request.token_slice(start, end), request.extra_key
-        for i in range(0, end - start, bs):
-            block_hash = hash_block_tokens(parent, tokens[i : i + bs], extra_key)
-            hashes.append(block_hash)
-            parent = block_hash
+        # hash_block_tokens block by block, each part turned into bytes once.
+        tokens = array("q", request.token_slice(start, end)).tobytes()
+        size = len(tokens) // ((end - start) // bs)
+        num_tokens, extra = bs.to_bytes(4, "little"), _extra_bytes(request.extra_key)
+        for i in range(0, len(tokens), size):
+            parent = _block_key(parent, num_tokens, tokens[i : i + size], extra)
+            hashes.append(parent)

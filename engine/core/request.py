@@ -123,6 +123,10 @@ class Request:
     # its token fields are exact as of, and the one in which it is next looked at; -1 otherwise.
     bulk_since: int = field(default=-1, init=False, repr=False)
     bulk_until: int = field(default=-1, init=False, repr=False)
+    # The bulk step of its next block event, owed rather than looked at; -1: none owed.
+    bulk_owed: int = field(default=-1, init=False, repr=False)
+    # Its place in the scheduler's running list: admissions are numbered, and the list stays in that order.
+    running_seq: int = field(default=-1, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not 0 <= self.num_external_computed_tokens < max(1, len(self.prompt_token_ids)):

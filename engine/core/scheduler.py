@@ -18,6 +18,9 @@ from engine.core.kv_tiers import KVTransfers, TierStats
 from engine.core.request import FINISH_REASONS, Request, RequestStatus, SamplingParams
 from engine.core.request_queue import RequestQueue, make_request_queue
 
+# A place in a step after every running request: where admissions and a step's results come.
+_END_OF_STEP = 1 << 62
+
 Policy = Literal["fcfs", "priority"]
 Batching = Literal["mixed", "prefill_first"]
 PreemptionMode = Literal["recompute", "swap"]
@@ -207,6 +210,7 @@ class Scheduler:
         self._num_preemptions = 0
         self._num_steps = 0
         self._num_added = 0
+        self._num_admitted = 0  # numbers admissions: running_seq
         reservation = config.output_reservation
         self._reserve_ratio = reservation.initial_ratio if reservation is not None else 0.0
         # Output tokens running requests may still produce (max_tokens - produced): what a
@@ -281,7 +285,14 @@ class Scheduler:
         self._check_drafts()
         self.kv_cache_manager.begin_step()
         step = _StepState(budget=self.config.max_num_batched_tokens)
-        if self._group_steps_left:
+        bulk = self._bulk
+        if (bulk is not None and not self.waiting and len(self.running) == bulk.num_requests
+                and bulk.next_visit() > bulk.steps):
+            # Bulk decodes only, none looked at: what _schedule_running finds, without walking the
+            # batch (the budget holds max_num_seqs decodes), and nobody waits to be admitted.
+            step.num_bulk = len(self.running)
+            step.budget -= step.num_bulk
+        elif self._group_steps_left:
             self._schedule_running(step)  # the multi-step group goes on: the same decodes, nobody admitted
         elif not (self.config.batching == "prefill_first" and self._schedule_prefills(step, now)):
             self._schedule_running(step)
@@ -290,21 +301,22 @@ class Scheduler:
             if not step.preempted and self.config.batching == "mixed":
                 self._schedule_waiting(step, now)
 
-        scheduled = tuple(step.scheduled.values())
-        bulk = NO_BULK
-        if step.num_bulk:
-            bulk = self._bulk.shape()
-            if bulk.num_requests != step.num_bulk:
-                raise RuntimeError(f"{step.num_bulk} bulk decodes counted in the step but {bulk.num_requests} held in bulk")
+        shape = NO_BULK
+        if bulk is not None:  # the step's owed events, before its pool use is reported
+            self._settle(bulk.steps, _END_OF_STEP if step.num_bulk else -1)
+            if step.num_bulk:
+                shape = bulk.shape()
+                if shape.num_requests != step.num_bulk:
+                    raise RuntimeError(f"{step.num_bulk} bulk decodes counted in the step but {shape.num_requests} held in bulk")
         output = SchedulerOutput(
-            scheduled=scheduled,
+            scheduled=tuple(step.scheduled.values()),
             total_num_scheduled_tokens=self.config.max_num_batched_tokens - step.budget,
             preempted_request_ids=tuple(r.request_id for r in step.preempted),
             finished_request_ids=tuple(self._finished_ids),
             num_waiting=len(self.waiting),
             num_running=len(self.running),
             kv_cache_usage=self.kv_cache_manager.usage,
-            bulk_decodes=bulk,
+            bulk_decodes=shape,
             kv_transfers=self.kv_cache_manager.take_transfers(),
         )
         self._finished_ids.clear()
@@ -338,6 +350,8 @@ class Scheduler:
         return bool(step.scheduled)
 
     def _check_drafts(self) -> None:
+        if self._bulk is not None:
+            return  # bulk decodes need k = 0 and an executor that knows its tokens: no proposer sets drafts
         k = self.config.num_speculative_tokens
         for request in self.running:
             if len(request.spec_token_ids) > k:
@@ -364,6 +378,8 @@ class Scheduler:
                     step.num_bulk += taken
                 i = end
                 continue
+            if self._bulk is not None:  # what it does here may touch the block pool: events owed before it come first
+                self._settle(bulk_step, -1 if prefills_only else request.running_seq)
             if request.bulk_since >= 0 and (prefills_only or self._bulk_event(request)):
                 if not prefills_only:
                     step.budget -= 1
@@ -398,6 +414,7 @@ class Scheduler:
                 # It was the least important itself. Under FCFS it was also the last, which ends
                 # the loop; under priority, the more important ones after it still get their turn.
                 continue
+            self._keep_owed_takes()
             step.scheduled[request.request_id] = self._scheduled_request(
                 request, num_new, new_block_ids, reset_block_table=False
             )
@@ -408,31 +425,71 @@ class Scheduler:
         # left, so it had finished). schedule() checks that no bulk decode was missed.
 
     def _bulk_event(self, request: Request) -> bool:
-        """A bulk decode's event in this step: its next block (or a full one to register), taken here in
-        its place, keeps it in bulk (True); its last token, or a pool without a free block, hands it
-        back to one-by-one handling (False)."""
+        """A bulk decode looked at in this step: a block it could not owe, taken here in its place, keeps
+        it in bulk (True); its last token, or a pool without a free block, hands it back to one-by-one
+        handling (False)."""
         bulk = self._bulk
         bulk.sync(request)
-        if request.num_output_tokens + 1 < request.max_tokens and self.kv_cache_manager.allocate_slots(request, 1) is not None:
-            request.bulk_until = bulk.steps + self._bulk_horizon(request)
+        if request.num_output_tokens + 1 < request.max_tokens and self.kv_cache_manager.allocate_decode_slot(request):
+            self._keep_owed_takes()
+            self._plan_bulk(request)
             return True
         bulk.leave(request)
         return False
 
-    def _bulk_horizon(self, request: Request) -> int:
-        """Decode steps of `request`, counting from the one its fields are exact for, before its next
-        event: a block to take or register, or its last token."""
-        return min(self.kv_cache_manager.untouched_decode_steps(request), request.max_tokens - request.num_output_tokens - 1)
+    def _plan_bulk(self, request: Request) -> None:
+        """A member whose fields are exact now (its decode in bulk step `steps` has its slot, or is
+        next): owe its next block event, or make it the step it is looked at; with nothing owed it
+        is looked at for its last token."""
+        bulk, kv = self._bulk, self.kv_cache_manager
+        # Counted in decode steps from bulk step `steps` (0).
+        take, full = kv.decode_block_steps(request)
+        last = request.max_tokens - request.num_output_tokens - 1
+        event = take if full < 0 else min(take, full)
+        if event < last and (event < take or kv.num_free_blocks > bulk.num_owed_takes):
+            bulk.owe(request, bulk.steps + event, takes=event == take)
+            bulk.look_at(request, bulk.steps + last)
+        else:
+            bulk.look_at(request, bulk.steps + min(event, last))
+
+    def _settle(self, step: int, seq: int) -> None:
+        """Pay the block events bulk decodes owe before place `seq` of bulk step `step`, in the order
+        one by one meets them (engine/core/bulk_decodes.py)."""
+        bulk, kv = self._bulk, self.kv_cache_manager
+        bs = self.config.block_size
+        # After a block's registration comes the block after it; after a block, its registration once
+        # full (the step before the next block), or without prefix caching that next block.
+        after_take = bs - 1 if self.config.enable_prefix_caching else bs
+        while (owed := bulk.next_owed(step, seq)) is not None:
+            request, took = owed
+            if not took:
+                kv.cache_decode_block(request)
+            elif not kv.take_decode_block(request):
+                raise RuntimeError(f"request {request.request_id!r} owed a block the pool did not have: members may owe "
+                                   "blocks only while the free ones outnumber those owed")
+            # What _plan_bulk works out, for a decode whose blocks are as decoding leaves them.
+            takes = not took or after_take == bs
+            event = bulk.steps + (after_take if took else 1)
+            if event < request.bulk_until and (not takes or kv.num_free_blocks > bulk.num_owed_takes):
+                bulk.owe(request, event, takes)
+            else:
+                bulk.look_at(request, min(event, request.bulk_until))
+
+    def _keep_owed_takes(self) -> None:
+        """After blocks were taken other than as owed: owed takes the free blocks no longer cover become visits."""
+        bulk = self._bulk
+        if bulk is not None and bulk.num_owed_takes > self.kv_cache_manager.num_free_blocks:
+            bulk.cancel_owed_takes()
 
     def _join_bulk(self, request: Request) -> None:
-        """After a step that sampled for it: into bulk, unless its next decode is an event anyway."""
+        """After a step that sampled for it: into bulk, unless its next decode is its last token anyway."""
         bulk = self._bulk
         params = request.sampling_params
         if (bulk.token == request.eos_token_id and not params.ignore_eos) or bulk.token in params.stop_token_ids:
             return  # the decode token ends it
-        horizon = self._bulk_horizon(request)
-        if horizon > 0:
-            bulk.join(request, bulk.steps + horizon)
+        if request.num_output_tokens + 1 < request.max_tokens:
+            bulk.join(request)
+            self._plan_bulk(request)
 
     def _pick_victim(self) -> int:
         if self.config.policy == "fcfs":
@@ -461,6 +518,8 @@ class Scheduler:
         step.preempted.append(victim)
 
     def _schedule_waiting(self, step: _StepState, now: float) -> None:
+        if self._bulk is not None and self.waiting:  # admissions come after every decode of the step
+            self._settle(self._bulk.steps, _END_OF_STEP if step.num_bulk else -1)
         # The head blocks the rest (FCFS: strict order, so nothing starves; priority: nothing
         # less important overtakes it).
         while step.budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -493,6 +552,7 @@ class Scheduler:
             new_block_ids = kv.allocate_slots(request, num_copied + num_new, computed_blocks, tier_hits=tier_hits)
             if new_block_ids is None:
                 return
+            self._keep_owed_takes()
             kv.load_external(request, num_hit, num_external)
             self.waiting.pop()
             if first_admission:
@@ -500,6 +560,7 @@ class Scheduler:
                 request.num_cached_tokens = num_hit
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_hit + num_external
+            request.running_seq, self._num_admitted = self._num_admitted, self._num_admitted + 1
             self.running.append(request)
             self._remaining_outputs += request.max_tokens - request.num_output_tokens
             block_table = [b.block_id for b in computed_blocks] + new_block_ids
@@ -522,8 +583,10 @@ class Scheduler:
         block_table = self.kv_cache_manager.allocate_swapped_in(request, num_new)
         if block_table is None:
             return False
+        self._keep_owed_takes()
         self.waiting.pop()
         request.status = RequestStatus.RUNNING
+        request.running_seq, self._num_admitted = self._num_admitted, self._num_admitted + 1
         self.running.append(request)
         self._remaining_outputs += request.max_tokens - request.num_output_tokens
         step.scheduled[request.request_id] = self._scheduled_request(request, num_new, block_table, reset_block_table=True)

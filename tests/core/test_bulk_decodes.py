@@ -34,12 +34,20 @@ def configs(draw: st.DrawFn) -> SchedulerConfig:
 
 
 def _requests(rng: random.Random, config: SchedulerConfig, n: int) -> list[tuple[int, Request]]:
-    """(arrival step, request); shared prefixes for prefix hits, some stop on the decode token."""
+    """(arrival step, request); shared prefixes for prefix hits, some stop on the decode token. Some
+    repeat an earlier prompt (equal decode-produced blocks, registered by both), some go on from an
+    earlier prompt and its decodes, as a follow-up turn does (hits on decode-produced blocks)."""
     prefixes = [[rng.randrange(10, 20) for _ in range(rng.randint(1, 12))] for _ in range(3)]
-    out = []
+    out: list[tuple[int, Request]] = []
     for i in range(n):
         prefix = rng.choice(prefixes + [[]])
         prompt = prefix + [rng.randrange(10, 20) for _ in range(rng.randint(0 if prefix else 1, 10))]
+        kind = rng.random()
+        if out and kind < 0.15:
+            prompt = list(rng.choice(out)[1].prompt_token_ids)
+        elif out and kind < 0.3:
+            prompt = list(rng.choice(out)[1].prompt_token_ids) + [TOKEN] * rng.randint(1, 20) + prompt[:2]
+        prompt = prompt[: config.max_model_len - 1]
         max_tokens = rng.randint(1, max(1, min(40, config.max_model_len - len(prompt))))
         stop = rng.random()
         params = SamplingParams(max_tokens=max_tokens, stop_token_ids=(TOKEN,) if stop < 0.05 else (),
@@ -90,11 +98,24 @@ def test_bulk_decodes_give_what_one_by_one_gives(config: SchedulerConfig, n: int
             # exactly would wait forever (in both schedulers).
             and -(-r.num_prompt_tokens // config.block_size) + -(-r.max_tokens // config.block_size) <= num_blocks]
     aborts = {r.request_id: (step + rng.randint(0, 40), rng.random() < 0.5) for step, r in plan if rng.random() < 0.1}
+    for out in _run_pair(config, num_blocks, plan, aborts):
+        if out.bulk_decodes.num_requests:
+            event("bulk decodes")
+        if out.preempted_request_ids and out.bulk_decodes.num_requests:
+            event("preemption beside bulk decodes")
+
+
+def _run_pair(config: SchedulerConfig, num_blocks: int, plan: list[tuple[int, Request]],
+              aborts: dict[str, tuple[int, bool]]) -> list[SchedulerOutput]:
+    """Run `plan` (arrival step, request) through one scheduler one by one and through another with
+    bulk decodes, with `aborts` (request id: step, between schedule() and update()), checking that
+    they agree after every step and at the end. Returns the bulk scheduler's outputs."""
     one = Scheduler(config, KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching))
     bulk = Scheduler(config, KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching), TOKEN)
     twins = {r.request_id: _twin(r) for _, r in plan}
     last_arrival = max((step for step, _ in plan), default=0)
 
+    outputs = []
     step = 0
     while step <= last_arrival or one.has_unfinished_requests():
         assert step < MAX_STEPS, "requests starved"
@@ -112,11 +133,8 @@ def test_bulk_decodes_give_what_one_by_one_gives(config: SchedulerConfig, n: int
 
         abort(between=False)
         a, b = one.schedule(now), bulk.schedule(now)
-        if b.bulk_decodes.num_requests:
-            event("bulk decodes")
-        if b.preempted_request_ids and b.bulk_decodes.num_requests:
-            event("preemption beside bulk decodes")
         assert _shape(a) == _shape(b)
+        outputs.append(b)
         abort(between=True)  # an abort between schedule() and update()
         ua, ub = one.update(a, _sampled(a), now), bulk.update(b, _sampled(b), now)
         assert [u for u in ua if u.finished] == [u for u in ub if u.finished]
@@ -131,6 +149,23 @@ def test_bulk_decodes_give_what_one_by_one_gives(config: SchedulerConfig, n: int
                 r.finish_time, r.finish_reason, r.num_preemptions, r.num_cached_tokens) == (
                 t.output_token_ids, t.token_times, t.num_computed_tokens, t.first_scheduled_time, t.first_token_time,
                 t.finish_time, t.finish_reason, t.num_preemptions, t.num_cached_tokens)
+    return outputs
+
+
+def test_owed_blocks_turn_back_into_visits_when_another_request_takes_the_pool() -> None:
+    """A bulk decode owes its next block while the pool has room; an admission that takes the room
+    turns it back into a visit, so the decode meets the short pool in its own place and step, and
+    preempts there, as one by one does."""
+    config = SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=4, max_model_len=64, block_size=4,
+                             enable_prefix_caching=False)
+    # "a" decodes in bulk from step 1 and owes its second block in step 2; "b" arrives in step 1 and
+    # its prompt takes every block left, so in step 2 "a" finds none and preempts "b" (the latest
+    # admitted). Had "a" still owed the block, paying it would have failed (a RuntimeError).
+    a, b = make_request("a", 3, max_tokens=20), make_request("b", 22, max_tokens=5)
+    outputs = _run_pair(config, 7, [(0, a), (1, b)], {})
+    assert outputs[1].bulk_decodes.num_requests == 1
+    assert outputs[2].preempted_request_ids == ("b",)
+    assert [s.request_id for s in outputs[2].scheduled] == ["a"]
 
 
 def test_a_decode_with_nothing_due_is_not_looked_at() -> None:

@@ -10,12 +10,16 @@ from dataclasses import replace
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+import pytest
+import simpy
 
 from engine.catalog import resolve_model
 from engine.errors import InputError
 from planner.costmodel import CostParams
 from planner.hardware import get_hardware
+from planner.playback import Replay
 from planner.sim import simulate
+from planner.sim.replica import _catch_up
 from planner.specs import Deployment, EngineKnobs
 from planner.workload import (ClosedLoopArrivals, Conversation, GammaArrivals, LognormalLength, OfflineArrivals,
                               PoissonArrivals, SharedPrefix, Workload)
@@ -71,3 +75,60 @@ def test_bulk_decodes_simulate_exactly_what_one_by_one_simulates(run: dict[str, 
     assert bulk.record.requests == one.record.requests
     assert bulk.record.samples == one.record.samples
     assert bulk.summary == one.summary
+
+
+_SHORT_POOL_BLOCKS = 200  # 3,200 tokens: two or three conversations at their longest
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_bulk_decodes_exact_where_follow_ups_hit_decoded_blocks_in_a_short_pool(seed: int) -> None:
+    """Prefix caching on, chats whose follow-up turns hit the blocks their parents decoded, and a pool
+    that holds a few conversations: block events owed by bulk decodes (engine/core/bulk_decodes.py)
+    meet hits on decode-produced blocks, evictions and preemptions, and still give what one by one gives."""
+    workload = Workload(
+        name="t", arrival=PoissonArrivals(rate_per_s=40.0), num_requests=90, seed=seed,
+        input_tokens=LognormalLength(median_tokens=60, sigma=0.8, max_tokens=300),
+        output_tokens=LognormalLength(median_tokens=100, sigma=0.6, max_tokens=300),
+        conversation=Conversation(min_turns=2, max_turns=3, think_time_s=0.0))
+    dep = Deployment(hardware="h100-sxm", knobs=EngineKnobs(max_num_seqs=32, enable_prefix_caching=True))
+    model = MODELS["llama-3.1-8b"]
+    one = simulate(model, H100, dep, workload, bulk_decodes=False, kv_cache_blocks=_SHORT_POOL_BLOCKS)
+    bulk = simulate(model, H100, dep, workload, bulk_decodes=True, kv_cache_blocks=_SHORT_POOL_BLOCKS)
+    assert bulk.record.requests == one.record.requests
+    assert bulk.record.samples == one.record.samples
+    assert bulk.summary == one.summary
+    # The run met what it is meant to: preemptions, and follow-ups hitting past their parent's prompt.
+    assert one.summary.preemptions > 0
+    prompts = {r.request_id: r.prompt_tokens for r in one.record.requests}
+    parents = {r.request_id: r.parent_id for r in Replay.of(workload, model.vocab_size).requests}
+    assert any(parents[r.request_id] is not None and r.cached_prompt_tokens > prompts[parents[r.request_id]]
+               for r in one.record.requests)
+
+
+
+@given(st.floats(0.0, 1e6), st.floats(0.0, 1e6))
+def test_catching_up_lands_simpy_exactly_on_the_replica_clock(behind_s: float, ahead_s: float) -> None:
+    """A clock left far behind by steps completed at once cannot reach `to` in one timeout: now +
+    (to - now) rounds. _catch_up lands on `to` exactly, whatever the two floats."""
+    env = simpy.Environment(initial_time=behind_s)
+    to = behind_s + ahead_s
+    env.process(_catch_up(env, to))
+    env.run()
+    assert env.now == to
+
+
+def test_bulk_decodes_exact_when_a_step_ends_long_after_simpys_clock() -> None:
+    """The counterexample that found the rounding: the queue runs dry, the replica completes half
+    a second of decode steps at once, and the last step's end must still be the one-by-one float."""
+    workload = Workload(
+        name="t", arrival=PoissonArrivals(rate_per_s=40.0), num_requests=10, seed=0,
+        input_tokens=LognormalLength(median_tokens=200, sigma=1.0, max_tokens=3000),
+        output_tokens=LognormalLength(median_tokens=60, sigma=0.9, max_tokens=800),
+        shared_prefix=SharedPrefix(num_prefixes=3, prefix_tokens=40, share=0.7))
+    dep = Deployment(hardware="h100-sxm", engine="trtllm-1.2",
+                     knobs=EngineKnobs(max_num_batched_tokens=16384, max_num_seqs=4, enable_prefix_caching=False))
+    model, params = MODELS["llama-3.1-8b"], CostParams.defaults(H100)
+    one = simulate(model, H100, dep, workload, bulk_decodes=False, calibration=params)
+    bulk = simulate(model, H100, dep, workload, bulk_decodes=True, calibration=params)
+    assert bulk.record.requests == one.record.requests
+    assert bulk.record.samples == one.record.samples
