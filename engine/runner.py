@@ -19,6 +19,7 @@ from engine.graphs import DecodeGraphs, Recorder
 from engine.kernels.metadata import build_attention_metadata
 from engine.kv_offload import ExternalKV, TierStore
 from engine.model.attention import allocate_kv_caches
+from engine.model.layers import lay_out_cpu_matmul_weights
 from engine.sampler import Sampler
 
 
@@ -34,6 +35,7 @@ class ModelRunner:
         seed: int = 0,
     ) -> None:
         self.model, self.config, self.block_size, self.device = model, config, block_size, device
+        lay_out_cpu_matmul_weights(model, model.model.embed_tokens)
         self.kv_caches = allocate_kv_caches(config, num_blocks, block_size, kv_dtype, device)
         self.block_tables: dict[str, list[int]] = {}
         self.sampler = Sampler(device, seed)

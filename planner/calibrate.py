@@ -515,8 +515,11 @@ def measure_steps(llm: LLM, grid: list[tuple[str, list[tuple[int, int, bool]]]],
     timed: list[tuple[SchedulerOutput, float]] = []
     loop.on_step = lambda output, sample: timed.append((output, sample.end_s - sample.start_s))
 
+    added: list[str] = []
+
     def add(prompt_len: int, external: int, max_tokens: int) -> None:
-        scheduler.add_request(Request(f"cal-{next(ids)}", [1 + j % 50 for j in range(prompt_len)],
+        added.append(f"cal-{next(ids)}")
+        scheduler.add_request(Request(added[-1], [1 + j % 50 for j in range(prompt_len)],
                                       SamplingParams(max_tokens=max_tokens, ignore_eos=True), llm.now(),
                                       num_external_computed_tokens=external))
 
@@ -535,6 +538,8 @@ def measure_steps(llm: LLM, grid: list[tuple[str, list[tuple[int, int, bool]]]],
                     add(cached + q, cached, 1)
                 loop.step()
             loop.run_until_idle()
+            while added:  # the engine as it was found: no finished grid request kept (their ids recur)
+                scheduler.pop_finished(added.pop())
             for repeat, (output, _) in enumerate(timed):
                 _check_shapes(label, [(q, c + (0 if prefill else repeat), prefill) for q, c, prefill in shapes], output)
             times = [t for _, t in timed[1:]]

@@ -66,3 +66,27 @@ def test_engine_commands_set_the_threads_they_are_given(tiny_model, capsys) -> N
                  "--requests", "1", "--input-tokens", "4", "--output-tokens", "2", "--threads", str(threads), "--json"])
     assert code == 0 and torch.get_num_threads() == threads, capsys.readouterr().err
     assert f"{threads} threads" in capsys.readouterr().out  # the summary says what it ran with
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_fp32_matmul_weights_run_column_major_with_the_same_values(tiny_model, tied: bool) -> None:
+    """The engine stores every fp32 CPU matmul weight column-major (engine/model/layers.py
+    lay_out_cpu_matmul_weights): same shapes and values as loaded, strides (1, out). The embedding
+    table stays row-major unless it is the LM head's weight too."""
+    import torch
+
+    from engine.llm import LLM
+    from engine.model.loader import load_model
+
+    folder = tiny_model(tie_word_embeddings=tied)
+    loaded = load_model(str(folder), random_weights=True, seed=3)
+    llm = LLM(str(folder), random_weights=True, seed=3, num_kv_blocks=8)
+    model = llm.runner.model
+    matrices = {name: p for name, p in model.named_parameters() if p.dim() == 2}
+    assert matrices.keys() == {name for name, p in loaded.model.named_parameters() if p.dim() == 2}
+    for name, weight in matrices.items():
+        assert torch.equal(weight, dict(loaded.model.named_parameters())[name]), name
+        table = name == "model.embed_tokens.weight" and not tied
+        assert weight.is_contiguous() == table, name
+        if not table:
+            assert weight.stride() == (1, weight.shape[0]), name
