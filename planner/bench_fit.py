@@ -53,6 +53,9 @@ FIT_METRICS: tuple[Metric, ...] = ("ttft_mean", "ttft_median", "tpot_mean", "tpo
                                    "request_throughput", "output_throughput")
 _UNIT = {"request_throughput": "req/s", "output_throughput": "tokens/s"}
 _PROMPT_SEED = 0  # the rebuilt prompts' token ids
+# Trace-and-fit rounds at most (fit_rounds stops once the figures settle): bench runs are few and
+# short, and open-loop ones need about ten rounds to walk to the fit.
+BENCH_ROUNDS = 12
 
 
 @dataclass(frozen=True)
@@ -178,7 +181,7 @@ def prepare_bench(paths: Sequence[str | Path], model: ModelConfig, hw: HardwareP
 # --------------------------------------------------------------------------- the fit
 
 
-def calibrate_from_bench(runs: Sequence[ReplayRun], *, command: str, model_name: str, rounds: int = 3,
+def calibrate_from_bench(runs: Sequence[ReplayRun], *, command: str, model_name: str, rounds: int = BENCH_ROUNDS,
                          workers: int = 1, max_nfev: int = 400, progress: Progress = no_progress) -> BenchFit:
     space = Space.of(runs)
     figs, traced, refused = fit_rounds(runs, space, rounds=rounds, workers=workers, max_nfev=max_nfev, progress=progress)

@@ -645,14 +645,14 @@ def stages() -> Iterator[Progress]:
 
 
 def cmd_calibrate_public(args: argparse.Namespace) -> None:
-    from planner.public.calibration import calibrate_public, write_fit
+    from planner.public.calibration import PUBLIC_ROUNDS, calibrate_public, write_fit
     from planner.public.report import TARGETS_PCT, group_errors, validation_of, write_report
 
     if args.public_report:
         output_file(args.public_report, "public_report")  # before hours of fitting, not after
     command = "serveplan calibrate " + " ".join(sys.argv[2:])
     with stages() as progress:
-        result = calibrate_public(command=command, rounds=args.rounds, workers=args.workers or default_threads(),
+        result = calibrate_public(command=command, rounds=args.rounds or PUBLIC_ROUNDS, workers=args.workers or default_threads(),
                                   progress=progress, checkpoint=Path(args.checkpoint) if args.checkpoint else None)
     path = write_fit(result, *([Path(args.out)] if args.out else []))
     if args.public_report:
@@ -670,7 +670,8 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
 
 
 def cmd_calibrate_from_bench(args: argparse.Namespace) -> None:
-    from planner.bench_fit import calibrate_from_bench, default_path, load_bench, prepare_bench, write_bench_fit
+    from planner.bench_fit import (BENCH_ROUNDS, calibrate_from_bench, default_path, load_bench, prepare_bench,
+                                   write_bench_fit)
     from planner.engines import get_engine
 
     if args.hardware is None:
@@ -682,7 +683,7 @@ def cmd_calibrate_from_bench(args: argparse.Namespace) -> None:
     runs = prepare_bench(args.from_bench, model, hw, engine, dep, max_model_len)
     with stages() as progress:
         fit = calibrate_from_bench(runs, command="serveplan calibrate " + " ".join(sys.argv[2:]), model_name=model_name,
-                                   rounds=args.rounds, workers=args.workers or 1, progress=progress)
+                                   rounds=args.rounds or BENCH_ROUNDS, workers=args.workers or 1, progress=progress)
     path = write_bench_fit(fit, Path(args.out) if args.out else default_path(hw, engine))
     t = Table(title=f"{len(fit.runs)} bench runs on {hw.name} with {engine.name}: measured vs predicted "
                     "(held out: fitted on the other runs)")
@@ -1204,8 +1205,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "--hw <device> finds it (default: only the calibration file is written)")
     p.add_argument("--out", help="calibration file (default: hwprofiles/calibrations/<device>__<model>__<dtype>.json; "
                                  "with --public, hwprofiles/calibrations/public-gpu.json)")
-    p.add_argument("--rounds", type=_at_least_one, default=3,
-                   help="--public, --from-bench: trace-and-fit rounds (default: 3)")
+    p.add_argument("--rounds", type=_at_least_one,
+                   help="--public, --from-bench: trace-and-fit rounds at most, fewer once the figures settle (default: "
+                        "3 with --public, 12 with --from-bench)")
     p.add_argument("--from-bench", nargs="+", metavar="RUN.json",
                    help="instead, fit the GPU-family and engine figures to files of `serveplan bench --url --json` "
                         "(each run held out in turn; docs/serving.md); with --hw, --engine and the deployment's flags")

@@ -55,6 +55,9 @@ class CostParams:
     # SSE event). Not zero where the server shares the engine's process and GIL (ServePlan's own).
     api_step_s: float = 0.0
     api_token_s: float = 0.0
+    # The API server shares the engine's process and GIL: its api_request_s on a request that
+    # arrives while the engine runs is taken from the step loop too (the simulator holds the replica).
+    api_holds_engine: bool = False
     # "causal": the kernel skips masked (query, key) pairs and keys outside windows (FlashAttention,
     # the Triton kernels). "dense": it computes the whole masked score matrix of each prefill chunk
     # and pads a decode batch to its longest context (the engine's torch reference path on CPU).
@@ -106,11 +109,12 @@ class CostParams:
         o = engine.overheads
         return replace(params, step_overhead_s=o.step_us * 1e-6, per_request_overhead_s=o.per_request_us * 1e-6,
                        api_request_s=o.api_request_ms * 1e-3, api_step_s=o.api_step_us * 1e-6,
-                       api_token_s=o.api_token_us * 1e-6, overlap_host=engine.execution.overlap_host)
+                       api_token_s=o.api_token_us * 1e-6, overlap_host=engine.execution.overlap_host,
+                       api_holds_engine=engine.execution.api_server_in_engine_process)
 
     def in_process(self) -> CostParams:
         """These figures for requests that do not pass the API server (the LLM class, `engine bench`)."""
-        return replace(self, api_request_s=0.0, api_step_s=0.0, api_token_s=0.0)
+        return replace(self, api_request_s=0.0, api_step_s=0.0, api_token_s=0.0, api_holds_engine=False)
 
     @classmethod
     def fitted(cls, hw: HardwareProfile, engine: EngineProfile, model: FittedModel | None = None) -> CostParams:

@@ -198,6 +198,12 @@ class Execution(_Sourced):
         description="Host work of step n+1 (scheduling, input preparation) overlaps the GPU work of step n "
         "(SGLang's overlap scheduler, TensorRT-LLM); otherwise it adds to every step"
     )
+    api_server_in_engine_process: bool = Field(
+        False, description="The API server runs in the engine's process and shares its GIL (ServePlan's engine "
+        "thread beside the asyncio server): its work on each request takes that time from a running step loop. "
+        "Otherwise the server is a process of its own and only queues requests (vLLM V1's AsyncLLM, SGLang's "
+        "TokenizerManager, TensorRT-LLM's trtllm-serve)"
+    )
     kv_scale_format: Literal["per_tensor", "per_token_head"] = Field(
         description="FP8 KV-cache scales: one per tensor (no extra bytes) or one per (token, head) (ServePlan's engine)"
     )

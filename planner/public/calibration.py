@@ -41,6 +41,8 @@ class _Rec(BaseModel):
 
 # The units a held-out prediction leaves out: one publication (the headline, as issue 16 asks), or
 # everything one publisher put out (stricter: a lab's pages share its harness and engine builds).
+# Trace-and-fit rounds at most for the published runs: each round simulates ~300 runs.
+PUBLIC_ROUNDS = 3
 Unit = Literal["source", "publisher"]
 UNITS: tuple[Unit, ...] = ("source", "publisher")
 
@@ -153,7 +155,7 @@ def _replace(path: Path, data: bytes) -> None:
     part.replace(path)
 
 
-def calibrate_public(*, command: str, rounds: int = 3, workers: int = 1, runs: Sequence[PublicRun] | None = None,
+def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int = 1, runs: Sequence[PublicRun] | None = None,
                      max_nfev: int = 400, progress: Progress = no_progress,
                      checkpoint: Path | None = None) -> PublicFit:
     """The whole study; `runs` defaults to every published run. With `checkpoint` (a folder), the

@@ -79,6 +79,9 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
 # moving a figure half a unit (0.02 x 0.25).
 PRIOR_WIDTH = 1.0
 PRIOR_WEIGHT = 0.02
+# A round that moves no figure by more than this in the fit's space (1 % on a time, ~0.25 % on a
+# share near one half) has settled: the next trace would be the same schedule.
+SETTLED_X = 0.01
 _TIME_FLOOR = 1e-7  # a time prior of 0 becomes this in log space
 _CONFIDENCE_WEIGHT = {"high": 1.0, "medium": 0.7, "low": 0.4}
 
@@ -228,7 +231,9 @@ def surrogate(traced: Traced, figs: Figures) -> dict[str, float]:
     run = traced.run
     cost_model = CostModel(run.model, run.hw, run.dep, run.params(figs.params(run)))
     step_s = sum(cost_model.times(traced.trace.shapes)[0])
-    timeline = retime(traced.trace, np.asarray(step_s, dtype=float), cost_model.params.api_request_s)
+    p = cost_model.params
+    timeline = retime(traced.trace, np.asarray(step_s, dtype=float), p.api_request_s,
+                      p.api_request_s if p.api_holds_engine else 0.0)
     values = figures(traced.trace, timeline, [f.metric for f in run.figures])
     return {f.id: values[f.metric] for f in run.figures}
 
@@ -330,9 +335,16 @@ def _restrict(figs: Figures, space: Space) -> Figures:
 def fit_rounds(runs: Sequence[ReplayRun], space: Space, *, start: Figures | None = None, rounds: int = 3,
                workers: int = 1, max_nfev: int = 400, progress: Progress = no_progress,
                ) -> tuple[Figures, list[Traced], dict[str, str]]:
-    """Trace every run at the current figures, fit on the traces, again `rounds` times. Returns the
-    figures, the last traces and, by run key, the runs the simulator refused in the first round
-    (a cache too small, a sequence too long: properties of the deployment, not of the figures)."""
+    """Trace every run at the current figures, fit on the traces, again up to `rounds` times, and
+    sooner once a round moves no figure by more than SETTLED_X. Returns the figures, the last
+    traces and, by run key, the runs the simulator refused in the first round (a cache too small,
+    a sequence too long: properties of the deployment, not of the figures).
+
+    Each round is needed because a re-timed trace keeps its schedule: an open-loop request stays in
+    the step that admitted it, so slower steps re-timed make it wait for that step and the fit sees
+    a far worse run than a simulation would give. A round can therefore only move the figures a
+    little from where the runs were traced, and several rounds walk to the fit (bench runs at
+    Poisson rates needed about ten: docs/serving.md)."""
     figs = start or space.figures(space.prior())
     traced: list[Traced] = []
     refused: dict[str, str] = {}
@@ -343,6 +355,10 @@ def fit_rounds(runs: Sequence[ReplayRun], space: Space, *, start: Figures | None
         traced = [o for o in outcomes if isinstance(o, Traced)]
         if i == 0:
             refused = {r.run.run_key: o for r, o in zip(todo, outcomes, strict=True) if isinstance(o, str)}
-        figs = fit(traced, space, figs, max_nfev=max_nfev,
-                   progress=progress(f"round {i + 1}/{rounds}: fitting {len(space.names)} figures", None))
+        fitted = fit(traced, space, figs, max_nfev=max_nfev,
+                     progress=progress(f"round {i + 1}/{rounds}: fitting {len(space.names)} figures", None))
+        moved = float(np.max(np.abs(space.x_of(fitted) - space.x_of(figs)), initial=0.0))
+        figs = fitted
+        if moved < SETTLED_X:
+            break
     return figs, traced, refused

@@ -4,6 +4,8 @@ The public fit moves cost-model parameters many times per second; simulating hun
 for each move would take hours. A `RunTrace` keeps what the scheduler decided; here new step
 durations turn it into new timestamps with the same rules the simulator follows:
 - the API server handles requests one at a time, `api_s` each, in the order they were sent;
+- a server in the engine's process also takes `api_hold_s` from the step loop per request that
+  arrived while it ran: the replica's next step starts that much later (the traced counts);
 - a step starts when the previous step of its replica ends, and not before the requests it admits
   have reached the engine;
 - a gated request (closed loop, follow-up turn) is sent `think_s` after its gate finishes.
@@ -46,7 +48,7 @@ class Timeline:
     send_s: np.ndarray  # per request: when the client sent it
 
 
-def retime(trace: RunTrace, step_s: np.ndarray, api_s: float) -> Timeline:
+def retime(trace: RunTrace, step_s: np.ndarray, api_s: float, api_hold_s: float = 0.0) -> Timeline:
     """Timestamps of `trace`'s schedule when its steps take `step_s` seconds."""
     gated = trace.gate >= 0
     last = _last_delivery(trace)
@@ -57,7 +59,7 @@ def retime(trace: RunTrace, step_s: np.ndarray, api_s: float) -> Timeline:
     for _ in range(_chain_depth(trace.gate) + 1):
         admitted = np.full(trace.num_steps, -np.inf)
         np.maximum.at(admitted, trace.first_step, _through_api(send, api_s))
-        end = _step_ends(step_s, admitted, trace.step_replica)
+        end = _step_ends(step_s, trace.api_holds * api_hold_s, admitted, trace.step_replica)
         if not gated.any():
             break
         finish = end[trace.delivery_step[last]]
@@ -134,13 +136,15 @@ def _through_api(send: np.ndarray, api_s: float) -> np.ndarray:
     return out
 
 
-def _step_ends(step_s: np.ndarray, admitted: np.ndarray, replica: np.ndarray) -> np.ndarray:
-    """end_i = max(end of the replica's previous step, arrival of what step i admits) + step_s_i."""
+def _step_ends(step_s: np.ndarray, hold_s: np.ndarray, admitted: np.ndarray, replica: np.ndarray) -> np.ndarray:
+    """end_i = max(end of the replica's previous step + the hold after it, arrival of what step i
+    admits) + step_s_i."""
     end = np.empty_like(step_s)
     for r in np.unique(replica):
         idx = np.flatnonzero(replica == r)
         d = step_s[idx]
-        done = np.cumsum(d)
-        # end_i = D_i + max_{k <= i} (A_k - D_{k-1})
+        before = np.concatenate(([0.0], hold_s[idx][:-1]))  # the hold after the previous step
+        done = np.cumsum(d + before)
+        # end_i = D_i + max_{k <= i} (A_k - (D_k - d_k)), D counting the holds
         end[idx] = done + np.maximum.accumulate(admitted[idx] - (done - d))
     return end

@@ -31,6 +31,7 @@ class Replica:
         on_finished: Callable[[Request], None],
         samples: list[StepSample] | None,
         recorder: TraceRecorder | None = None,
+        api_hold_s: float = 0.0,
     ) -> None:
         self.env, self.loop, self.index = env, loop, loop.replica
         # The loop's clock: SimPy's, or ahead of it after steps completed at once (module docstring).
@@ -44,6 +45,11 @@ class Replica:
         # Engine time owed once the current step ends (a CPU prefill instance copying a finished
         # prompt's KV out to its decode instance): the next step starts that much later.
         self.hold_s = 0.0
+        # An API server in the engine's process (CostParams.api_holds_engine) takes its time on each
+        # request that arrives while the replica runs from the step loop: owed like hold_s, and
+        # counted (api_holds) for the trace, which re-times it (planner/public/retime.py).
+        self.api_hold_s = api_hold_s
+        self.api_holds = 0
         self._wake: simpy.Event | None = None
         self._idle: simpy.Event | None = None  # fired when the replica next runs out of work
         loop.on_finished = self._finished
@@ -56,6 +62,9 @@ class Replica:
         env.process(self._serve())
 
     def submit(self, request: Request) -> None:
+        if self.api_hold_s and self.scheduler.has_unfinished_requests():
+            self.hold_s += self.api_hold_s
+            self.api_holds += 1
         self.scheduler.add_request(request)
         self.outstanding_requests += 1
         self.outstanding_tokens += request.num_prompt_tokens + request.max_tokens
@@ -95,7 +104,7 @@ class Replica:
                 raise RuntimeError(f"replica {self.index}: nothing schedulable with requests pending at t={self.now}")
             duration = launched.executed.duration_s
             end = self.now + duration
-            if not launched.output.scheduled and self.recorder is None and end < env.peek():
+            if not launched.output.scheduled and self.recorder is None and not self.hold_s and end < env.peek():
                 self.now = end  # completed at once (module docstring)
                 loop.complete(launched)
                 continue
@@ -105,9 +114,9 @@ class Replica:
             self.now = env.now
             updates = loop.complete(launched)
             if self.recorder is not None:
-                self.recorder.stepped(self.index, launched.output, updates)
+                self.recorder.stepped(self.index, launched.output, updates, self.api_holds)
             if self.hold_s:
-                hold, self.hold_s = self.hold_s, 0.0
+                hold, self.hold_s, self.api_holds = self.hold_s, 0.0, 0
                 yield env.timeout(hold)
                 self.now = env.now
 

@@ -22,6 +22,9 @@ from planner.costmodel import ShapeReader, StepShape
 class RunTrace:
     shapes: StepShape  # arrays over every step of every replica, in the order they completed
     step_replica: np.ndarray  # int, per step
+    # int, per step: requests whose API time (a server in the engine's process) the replica owed
+    # after the step, before its next one (planner/sim/replica.py)
+    api_holds: np.ndarray
     # Per request (index = submission order):
     due_s: np.ndarray  # when the client meant to send it (open loop: its arrival; gated: release + think)
     gate: np.ndarray  # int: the request whose finish released it (closed loop, capped clients), -1 if none
@@ -46,6 +49,7 @@ class TraceRecorder:
     reader: ShapeReader
     _shapes: list[StepShape] = field(default_factory=list)
     _replica: list[int] = field(default_factory=list)
+    _api_holds: list[int] = field(default_factory=list)
     _index: dict[str, int] = field(default_factory=dict)  # request id -> submission index
     _due: list[float] = field(default_factory=list)
     _gate: list[int] = field(default_factory=list)
@@ -65,10 +69,11 @@ class TraceRecorder:
         self._prompt.append(prompt_tokens)
         self._output.append(output_tokens)
 
-    def stepped(self, replica: int, output: SchedulerOutput, updates: list[RequestUpdate]) -> None:
+    def stepped(self, replica: int, output: SchedulerOutput, updates: list[RequestUpdate], api_holds: int = 0) -> None:
         step = len(self._replica)
         self._shapes.append(self.reader.read(output))
         self._replica.append(replica)
+        self._api_holds.append(api_holds)
         index, first = self._index, self._first
         for s in output.scheduled:
             i = index[s.request_id]
@@ -82,6 +87,7 @@ class TraceRecorder:
         return RunTrace(
             shapes=StepShape.stack(self._shapes),
             step_replica=np.array(self._replica, dtype=np.int64),
+            api_holds=np.array(self._api_holds, dtype=np.int64),
             due_s=np.array(self._due),
             gate=np.array(self._gate, dtype=np.int64),
             think_s=np.array(self._think),

@@ -14,7 +14,7 @@ from planner.costmodel.fitted import Band, FittedModel, pessimistic, prediction_
 from planner.hardware import get_hardware
 from planner.public.calibration import calibrate_public, write_fit
 from planner.public.data import PublicRun, public_runs
-from planner.public.fit import PLAUSIBLE, Figures, Space, fit, simulate_runs, surrogate, trace_run
+from planner.public.fit import PLAUSIBLE, SETTLED_X, Figures, Space, fit, fit_rounds, simulate_runs, surrogate, trace_run
 from planner.public.replay import ReplayRun, prepare
 from planner.public.report import PublicValidation, validate_public, validation_of, write_report
 from planner.specs import SLO
@@ -84,6 +84,27 @@ def test_fit_recovers_measurements_made_with_known_figures() -> None:
     # checked, above, and that communication moved from the estimate towards the truth.
     assert fitted.families["ampere"]["memory_efficiency"] == pytest.approx(0.65, rel=0.05)
     assert fitted.families["ampere"]["collective_time_scale"] < 0.85
+
+
+def test_rounds_stop_once_the_figures_settle() -> None:
+    """Measurements made at TRUTH from small closed runs, whose schedule does not move with the
+    figures: the first round fits, the second moves nothing (under SETTLED_X), and the rounds stop
+    there instead of running to the cap."""
+    runs = _small_runs()
+    truth = {k: v for values in simulate_runs(_prepared(runs), TRUTH) for k, v in values.items()}  # type: ignore[union-attr]
+    measured = _prepared(_with_measurements(runs, truth))
+    labels: list[str] = []
+
+    def progress(label: str, total: int | None):  # noqa: ANN202
+        labels.append(label)
+        return lambda: None
+
+    space = Space.of(measured)
+    settled, _, _ = fit_rounds(measured, space, rounds=30, progress=progress)
+    assert sum("simulating runs" in label for label in labels) == 2
+    one, _, _ = fit_rounds(measured, space, rounds=1)
+    assert np.max(np.abs(space.x_of(settled) - space.x_of(one))) < SETTLED_X
+    assert np.max(np.abs(space.x_of(one) - space.prior())) > SETTLED_X  # the first round did move
 
 
 def test_a_fit_stays_within_what_hardware_can_be() -> None:

@@ -20,12 +20,12 @@ MODEL, HW = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
 METRICS = sorted(SUMMARY_FIELD)
 
 
-def run(arrival: object, api_s: float, replicas: int = 1, seed: int = 0):
+def run(arrival: object, api_s: float, replicas: int = 1, seed: int = 0, holds: bool = False):
     w = Workload(name="t", arrival=arrival, num_requests=120, seed=seed,
                  input_tokens=LognormalLength(median_tokens=300, sigma=0.8, max_tokens=2000),
                  output_tokens=LognormalLength(median_tokens=60, sigma=0.8, max_tokens=400))
     dep = Deployment(hardware="h100-sxm", replicas=replicas, knobs=EngineKnobs(max_num_seqs=32, max_num_batched_tokens=1024))
-    params = CostParams.defaults(HW).with_values({"api_request_s": api_s})
+    params = CostParams.defaults(HW).with_values({"api_request_s": api_s, "api_holds_engine": holds})
     return simulate(MODEL, HW, dep, w, calibration=params, trace=True, router="round_robin"), dep, params
 
 
@@ -76,3 +76,20 @@ def test_a_capped_client_is_retimed_exactly(arrival) -> None:
     got = figures(trace, retime(trace, durations, 0.003), METRICS)
     for metric in METRICS:
         assert got[metric] == pytest.approx(summary_value(result.summary, metric), rel=1e-9), metric
+
+
+@pytest.mark.parametrize(("arrival", "replicas"), [(PoissonArrivals(rate_per_s=40.0), 1), (ClosedLoopArrivals(concurrency=6), 1),
+                                                  (PoissonArrivals(rate_per_s=60.0), 2)], ids=["poisson", "closed-loop", "two-replicas"])
+def test_a_server_in_the_engines_process_is_retimed_exactly(arrival, replicas) -> None:
+    """Its time on each request that arrives while the engine runs is taken from the step loop: the
+    replica's next step starts that much later, and re-timing puts those holds back where they were."""
+    api_s = 0.004
+    result, _, _ = run(arrival, api_s, replicas, holds=True)
+    trace = result.trace
+    assert trace.api_holds.sum() > 0  # requests did arrive while steps ran
+    durations = np.array([s.end_s - s.start_s for s in result.record.samples])
+    got = figures(trace, retime(trace, durations, api_s, api_s), METRICS)
+    for metric in METRICS:
+        assert got[metric] == pytest.approx(summary_value(result.summary, metric), rel=1e-9), metric
+    # Without the holds the same steps end sooner: the holds are what moved them.
+    assert figures(trace, retime(trace, durations, api_s), ["tpot_mean"])["tpot_mean"] < summary_value(result.summary, "tpot_mean")
