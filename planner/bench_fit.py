@@ -41,7 +41,7 @@ from planner.engines import EngineProfile
 from planner.playback import Replay
 from planner.public.calibration import HeldOutFigure, bands
 from planner.public.data import Figure, Metric, metric_family
-from planner.public.fit import Progress, Space, fit_folds, fit_rounds, no_progress, simulate_runs
+from planner.public.fit import ENGINE_PARAMS, Progress, Space, fit_folds, fit_rounds, no_progress, simulate_runs
 from planner.public.replay import ReplayRun
 from planner.public.retime import summary_value
 from planner.specs import Deployment, HardwareProfile
@@ -183,13 +183,15 @@ def prepare_bench(paths: Sequence[str | Path], model: ModelConfig, hw: HardwareP
 
 def calibrate_from_bench(runs: Sequence[ReplayRun], *, command: str, model_name: str, rounds: int = BENCH_ROUNDS,
                          workers: int = 1, max_nfev: int = 400, progress: Progress = no_progress) -> BenchFit:
-    space = Space.of(runs)
+    # A server in the engine's process: how much of its request time holds the engine is fitted too.
+    in_process = any(r.engine.overheads.api_hold_share for r in runs)
+    space = Space.of(runs, ENGINE_PARAMS + ("api_hold_share",) if in_process else ENGINE_PARAMS)
     figs, traced, refused = fit_rounds(runs, space, rounds=rounds, workers=workers, max_nfev=max_nfev, progress=progress)
     if refused:
         key, reason = next(iter(refused.items()))
         raise InputError(f"run {key}", "replayed on this deployment", f"the simulator refused it: {reason}")
     folds = fit_folds(traced, lambda t: t.run.run.run_key, figs, workers=workers, max_nfev=max_nfev,
-                      progress=progress("fitting with each run left out", len(traced)))
+                      progress=progress("fitting with each run left out", len(traced)), engine_params=space.engine_params)
     in_sample = simulate_runs(runs, figs, workers=workers, progress=progress("predicting in sample", len(runs)))
     held = simulate_runs(runs, lambda r: folds[r.run.run_key], workers=workers,
                          progress=progress("predicting each run held out", len(runs)))

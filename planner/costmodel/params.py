@@ -55,9 +55,9 @@ class CostParams:
     # SSE event). Not zero where the server shares the engine's process and GIL (ServePlan's own).
     api_step_s: float = 0.0
     api_token_s: float = 0.0
-    # The API server shares the engine's process and GIL: its api_request_s on a request that
-    # arrives while the engine runs is taken from the step loop too (the simulator holds the replica).
-    api_holds_engine: bool = False
+    # Share of api_request_s that a request arriving while the engine runs takes from its step loop
+    # (a server in the engine's process, sharing its GIL): the simulator holds the replica that long.
+    api_hold_share: float = 0.0
     # "causal": the kernel skips masked (query, key) pairs and keys outside windows (FlashAttention,
     # the Triton kernels). "dense": it computes the whole masked score matrix of each prefill chunk
     # and pads a decode batch to its longest context (the engine's torch reference path on CPU).
@@ -79,6 +79,8 @@ class CostParams:
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise InputError(name, value, "must be in (0, 1]")
+        if not 0.0 <= self.api_hold_share <= 1.0:
+            raise InputError("api_hold_share", self.api_hold_share, "must be in [0, 1]")
         for name in ("step_overhead_s", "per_request_overhead_s", "layer_overhead_s", "gemm_half_size_tokens",
                      "kernel_launch_s", "kernel_latency_s", "api_request_s", "api_step_s", "api_token_s"):
             value = getattr(self, name)
@@ -110,11 +112,16 @@ class CostParams:
         return replace(params, step_overhead_s=o.step_us * 1e-6, per_request_overhead_s=o.per_request_us * 1e-6,
                        api_request_s=o.api_request_ms * 1e-3, api_step_s=o.api_step_us * 1e-6,
                        api_token_s=o.api_token_us * 1e-6, overlap_host=engine.execution.overlap_host,
-                       api_holds_engine=engine.execution.api_server_in_engine_process)
+                       api_hold_share=o.api_hold_share)
+
+    @property
+    def api_hold_s(self) -> float:
+        """Step-loop time each request arriving while the engine runs takes (an in-process server)."""
+        return self.api_request_s * self.api_hold_share
 
     def in_process(self) -> CostParams:
         """These figures for requests that do not pass the API server (the LLM class, `engine bench`)."""
-        return replace(self, api_request_s=0.0, api_step_s=0.0, api_token_s=0.0, api_holds_engine=False)
+        return replace(self, api_request_s=0.0, api_step_s=0.0, api_token_s=0.0, api_hold_share=0.0)
 
     @classmethod
     def fitted(cls, hw: HardwareProfile, engine: EngineProfile, model: FittedModel | None = None) -> CostParams:

@@ -198,12 +198,6 @@ class Execution(_Sourced):
         description="Host work of step n+1 (scheduling, input preparation) overlaps the GPU work of step n "
         "(SGLang's overlap scheduler, TensorRT-LLM); otherwise it adds to every step"
     )
-    api_server_in_engine_process: bool = Field(
-        False, description="The API server runs in the engine's process and shares its GIL (ServePlan's engine "
-        "thread beside the asyncio server): its work on each request takes that time from a running step loop. "
-        "Otherwise the server is a process of its own and only queues requests (vLLM V1's AsyncLLM, SGLang's "
-        "TokenizerManager, TensorRT-LLM's trtllm-serve)"
-    )
     kv_scale_format: Literal["per_tensor", "per_token_head"] = Field(
         description="FP8 KV-cache scales: one per tensor (no extra bytes) or one per (token, head) (ServePlan's engine)"
     )
@@ -237,6 +231,10 @@ class Overheads(_Spec):
     api_token_us: float = Field(
         0.0, ge=0, description="Host time the API server takes from the step loop per streamed token (its SSE event); "
         "0 where the server runs beside the engine, not in its process")
+    api_hold_share: float = Field(
+        0.0, ge=0, le=1, description="Share of api_request_ms that a request arriving while the engine runs takes from "
+        "the step loop (a server in the engine's process, sharing its GIL; the rest, such as a tokeniser that releases "
+        "the GIL, overlaps); 0 where the server is a process of its own")
     provenance: str
 
 

@@ -72,6 +72,10 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     # A fused-MoE kernel at best matches dense GEMMs; tuned Triton/CUTLASS/Marlin kernels stay within
     # 5x of them even at a few rows per expert. Fitted in log space: the estimate, 1, is the edge.
     "moe_kernel_efficiency": (0.2, 1.0),
+    # An in-process API server's work on a request that holds the engine's GIL (fitted only where the
+    # engine profile says the server shares the engine's process: `calibrate --from-bench`). In log
+    # space like the MoE share, so that the whole of it, 1, can be reached.
+    "api_hold_share": (0.02, 1.0),
 }
 # Prior: the profile's estimate, one unit wide in the transformed space (a factor e on times, about
 # 0.2 on a share near 0.5): decisive where data says nothing, weak against data. Each source's
@@ -108,21 +112,22 @@ class Figures:
 
 @dataclass(frozen=True)
 class Space:
-    """The free parameters: each family's HARDWARE_PARAMS, each engine's ENGINE_PARAMS."""
+    """The free parameters: each family's HARDWARE_PARAMS, each engine's `engine_params`."""
 
     families: tuple[str, ...]
     engines: tuple[str, ...]
+    engine_params: tuple[str, ...] = ENGINE_PARAMS
 
     @classmethod
-    def of(cls, runs: Iterable[ReplayRun]) -> Space:
+    def of(cls, runs: Iterable[ReplayRun], engine_params: tuple[str, ...] = ENGINE_PARAMS) -> Space:
         runs = list(runs)
-        return cls(tuple(sorted({r.hw.family for r in runs})), tuple(sorted({r.engine.name for r in runs})))
+        return cls(tuple(sorted({r.hw.family for r in runs})), tuple(sorted({r.engine.name for r in runs})), engine_params)
 
     @property
     def names(self) -> list[tuple[str, str, str]]:
         """(scope, owner, parameter) per coordinate."""
         return ([("family", f, p) for f in self.families for p in HARDWARE_PARAMS]
-                + [("engine", e, p) for e in self.engines for p in ENGINE_PARAMS])
+                + [("engine", e, p) for e in self.engines for p in self.engine_params])
 
     def prior(self) -> np.ndarray:
         """The profiles' estimates, moved inside PLAUSIBLE where one lies outside."""
@@ -232,8 +237,7 @@ def surrogate(traced: Traced, figs: Figures) -> dict[str, float]:
     cost_model = CostModel(run.model, run.hw, run.dep, run.params(figs.params(run)))
     step_s = sum(cost_model.times(traced.trace.shapes)[0])
     p = cost_model.params
-    timeline = retime(traced.trace, np.asarray(step_s, dtype=float), p.api_request_s,
-                      p.api_request_s if p.api_holds_engine else 0.0)
+    timeline = retime(traced.trace, np.asarray(step_s, dtype=float), p.api_request_s, p.api_hold_s)
     values = figures(traced.trace, timeline, [f.metric for f in run.figures])
     return {f.id: values[f.metric] for f in run.figures}
 
@@ -286,16 +290,17 @@ def fit(traced: Sequence[Traced], space: Space, start: Figures | None = None, *,
 def fit_folds(traced: Sequence[Traced], group: Callable[[Traced], str], start: Figures, *, workers: int = 1,
               max_nfev: int = 400, progress: Callable[[], None] = lambda: None,
               done: Mapping[str, Figures] | None = None,
-              on_fold: Callable[[str, Figures], None] | None = None) -> dict[str, Figures]:
+              on_fold: Callable[[str, Figures], None] | None = None,
+              engine_params: tuple[str, ...] = ENGINE_PARAMS) -> dict[str, Figures]:
     """For each group (a source, a publisher), the figures fitted on every other group's traces,
-    from `start`. A family or engine only the left-out group has keeps the profiles' estimates:
-    never figures fitted on the group itself. Groups in `done` (a checkpoint) are not fitted again;
-    `on_fold` hears of each fold as it completes."""
+    from `start`, over the same `engine_params` as `start`'s fit. A family or engine only the
+    left-out group has keeps the profiles' estimates: never figures fitted on the group itself.
+    Groups in `done` (a checkpoint) are not fitted again; `on_fold` hears of each fold as it completes."""
     names = sorted({group(t) for t in traced})
     folds = {name: figs for name, figs in (done or {}).items() if name in names}
     todo = [name for name in names if name not in folds]
     global _FOLD_INPUT
-    _FOLD_INPUT = (traced, group, start, max_nfev)  # forked workers inherit it: traces are never pickled
+    _FOLD_INPUT = (traced, group, start, max_nfev, engine_params)  # forked workers inherit it: traces are never pickled
     try:
         def completed(name: str, figs: Figures) -> None:
             folds[name] = figs
@@ -317,14 +322,14 @@ def fit_folds(traced: Sequence[Traced], group: Callable[[Traced], str], start: F
 
 
 # What fit_folds' workers fit: the traces, the grouping, the start and the budget.
-_FOLD_INPUT: tuple[Sequence[Traced], Callable[[Traced], str], Figures, int] | None = None
+_FOLD_INPUT: tuple[Sequence[Traced], Callable[[Traced], str], Figures, int, tuple[str, ...]] | None = None
 
 
 def _fit_fold(left_out: str) -> Figures:
     assert _FOLD_INPUT is not None  # set by fit_folds
-    traced, group, start, max_nfev = _FOLD_INPUT
+    traced, group, start, max_nfev, engine_params = _FOLD_INPUT
     keep = [t for t in traced if group(t) != left_out]
-    space = Space.of(t.run for t in keep)
+    space = Space.of((t.run for t in keep), engine_params)
     return fit(keep, space, _restrict(start, space), max_nfev=max_nfev) if keep else Figures()
 
 

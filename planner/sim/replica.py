@@ -45,7 +45,7 @@ class Replica:
         # Engine time owed once the current step ends (a CPU prefill instance copying a finished
         # prompt's KV out to its decode instance): the next step starts that much later.
         self.hold_s = 0.0
-        # An API server in the engine's process (CostParams.api_holds_engine) takes its time on each
+        # An API server in the engine's process (CostParams.api_hold_share) takes its time on each
         # request that arrives while the replica runs from the step loop: owed like hold_s, and
         # counted (api_holds) for the trace, which re-times it (planner/public/retime.py).
         self.api_hold_s = api_hold_s

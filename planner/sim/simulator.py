@@ -115,9 +115,7 @@ class ReplicaTemplate:
             self.spec.num_speculative_tokens, self.acceptance, (seed, index), SYNTHETIC_TOKEN_ID, self.spec.proposal_rate)
         executor = CostModelExecutor(self.cost_model, drafts)
         loop = StepLoop(scheduler, executor, lambda: env.now, proposer=drafts, replica=index)
-        params = self.cost_model.params
-        api_hold_s = params.api_request_s if params.api_holds_engine else 0.0
-        return Replica(env, loop, on_finished, samples, recorder, api_hold_s), executor
+        return Replica(env, loop, on_finished, samples, recorder, self.cost_model.params.api_hold_s), executor
 
 
 def simulate(

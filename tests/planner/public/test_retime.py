@@ -25,7 +25,7 @@ def run(arrival: object, api_s: float, replicas: int = 1, seed: int = 0, holds: 
                  input_tokens=LognormalLength(median_tokens=300, sigma=0.8, max_tokens=2000),
                  output_tokens=LognormalLength(median_tokens=60, sigma=0.8, max_tokens=400))
     dep = Deployment(hardware="h100-sxm", replicas=replicas, knobs=EngineKnobs(max_num_seqs=32, max_num_batched_tokens=1024))
-    params = CostParams.defaults(HW).with_values({"api_request_s": api_s, "api_holds_engine": holds})
+    params = CostParams.defaults(HW).with_values({"api_request_s": api_s, "api_hold_share": 1.0 if holds else 0.0})
     return simulate(MODEL, HW, dep, w, calibration=params, trace=True, router="round_robin"), dep, params
 
 
