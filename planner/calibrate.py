@@ -646,9 +646,8 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
     micro = micro_benchmarks(info.kind, cm_dtype, quick)
     profile = local_profile(info, micro, cm_dtype)
     # Steps on several ranks scatter widely between repeats on a shared machine, and the fit must
-    # split their time into communication and work: a parallel calibration takes more repeats
-    # (qwen3-wide-52m at TP 2, docs/validation.md: 3 repeats fitted a collective scale of 0.93 and
-    # missed TTFT by 32 %, 7 fitted 1.19 and missed it by 13 %).
+    # split their time into communication and work from them: a parallel calibration takes more
+    # repeats, for a median that moves less (docs/validation.md has one run with each count).
     repeats = 2 if quick else (7 if parallel.tensor_parallel > 1 else 3)
     llm = LLM(model_name, num_kv_blocks=max(grid_blocks_needed(grid, block_size, repeats),
                                             kv_copy_block_counts(config.kv_bytes_per_token(cm_dtype) * block_size)[1]),
