@@ -1,17 +1,20 @@
 """`calibrate --from-bench` on our own server, and `bench --url` against `engine bench` with the
 HTTP overhead priced, in one run:
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/calibrate_from_bench.py [--requests 32]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/calibrate_from_bench.py [--requests 32] [--repeats 3]
 
 1. `serveplan engine serve` (its own process, bench/serve_overhead.py's tiny random-weight Llama
    and settings) is measured by `bench --url` on four workloads (closed loop at 1 and 4 users,
    Poisson at two rates), and the same engine settings by `engine bench` in process on the same
-   workloads, alternating.
-2. The simulator is fitted to the bench --url runs (`calibrate --from-bench`, leave-one-run-out):
-   the held-out median |error| is the figure issue 18 asks to be within 10 %.
+   workloads: `--repeats` pairs per workload, in A-B B-A order, so that a machine whose speed
+   drifts over minutes slows both sides alike.
+2. The simulator is fitted to the first repeat's bench --url runs (`calibrate --from-bench`,
+   leave-one-run-out; later repeats of the same workload would leak into a held-out run): the
+   held-out median |error| is the figure issue 18 asks to be within 10 %.
 3. Agreement: bench --url against engine bench with the profile's HTTP overhead priced, i.e. the
    engine's measurement x the simulator's served / in-process ratio (same deployment, api_server
    on and off, fitted figures), per figure, median |error|; and against the raw engine figures.
+   Each side's figure is its median over the repeats; each repeat's own pair is printed too.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import tempfile
 from serve_overhead import ENGINE, TINY, free_port, start_server  # type: ignore[import-not-found]
 
 from engine.catalog import resolve_model
+from engine.config import ModelConfig
 from engine.llm import LLM
 from planner.bench_fit import FIT_METRICS, calibrate_from_bench, prepare_bench
 from planner.costmodel import CostParams
@@ -34,9 +38,10 @@ from planner.engines import get_engine
 from planner.hardware import get_hardware
 from planner.metrics import RunSummary
 from planner.playback import Replay
+from planner.public.data import Metric
 from planner.public.retime import summary_value
 from planner.sim import simulate
-from planner.specs import Deployment, EngineKnobs
+from planner.specs import Deployment, EngineKnobs, HardwareProfile
 from planner.workload import ClosedLoopArrivals, FixedLength, PoissonArrivals, Workload
 
 HW = "cpu-amd-epyc-1t"
@@ -45,6 +50,7 @@ HW = "cpu-amd-epyc-1t"
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="engine bench / bench --url pairs per workload")
     parser.add_argument("--hw", default=HW, help="hardware profile of this machine")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="from-bench-"))
@@ -58,15 +64,30 @@ def main() -> None:
     port = free_port()
     server = start_server(str(folder), True, port)
     url = f"http://127.0.0.1:{port}/v1"
-    files, local = [], {}
+    local: dict[str, list[RunSummary]] = {name: [] for name in workloads}
+    remote: dict[str, list[RunSummary]] = {name: [] for name in workloads}
+    files = []
     try:
         bench_endpoint(url, "bench", Replay.of(workloads["closed-1"], TINY["vocab_size"]))  # warm-up, untimed
-        for name, w in workloads.items():
-            local[name], _ = bench_engine(llm, Replay.of(w, TINY["vocab_size"]), model_name="bench")
-            run = bench_endpoint(url, "bench", Replay.of(w, TINY["vocab_size"]), arrival=w.arrival.kind,
-                                 rate_per_s=getattr(w.arrival, "rate_per_s", None))
-            files.append(folder / f"{name}.json")
-            files[-1].write_text(report([run], None, [None], None).model_dump_json())
+        for repeat in range(args.repeats):
+            for name, w in workloads.items():
+                def in_process(w: Workload = w) -> RunSummary:
+                    return bench_engine(llm, Replay.of(w, TINY["vocab_size"]), model_name="bench")[0]
+
+                def served(w: Workload = w) -> RunSummary:
+                    run = bench_endpoint(url, "bench", Replay.of(w, TINY["vocab_size"]), arrival=w.arrival.kind,
+                                         rate_per_s=getattr(w.arrival, "rate_per_s", None))
+                    if repeat == 0:
+                        files.append(folder / f"{name}.json")
+                        files[-1].write_text(report([run], None, [None], None).model_dump_json())
+                    return run.summary
+
+                if repeat % 2 == 0:
+                    local[name].append(in_process())
+                    remote[name].append(served())
+                else:
+                    remote[name].append(served())
+                    local[name].append(in_process())
     finally:
         server.terminate()
         server.wait(timeout=60)
@@ -84,20 +105,40 @@ def main() -> None:
         print(f"  {run_key:16} " + ", ".join(f"{f.metric} {(f.held_out / f.measured - 1) * 100:+.0f}%" for f in rows))
 
     params = CostParams.fitted(hw, engine, fit.model)
+    ratios = {name: _served_over_in_process(model, hw, dep, w, params) for name, w in workloads.items()}
+    for repeat in range(args.repeats):
+        priced, _ = _agreement({n: [r[repeat]] for n, r in remote.items()}, {n: [r[repeat]] for n, r in local.items()},
+                               ratios)
+        print(f"  repeat {repeat + 1}: HTTP priced median |error| {priced:.1f} %")
+    for name in workloads:
+        print(f"  {name:10} bench --url TPOT P50 " + "/".join(f"{s.tpot_ms.p50:.2f}" for s in remote[name])
+              + " ms, engine bench " + "/".join(f"{s.tpot_ms.p50:.2f}" for s in local[name])
+              + f" ms, engine priced x{ratios[name]['tpot_median']:.2f}")
+    priced, raw = _agreement(remote, local, ratios)
+    print(f"bench --url vs engine bench with HTTP priced, each side's median of {args.repeats} repeats: median |error| "
+          f"{priced:.1f} % over {len(workloads) * len(FIT_METRICS)} figures (raw engine bench: {raw:.1f} %)")
+
+
+def _served_over_in_process(model: ModelConfig, hw: HardwareProfile, dep: Deployment, w: Workload,
+                            params: CostParams) -> dict[Metric, float]:
+    """The simulator's served / in-process ratio of each figure: the HTTP overhead, priced."""
+    served, in_process = (simulate(model, hw, dep.model_copy(update={"api_server": on}), w, calibration=params).summary
+                          for on in (True, False))
+    return {m: summary_value(served, m) / summary_value(in_process, m) for m in FIT_METRICS}
+
+
+def _agreement(remote: dict[str, list[RunSummary]], local: dict[str, list[RunSummary]],
+               ratios: dict[str, dict[Metric, float]]) -> tuple[float, float]:
+    """Median |error| of bench --url against engine bench, priced and raw; each side's figure is its
+    median over the runs given."""
     priced, raw = [], []
-    for (name, w), path in zip(workloads.items(), files, strict=True):
-        served, in_process = (simulate(model, hw, dep.model_copy(update={"api_server": on}), w, calibration=params).summary
-                              for on in (True, False))
-        remote_summary = RunSummary.model_validate(json.loads(path.read_text())["runs"][0]["summary"])
+    for name, ratio in ratios.items():
         for metric in FIT_METRICS:
-            measured_url, measured_engine = summary_value(remote_summary, metric), summary_value(local[name], metric)
-            ratio = summary_value(served, metric) / summary_value(in_process, metric)
-            priced.append(abs(measured_engine * ratio / measured_url - 1) * 100)
+            measured_url = statistics.median(summary_value(s, metric) for s in remote[name])
+            measured_engine = statistics.median(summary_value(s, metric) for s in local[name])
+            priced.append(abs(measured_engine * ratio[metric] / measured_url - 1) * 100)
             raw.append(abs(measured_engine / measured_url - 1) * 100)
-        print(f"  {name:10} bench --url TPOT P50 {remote_summary.tpot_ms.p50:.2f} ms, engine bench "
-              f"{local[name].tpot_ms.p50:.2f} ms, engine priced x{summary_value(served, 'tpot_median') / summary_value(in_process, 'tpot_median'):.2f}")
-    print(f"bench --url vs engine bench with HTTP priced: median |error| {statistics.median(priced):.1f} % over "
-          f"{len(priced)} figures (raw engine bench: {statistics.median(raw):.1f} %)")
+    return statistics.median(priced), statistics.median(raw)
 
 
 if __name__ == "__main__":
