@@ -36,6 +36,9 @@ SUMMARY_FIELD: dict[str, tuple[str, str]] = {
 }
 
 
+_PERCENTILES = (("p50", 50.0), ("p99", 99.0))
+
+
 def summary_value(summary: RunSummary, metric: Metric) -> float:
     value = summary.figure(".".join(SUMMARY_FIELD[metric]))
     assert value is not None  # latencies and rates are always set
@@ -51,15 +54,15 @@ class Timeline:
 def retime(trace: RunTrace, step_s: np.ndarray, api_s: float, api_hold_s: float = 0.0) -> Timeline:
     """Timestamps of `trace`'s schedule when its steps take `step_s` seconds."""
     gated = trace.gate >= 0
-    last = _last_delivery(trace)
+    last = trace.last_delivery
     send = trace.due_s.copy()
     end = np.zeros(trace.num_steps)
     # Each pass settles one more link of every chain of gates (a closed-loop client's requests
     # one after another): the longest chain bounds the passes.
-    for _ in range(_chain_depth(trace.gate) + 1):
+    for _ in range(trace.gate_depth + 1):
         admitted = np.full(trace.num_steps, -np.inf)
         np.maximum.at(admitted, trace.first_step, _through_api(send, api_s))
-        end = _step_ends(step_s, trace.api_holds * api_hold_s, admitted, trace.step_replica)
+        end = _step_ends(step_s, trace.api_holds * api_hold_s, admitted, trace.replica_steps)
         if not gated.any():
             break
         finish = end[trace.delivery_step[last]]
@@ -73,13 +76,11 @@ def retime(trace: RunTrace, step_s: np.ndarray, api_s: float, api_hold_s: float 
 def figures(trace: RunTrace, timeline: Timeline, metrics: list[Metric]) -> dict[Metric, float]:
     """The published figures of a re-timed run, computed as RunSummary computes them."""
     end, send = timeline.step_end_s, timeline.send_s
-    first = np.searchsorted(trace.delivery_request, np.arange(len(send)))
-    last = _last_delivery(trace)
-    first_token = end[trace.delivery_step[first]]
-    finish = end[trace.delivery_step[last]]
+    first_token = end[trace.delivery_step[trace.first_delivery]]
+    finish = end[trace.delivery_step[trace.last_delivery]]
     out: dict[Metric, float] = {}
     duration = max(finish.max() - send.min(), 1e-12)
-    values: dict[str, np.ndarray] = {}
+    stats: dict[str, dict[str, float]] = {}
     for metric in metrics:
         group, field = SUMMARY_FIELD[metric]
         if group == "throughput":
@@ -88,40 +89,62 @@ def figures(trace: RunTrace, timeline: Timeline, metrics: list[Metric]) -> dict[
                       "total_tokens_per_s": trace.prompt_tokens.sum() + trace.output_tokens.sum()}[field]
             out[metric] = float(tokens / duration)
             continue
-        if group not in values:
-            values[group] = _latencies(group, trace, end, send, first_token, finish)
-        v = values[group] * 1e3
-        out[metric] = float(v.mean()) if field == "mean" else float(np.percentile(v, 50 if field == "p50" else 99))
+        if group not in stats:
+            wanted = {SUMMARY_FIELD[m][1] for m in metrics if SUMMARY_FIELD[m][0] == group}
+            ms, count = _latencies_ms(group, trace, end, send, first_token, finish)
+            stats[group] = _stats(ms, count, wanted)
+        out[metric] = stats[group][field]
     return out
 
 
-def _latencies(group: str, trace: RunTrace, end: np.ndarray, send: np.ndarray, first_token: np.ndarray,
-               finish: np.ndarray) -> np.ndarray:
+def _latencies_ms(group: str, trace: RunTrace, end: np.ndarray, send: np.ndarray, first_token: np.ndarray,
+                  finish: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    """A latency's values in ms, and how many times each occurs (None: once each)."""
     if group == "ttft_ms":
-        return first_token - send
+        return (first_token - send) * 1e3, None
     if group == "e2e_ms":
-        return finish - send
+        return (finish - send) * 1e3, None
     if group == "tpot_ms":
         many = trace.output_tokens > 1
-        return (finish[many] - first_token[many]) / (trace.output_tokens[many] - 1)
-    # ITL: gaps between a request's consecutive deliveries (its tokens arrive in chunks).
-    t = end[trace.delivery_step]
-    same = trace.delivery_request[1:] == trace.delivery_request[:-1]
-    gaps = (t[1:] - t[:-1])[same]
-    return gaps[gaps != 0]
+        return (finish[many] - first_token[many]) / (trace.output_tokens[many] - 1) * 1e3, None
+    # ITL: gaps between a request's consecutive deliveries (its tokens arrive in chunks), priced
+    # once per pair of steps they lie between.
+    pairs = trace.delivery_gaps
+    gaps = (end[pairs.later] - end[pairs.earlier]) * 1e3
+    kept = gaps != 0
+    return gaps[kept], pairs.count[kept]
 
 
-def _chain_depth(gate: np.ndarray) -> int:
-    """Longest run of requests each gated by the one before (gates always point back)."""
-    depth = [0] * len(gate)
-    for i, g in enumerate(gate.tolist()):  # a gate was submitted before the request it releases
-        if g >= 0:
-            depth[i] = depth[g] + 1
-    return max(depth, default=0)
+def _stats(values: np.ndarray, count: np.ndarray | None, fields: set[str]) -> dict[str, float]:
+    """Mean and linear-interpolation percentiles (numpy's default, as the benchmark clients compute
+    them) of `values`, each repeated `count` times (None: once)."""
+    wanted = [(field, q) for field, q in _PERCENTILES if field in fields]
+    out: dict[str, float] = {}
+    if count is None:
+        if wanted:
+            out.update(zip([f for f, _ in wanted], map(float, np.percentile(values, [q for _, q in wanted])), strict=True))
+        if "mean" in fields:
+            out["mean"] = float(values.mean())
+        return out
+    order = np.argsort(values, kind="stable")
+    ranked, weight = values[order], count[order]
+    ends = np.cumsum(weight)  # the sorted repeated values: ranked[k] fills positions ends[k-1] .. ends[k] - 1
+    n = int(ends[-1])
+    for field, q in wanted:
+        share = q / 100
+        rank = (n - 1) * share  # numpy's virtual index for the linear method
+        low = int(np.floor(rank))
+        a, b = ranked[np.searchsorted(ends, [low, min(low + 1, n - 1)], side="right")]
+        out[field] = _lerp(float(a), float(b), rank - low)
+    if "mean" in fields:
+        out["mean"] = float(np.dot(ranked, weight) / n)
+    return out
 
 
-def _last_delivery(trace: RunTrace) -> np.ndarray:
-    return np.searchsorted(trace.delivery_request, np.arange(len(trace.due_s)), side="right") - 1
+def _lerp(a: float, b: float, t: float) -> float:
+    """numpy.percentile's interpolation between neighbours a <= b, the same expression."""
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
 def _through_api(send: np.ndarray, api_s: float) -> np.ndarray:
@@ -136,12 +159,12 @@ def _through_api(send: np.ndarray, api_s: float) -> np.ndarray:
     return out
 
 
-def _step_ends(step_s: np.ndarray, hold_s: np.ndarray, admitted: np.ndarray, replica: np.ndarray) -> np.ndarray:
+def _step_ends(step_s: np.ndarray, hold_s: np.ndarray, admitted: np.ndarray,
+               replica_steps: tuple[np.ndarray, ...]) -> np.ndarray:
     """end_i = max(end of the replica's previous step + the hold after it, arrival of what step i
     admits) + step_s_i."""
     end = np.empty_like(step_s)
-    for r in np.unique(replica):
-        idx = np.flatnonzero(replica == r)
+    for idx in replica_steps:
         d = step_s[idx]
         before = np.concatenate(([0.0], hold_s[idx][:-1]))  # the hold after the previous step
         done = np.cumsum(d + before)

@@ -11,6 +11,7 @@ that first scheduled it and the steps that delivered its tokens.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -40,6 +41,52 @@ class RunTrace:
     @property
     def num_steps(self) -> int:
         return len(self.step_replica)
+
+    # Facts of the schedule that re-timing reads again at every new set of step durations.
+
+    @cached_property
+    def first_delivery(self) -> np.ndarray:
+        """Per request: the index of its first delivery."""
+        return np.searchsorted(self.delivery_request, np.arange(len(self.due_s)))
+
+    @cached_property
+    def last_delivery(self) -> np.ndarray:
+        """Per request: the index of its last delivery."""
+        return np.searchsorted(self.delivery_request, np.arange(len(self.due_s)), side="right") - 1
+
+    @cached_property
+    def replica_steps(self) -> tuple[np.ndarray, ...]:
+        """Each replica's steps, in the order they ran."""
+        return tuple(np.flatnonzero(self.step_replica == r) for r in np.unique(self.step_replica))
+
+    @cached_property
+    def gate_depth(self) -> int:
+        """Longest run of requests each gated by the one before (gates always point back)."""
+        depth = [0] * len(self.gate)
+        for i, g in enumerate(self.gate.tolist()):  # a gate was submitted before the request it releases
+            if g >= 0:
+                depth[i] = depth[g] + 1
+        return max(depth, default=0)
+
+    @cached_property
+    def delivery_gaps(self) -> DeliveryGaps:
+        """The inter-token gaps of the schedule, by the pair of steps they lie between."""
+        same = self.delivery_request[1:] == self.delivery_request[:-1]
+        earlier, later = self.delivery_step[:-1][same], self.delivery_step[1:][same]
+        apart = earlier != later  # deliveries of one step are one chunk: no gap between them
+        pairs, count = np.unique(np.stack([earlier[apart], later[apart]]), axis=1, return_counts=True)
+        return DeliveryGaps(pairs[0], pairs[1], count)
+
+
+@dataclass(frozen=True)
+class DeliveryGaps:
+    """Gaps between consecutive deliveries to one request, as distinct step pairs: `count[k]` gaps
+    lie between the end of step `earlier[k]` and the end of step `later[k]`. Far fewer pairs than
+    gaps (most tokens follow the previous step), so a re-timing prices each pair once."""
+
+    earlier: np.ndarray
+    later: np.ndarray
+    count: np.ndarray
 
 
 @dataclass

@@ -3,6 +3,8 @@ own figures exactly; with other durations, what a fresh simulation gives when th
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import numpy as np
 import pytest
 
@@ -10,7 +12,7 @@ from engine.catalog import resolve_model
 from engine.config import EngineKnobs
 from planner.costmodel import CostModel, CostParams
 from planner.hardware import get_hardware
-from planner.public.retime import SUMMARY_FIELD, figures, retime, summary_value
+from planner.public.retime import SUMMARY_FIELD, _stats, figures, retime, summary_value
 from planner.sim import simulate
 from planner.specs import Deployment
 from planner.workload import (ClosedLoopArrivals, ConstantArrivals, LognormalLength, OfflineArrivals, PoissonArrivals,
@@ -93,3 +95,17 @@ def test_a_server_in_the_engines_process_is_retimed_exactly(arrival, replicas) -
         assert got[metric] == pytest.approx(summary_value(result.summary, metric), rel=1e-9), metric
     # Without the holds the same steps end sooner: the holds are what moved them.
     assert figures(trace, retime(trace, durations, api_s), ["tpot_mean"])["tpot_mean"] < summary_value(result.summary, "tpot_mean")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.5, 1.0, 2.0, 3.25, 1e-3, 40.0, 977.0]) | st.floats(1e-6, 1e4),
+                          st.integers(1, 9)), min_size=1, max_size=40))
+def test_repeated_values_give_numpys_statistics_of_the_repeated_array(pairs: list[tuple[float, int]]) -> None:
+    # The ITL is priced once per pair of steps and counted as often as tokens fell between them:
+    # its percentiles must be numpy's over the repeated gaps, bit for bit (ties included).
+    values, count = np.array([v for v, _ in pairs]), np.array([c for _, c in pairs])
+    repeated = np.repeat(values, count)
+    got = _stats(values, count, {"mean", "p50", "p99"})
+    assert got["p50"] == float(np.percentile(repeated, 50))
+    assert got["p99"] == float(np.percentile(repeated, 99))
+    assert got["mean"] == pytest.approx(float(repeated.mean()), rel=1e-12)
