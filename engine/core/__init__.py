@@ -19,6 +19,7 @@ from engine.core.scheduler import (
 )
 from engine.core.speculative import Proposer, SpecStats, draft_budget
 from engine.core.step_loop import ExecutedStep, Executor, LaunchedStep, StepLoop
+from engine.core.window_blocks import WindowGroups
 
 __all__ = [
     "BlockCopy",
@@ -52,6 +53,7 @@ __all__ = [
     "StepSample",
     "StructuredOutput",
     "TierStats",
+    "WindowGroups",
     "draft_budget",
     "hash_block_tokens",
 ]

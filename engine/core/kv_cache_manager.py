@@ -1,5 +1,6 @@
 """Maps requests to KV blocks: allocation, prefix-cache lookup and release; with offload tiers,
-the copies between device blocks and host or disk slots that each step needs (engine/core/kv_tiers.py)."""
+the copies between device blocks and host or disk slots that each step needs (engine/core/kv_tiers.py);
+with sliding-window groups, the window's blocks beside the full-attention ones (engine/core/window_blocks.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hashlib import blake2b
 from engine.core.block_pool import BlockPool, KVCacheBlock
 from engine.core.kv_tiers import BlockCopy, ExternalLoad, KVTiers, KVTransfers, Tier, TierStats
 from engine.core.request import BlockHash, ExtraKey, Request
+from engine.core.window_blocks import WindowBlocks, WindowGroups
 
 # Parent of a request's first block: a fixed value keeps hashes identical across processes.
 _ROOT_HASH = BlockHash(0)
@@ -71,18 +73,22 @@ class PrefixCacheStats:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True,
-                 host_blocks: int = 0, disk_blocks: int = 0) -> None:
+                 host_blocks: int = 0, disk_blocks: int = 0, window: WindowGroups | None = None) -> None:
         """`host_blocks`, `disk_blocks`: slots of the offload tiers (0: none). The host tier keeps
         evicted prefix-cache blocks and swapped-out requests; the disk tier keeps what the host
-        tier evicts."""
+        tier evicts. `window`: sliding-window groups that share the pool and keep only their
+        window's blocks (None: every layer keeps every token in the request's blocks)."""
         if block_size < 1:
             raise ValueError(f"block_size={block_size} is invalid: must be >= 1")
         for name, value in (("host_blocks", host_blocks), ("disk_blocks", disk_blocks)):
             if value < 0:
                 raise ValueError(f"{name}={value} is invalid: must be >= 0")
+        if window is not None and (host_blocks or disk_blocks):
+            raise ValueError("offload tiers with sliding-window groups are not modelled: their windows would move too")
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.tiers = KVTiers(host_blocks, disk_blocks) if host_blocks or disk_blocks else None
+        self.window = WindowBlocks(window, block_size) if window is not None else None
         offload = self._offload_evicted if self.tiers is not None and enable_prefix_caching else None
         self.block_pool = BlockPool(num_blocks, enable_prefix_caching, on_evict=offload)
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
@@ -125,6 +131,20 @@ class KVCacheManager:
         out = KVTransfers(tuple(self._copies), tuple(self._external))
         self._copies, self._external = [], []
         return out
+
+    def max_blocks(self, num_tokens: int, max_step_tokens: int) -> int:
+        """The most blocks a request of `num_tokens` KV tokens can hold at once, computing at most
+        `max_step_tokens` of them in a step: one per block of tokens, and a window group's blocks
+        for its window and the tokens of the step."""
+        bs = self.block_size
+        if self.window is None:
+            return -(-num_tokens // bs)
+        groups = self.window.groups
+        # A step ending at token e holds the most when it starts as early as the budget allows; that
+        # count grows by at least one every block_size tokens of e, so its largest is at one of the
+        # last block_size ends.
+        return max(-(-e // bs) + groups.groups * (-(-e // bs) - groups.live_blocks(max(0, e - max_step_tokens), e, bs)[0])
+                   for e in range(max(1, num_tokens - bs + 1), num_tokens + 1))
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
@@ -180,10 +200,15 @@ class KVCacheManager:
         num_required = (num_computed + num_new_tokens + num_lookahead_tokens + bs - 1) // bs
         # Negative after a speculative rollback: slots of rejected drafts are reused.
         num_to_allocate = num_required - (len(held) if held is not None else 0) - len(new_computed_blocks)
-        if num_to_allocate > 0:
-            # Hit blocks nobody holds sit in the free queue; touching them takes them out of it.
+        window = None
+        if self.window is not None:
+            window = self.window.change(request.request_id, num_computed, num_computed + num_new_tokens + num_lookahead_tokens)
+        needed = max(num_to_allocate, 0) + (window.take - window.drop) * self.window.groups.groups if window else num_to_allocate
+        if needed > 0:
+            # Hit blocks nobody holds sit in the free queue; touching them takes them out of it. The
+            # window's old blocks go back before its new ones are taken (vLLM frees skipped blocks first).
             num_revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0) if new_computed_blocks else 0
-            if num_to_allocate > self.block_pool.num_free_blocks - num_revived:
+            if needed > self.block_pool.num_free_blocks - num_revived:
                 return None
 
         if held is None:
@@ -198,6 +223,11 @@ class KVCacheManager:
         elif new_computed_blocks or tier_hits:
             raise ValueError(f"request {request.request_id!r}: prefix hits are only taken at admission")
         slots = self.tiers.pin(tier_hits) if self.tiers is not None and tier_hits else []
+        if window is not None:
+            assert self.window is not None
+            self.block_pool.free_blocks(reversed(self.window.drop(request.request_id, window)))
+            self.window.take(request.request_id, window,
+                             self.block_pool.get_new_blocks(window.take * self.window.groups.groups))
         new_block_ids: list[int] = []
         if num_to_allocate > 0:
             # Evictions here list their copies to the host tier first (on_evict), ahead of the loads below.
@@ -215,6 +245,7 @@ class KVCacheManager:
         = num_tokens - 1), without the general case's work: the slot of its next token, a new block
         when that starts one, and its block registered once full. False, changing nothing, when a
         block is needed and none is free. The simulator's bulk decodes run it for every block."""
+        self._no_window("bulk decodes")
         held = self.req_to_blocks[request.request_id]
         computed = request.num_computed_tokens
         if computed >= len(held) * self.block_size:
@@ -228,6 +259,7 @@ class KVCacheManager:
         """allocate_decode_slot for a decode whose next token starts a new block and fills none
         (blocks as decoding leaves them: every full one registered): the block alone. False,
         changing nothing, when none is free."""
+        self._no_window("bulk decodes")
         if not self.block_pool.num_free_blocks:
             return False
         self.req_to_blocks[request.request_id].append(self.block_pool.get_new_block())
@@ -242,6 +274,7 @@ class KVCacheManager:
         """For a decoding request (num_computed_tokens = num_tokens - 1), counting one-token decode
         steps from the next (0): the step whose allocate_slots takes a new block, and the step whose
         allocate_slots registers a full block in the prefix cache (-1 without prefix caching)."""
+        self._no_window("bulk decodes")
         bs, rid = self.block_size, request.request_id
         computed = request.num_computed_tokens
         # Step j (from 0) needs ceil((computed + j + 1) / bs) blocks and knows computed + j + 1 tokens.
@@ -249,6 +282,12 @@ class KVCacheManager:
         if not self.enable_prefix_caching:
             return take, -1
         return take, (self.num_cached_blocks[rid] + 1) * bs - computed - 1
+
+    def _no_window(self, what: str) -> None:
+        # A window's blocks are taken and given back at their own positions: these fast paths count
+        # only the full-attention group's.
+        if self.window is not None:
+            raise ValueError(f"{what} are not modelled with sliding-window groups")
 
     def _cache_full_blocks(self, request: Request, held: list[KVCacheBlock], num_tokens: int) -> None:
         """Register the request's full blocks of known tokens among its first `num_tokens`.
@@ -323,6 +362,8 @@ class KVCacheManager:
         self._free_blocks(request)
 
     def _free_blocks(self, request: Request) -> None:
+        if self.window is not None:
+            self.block_pool.free_blocks(reversed(self.window.pop(request.request_id)))
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_blocks.pop(request.request_id, None)
         if not blocks:

@@ -250,7 +250,7 @@ class Scheduler:
                 f"request {rid!r}: prompt length {n_prompt} + max_tokens {max_tokens} exceeds "
                 f"max_num_batched_tokens={cfg.max_num_batched_tokens}, the most one step computes without chunked prefill"
             )
-        blocks_needed = -(-(n_prompt + max_tokens - 1) // cfg.block_size)
+        blocks_needed = self.kv_cache_manager.max_blocks(n_prompt + max_tokens - 1, cfg.max_num_batched_tokens)
         num_blocks = self.kv_cache_manager.num_blocks
         if blocks_needed > num_blocks:
             raise ValueError(

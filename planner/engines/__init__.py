@@ -298,6 +298,10 @@ class Memory(_Sourced):
         "when sampler_in_profile")
     reserve_gib: float = Field(0.0, ge=0, description="Fixed memory kept out of the KV cache beyond the rules above")
     cuda_graph_in_budget: bool = Field(description="CUDA-graph memory is taken out of the KV cache budget")
+    sliding_window_kv: Literal["every_token", "window_groups"] = Field(
+        "every_token", description="How sliding-window layers keep KV: every_token, like full-attention layers; "
+        "window_groups: layers in groups of equal size sharing one pool, a sliding-window group holding only its "
+        "window's blocks (vLLM's hybrid KV cache manager, planner/memory/kv.py kv_groups)")
 
     @model_validator(mode="after")
     def _sampler_when_sampled(self) -> Memory:

@@ -8,7 +8,10 @@ engine adds an fp32 scale per (token, head), the others keep one scale per tenso
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from engine.config import ModelConfig
+from engine.core import WindowGroups
 from engine.dtypes import KV_DTYPE_BYTES
 from planner.engines import get_engine
 from planner.specs import Deployment
@@ -42,3 +45,39 @@ def window_aware_sequences(model: ModelConfig, dep: Deployment, kv_budget_bytes:
     per_gpu = kv_bytes_per_token_per_layer_per_gpu(model, dep)
     seq_bytes = sum(min(context_tokens, w) if w else context_tokens for w in model.layer_windows) * whole
     return int(kv_budget_bytes // (seq_bytes * per_gpu * num_layers / (whole * model.num_layers)))
+
+
+@dataclass(frozen=True)
+class KVGroups:
+    """A hybrid model's layers as vLLM's hybrid KV cache manager groups them: groups of
+    `layers_per_group` layers (the last of a type padded), one of them full attention, the others
+    `window.groups` sliding-window groups; a pool block holds block_size tokens of one group's layers."""
+
+    layers_per_group: int
+    window: WindowGroups
+
+
+def kv_groups(model: ModelConfig, dep: Deployment) -> tuple[KVGroups | None, str | None]:
+    """The KV groups of `model` under `dep.engine`, or None where every layer keeps every token, with
+    the reason when the model has windows (None: it has none)."""
+    windows = model.layer_windows
+    if not any(windows):
+        return None, None
+    if get_engine(dep.engine).memory.sliding_window_kv != "window_groups":
+        return None, f"{dep.engine} keeps every token of its sliding-window layers"
+    sizes = {w for w in windows if w}
+    if len(sizes) > 1:
+        return None, f"windows of {len(sizes)} sizes are not modelled: every layer keeps every token"
+    if dep.pipeline_parallel > 1:
+        return None, "sliding-window groups under pipeline parallelism are not modelled: every layer keeps every token"
+    num_window = sum(1 for w in windows if w)
+    num_full = len(windows) - num_window
+    # vLLM 0.10-0.11 kv_cache_utils._get_kv_cache_groups_uniform_page_size: the group size is the
+    # smaller type's layer count, or the larger one's when within 1.25x of it (less padding).
+    size = min(num_full, num_window)
+    if max(num_full, num_window) < 1.25 * size:
+        size = max(num_full, num_window)
+    if -(-num_full // size) != 1:
+        return None, (f"{num_full} full-attention layers in groups of {size} make {-(-num_full // size)} full groups, "
+                      "not modelled: every layer keeps every token")
+    return KVGroups(size, WindowGroups(-(-num_window // size), sizes.pop())), None

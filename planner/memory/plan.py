@@ -19,7 +19,13 @@ from engine.errors import InputError
 from planner.engines import ProfileSampler, get_engine, resolve_deployment
 from planner.memory import activations, device
 from planner.memory.engines import Budget, engine_budget
-from planner.memory.kv import kv_bytes_per_token_per_layer, kv_bytes_per_token_per_layer_per_gpu, window_aware_sequences
+from planner.memory.kv import (
+    KVGroups,
+    kv_bytes_per_token_per_layer,
+    kv_bytes_per_token_per_layer_per_gpu,
+    kv_groups,
+    window_aware_sequences,
+)
 from planner.memory.parts import GIB, Part, gib
 from planner.memory.weights import WEIGHT_BYTES_PER_PARAM, StageWeights, stage_weights
 from planner.specs import Deployment, HardwareProfile
@@ -72,7 +78,13 @@ class MemoryPlan(Report):
     block_size_tokens: int
     kv_bytes_per_block_per_gpu: int
     kv_cache_blocks: int
-    kv_cache_tokens: int
+    kv_cache_tokens: int = Field(description="kv_cache_blocks x block_size_tokens (with sliding-window groups: tokens "
+                                 "of one group's layers)")
+    kv_layers_per_block: int = Field(description="Layers a KV block holds: every layer of the stage, or, with "
+                                     "sliding-window groups, one group's")
+    kv_window_groups: int = Field(0, description="Sliding-window groups sharing the pool, each holding only its window's "
+                                  "blocks (0: every layer keeps every token)")
+    kv_window_tokens: int | None = Field(None, description="Their window, tokens")
     max_concurrent_sequences: int = Field(description="Sequences of context_tokens the KV cache holds at once")
     max_concurrent_sequences_window_aware: int | None = Field(
         None, description="The same for an engine that frees blocks outside sliding windows (models with windows only)"
@@ -106,6 +118,7 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
     captures = bool(engine.execution.cuda_graphs and hw.graph_capture and not knobs.enforce_eager)
     graphs = activations.graph_pool(model, dep, engine, captures)
     runtime = device.runtime(hw, dep.tensor_parallel * dep.pipeline_parallel)
+    groups, _ = kv_groups(model, dep)
 
     worst = None
     for index, weights in enumerate(stages):
@@ -114,7 +127,8 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
         if engine.memory.activation_profile == "budget":
             stage_acts.extend(device.cublas_workspace(hw))
         budget = engine_budget(engine, hw, dep, total, list(weights.parts), stage_acts, runtime, graphs)
-        block_bytes = kv_per_token_per_layer * weights.num_layers * knobs.block_size_tokens  # type: ignore[operator]
+        layers = groups.layers_per_group if groups is not None else weights.num_layers
+        block_bytes = kv_per_token_per_layer * layers * knobs.block_size_tokens  # type: ignore[operator]
         blocks = max(0, math.floor(budget.kv_bytes / block_bytes))
         if worst is None or blocks < worst[0]:
             worst = (blocks, budget, weights, block_bytes)
@@ -123,7 +137,7 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
     kv_budget = budget.kv_bytes
     block_size = knobs.block_size_tokens
     assert block_size is not None and knobs.max_num_seqs is not None
-    max_seqs = blocks // math.ceil(context_tokens / block_size)
+    max_seqs = blocks // _blocks_per_sequence(context_tokens, block_size, groups)
     in_budget = [p for p in budget.parts if p.in_budget]
     activation = sum(p.bytes for p in in_budget if p.key.startswith("activation."))
     runtime = sum(p.bytes for p in in_budget if not p.key.startswith(("activation.", "weights.")))
@@ -159,6 +173,9 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
         kv_bytes_per_block_per_gpu=int(block_bytes),
         kv_cache_blocks=blocks,
         kv_cache_tokens=blocks * block_size,
+        kv_layers_per_block=groups.layers_per_group if groups is not None else weights.num_layers,
+        kv_window_groups=groups.window.groups if groups is not None else 0,
+        kv_window_tokens=groups.window.window_tokens if groups is not None else None,
         max_concurrent_sequences=max_seqs,
         max_concurrent_sequences_window_aware=window_aware_sequences(model, dep, kv_budget, weights.num_layers,
                                                                      context_tokens),
@@ -167,6 +184,15 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
         reason=reason,
         assumptions=_assumptions(model, dep, hw, budget),
     )
+
+
+def _blocks_per_sequence(context_tokens: int, block_size: int, groups: KVGroups | None) -> int:
+    """Blocks one sequence of context_tokens holds while it decodes its last token."""
+    full = math.ceil(context_tokens / block_size)
+    if groups is None:
+        return full
+    first, end = groups.window.live_blocks(context_tokens - 1, context_tokens, block_size)
+    return full + groups.window.groups * (end - first)
 
 
 def check_parallelism(model: ModelConfig, dep: Deployment) -> None:
@@ -213,7 +239,7 @@ def _assumptions(model: ModelConfig, dep: Deployment, hw: HardwareProfile, budge
         f"transformer-layer weights in {dep.weight_dtype} at {WEIGHT_BYTES_PER_PARAM[dep.weight_dtype]:.4g} bytes/param "
         "(quantisation scales included); embeddings, LM head, norms and routers unquantised",
         f"token budget max_num_batched_tokens={knobs.max_num_batched_tokens}, max_num_seqs={knobs.max_num_seqs}",
-        f"paged KV cache in {dep.kv_dtype}, block of {knobs.block_size_tokens} tokens; every layer stores every token",
+        f"paged KV cache in {dep.kv_dtype}, block of {knobs.block_size_tokens} tokens",
     ]
     if hw.memory_reported_gib is None:
         notes.append(f"{hw.name} has no reported-memory figure: the marketed {hw.memory_gib:g} GiB is assumed visible")
@@ -221,9 +247,15 @@ def _assumptions(model: ModelConfig, dep: Deployment, hw: HardwareProfile, budge
     if outside:
         notes.append(f"outside the budget: {gib(outside)} (CUDA context, graphs, activations of engines without a "
                      f"profiling pass) must fit in what the engine leaves unused")
-    if any(model.layer_windows):
-        notes.append("sliding-window layers: vLLM V1's hybrid KV-cache manager gives them only their window's blocks "
-                     "(max_concurrent_sequences_window_aware); the simulator keeps every token of every layer")
+    groups, why_not = kv_groups(model, dep)
+    if groups is not None:
+        w = groups.window
+        notes.append(f"sliding-window layers ({w.window_tokens}-token window) in {w.groups} group(s) of "
+                     f"{groups.layers_per_group} layers beside one full-attention group, over one pool whose block holds "
+                     "one group's layers; a window group keeps only its window's blocks (vLLM's hybrid KV cache manager)")
+    else:
+        notes.append("every layer stores every token" + (f" ({why_not}; max_concurrent_sequences_window_aware: "
+                                                          "what windowed allocation would hold)" if why_not else ""))
     if dep.attention_data_parallel > 1:
         notes.append(f"data-parallel attention over {dep.attention_data_parallel} groups of "
                      f"{dep.tensor_parallel // dep.attention_data_parallel} GPUs: each group keeps its own requests' KV "

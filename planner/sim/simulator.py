@@ -9,7 +9,16 @@ from dataclasses import dataclass
 import simpy
 
 from engine.config import ModelConfig, SpeculativeSettings
-from engine.core import KVCacheManager, Request, SamplingParams, Scheduler, SchedulerConfig, StepLoop, TierStats
+from engine.core import (
+    KVCacheManager,
+    Request,
+    SamplingParams,
+    Scheduler,
+    SchedulerConfig,
+    StepLoop,
+    TierStats,
+    WindowGroups,
+)
 from engine.core.metrics import RequestMetrics
 from engine.core.kv_cache_manager import PrefixCacheStats
 from engine.errors import InputError, unknown_name_error
@@ -108,8 +117,10 @@ class ReplicaTemplate:
                 seed: int) -> tuple[Replica, CostModelExecutor]:
         """A new replica (the engine's own scheduler and step loop) serving on `env`, and its executor."""
         config = self.sched_config
-        scheduler = Scheduler(config, KVCacheManager(self.memory.kv_cache_blocks, config.block_size,
-                                                     config.enable_prefix_caching, self.host_blocks, self.disk_blocks),
+        memory = self.memory
+        window = WindowGroups(memory.kv_window_groups, memory.kv_window_tokens) if memory.kv_window_tokens else None
+        scheduler = Scheduler(config, KVCacheManager(memory.kv_cache_blocks, config.block_size, config.enable_prefix_caching,
+                                                     self.host_blocks, self.disk_blocks, window),
                               decode_token)
         drafts = None if self.spec is None or self.acceptance is None else SyntheticDrafts(
             self.spec.num_speculative_tokens, self.acceptance, (seed, index), SYNTHETIC_TOKEN_ID, self.spec.proposal_rate)

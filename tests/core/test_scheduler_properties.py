@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from engine.core import KVCacheManager, Request, SamplingParams, Scheduler, SchedulerConfig
+from engine.core import KVCacheManager, Request, SamplingParams, Scheduler, SchedulerConfig, WindowGroups
 
 from .testlib import FakeRunner, check_invariants, draw_config
 
@@ -43,6 +43,8 @@ def scenarios(draw: st.DrawFn) -> tuple[SchedulerConfig, int, list[Plan], int]:
     # Offload tiers: none, a host tier, or host and disk; small ones, so they fill and evict too.
     host_blocks = draw(st.sampled_from([0, 0, 2, 8, 32]))
     disk_blocks = draw(st.sampled_from([0, 4, 16])) if host_blocks else 0
+    # Sliding-window groups (a hybrid model's KV), where no offload tier is.
+    window = None if host_blocks else draw(st.none() | st.builds(WindowGroups, st.integers(1, 2), st.integers(1, 16)))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = random.Random(seed)
     prefixes = [[rng.randrange(2, VOCAB) for _ in range(rng.randint(1, 10))] for _ in range(3)]
@@ -67,7 +69,18 @@ def scenarios(draw: st.DrawFn) -> tuple[SchedulerConfig, int, list[Plan], int]:
         request.arrival_time = float(arrival)
         abort = arrival + rng.randint(0, 20) if rng.random() < 0.15 else None
         plans.append(Plan(request, truth, arrival, abort))
-    return config, (num_blocks, host_blocks, disk_blocks), plans, seed
+    return config, (num_blocks, host_blocks, disk_blocks, window), plans, seed
+
+
+def _most_blocks(num_tokens: int, config: SchedulerConfig, window: WindowGroups | None) -> int:
+    """The most blocks a request of num_tokens KV tokens can hold at once, by brute force over every step it
+    could be given (any start, any number of tokens within the budget): a block per block_size tokens, and
+    each window group the blocks of the window's last window - 1 computed tokens and the step's tokens."""
+    bs = config.block_size
+    if window is None:
+        return -(-num_tokens // bs)
+    return max(-(-(s + c) // bs) + window.groups * (-(-(s + c) // bs) - max(0, s - window.window_tokens + 1) // bs)
+               for s in range(num_tokens) for c in range(1, min(config.max_num_batched_tokens, num_tokens - s) + 1))
 
 
 def _expected_output(plan: Plan) -> list[int]:
@@ -127,10 +140,10 @@ def _record_events(out) -> None:
 @settings(max_examples=200, deadline=None)
 @given(scenarios())
 def test_random_workloads_keep_invariants_and_finish(scenario):
-    config, (num_blocks, host_blocks, disk_blocks), plans, seed = scenario
+    config, (num_blocks, host_blocks, disk_blocks, window), plans, seed = scenario
     rng = random.Random(seed + 1)
     sched = Scheduler(config, KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                             host_blocks=host_blocks, disk_blocks=disk_blocks))
+                                             host_blocks=host_blocks, disk_blocks=disk_blocks, window=window))
     runner = FakeRunner(sched, external={p.request.request_id: list(p.request.prompt_token_ids) for p in plans})
     truth = {p.request.request_id: p.truth for p in plans}
     accepted: list[Plan] = []
@@ -144,7 +157,7 @@ def test_random_workloads_keep_invariants_and_finish(scenario):
         for plan in plans:
             if plan.arrival_step == step:
                 r, n = plan.request, plan.request.num_prompt_tokens + plan.request.max_tokens
-                fits = n <= config.max_model_len and -(-(n - 1) // config.block_size) <= num_blocks
+                fits = n <= config.max_model_len and _most_blocks(n - 1, config, window) <= num_blocks
                 if fits:
                     sched.add_request(r)
                     accepted.append(plan)

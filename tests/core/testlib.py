@@ -130,7 +130,9 @@ def check_invariants(sched: Scheduler, out: SchedulerOutput) -> None:
     assert set(kv.req_to_blocks) == running_ids, "only running requests hold blocks"
     assert all(r.status is RequestStatus.RUNNING for r in sched.running)
     holders: Counter[int] = Counter()
-    for rid, blocks in kv.req_to_blocks.items():
+    window_blocks = kv.window.held() if kv.window is not None else {}
+    assert set(window_blocks) <= running_ids, "only running requests hold window blocks"
+    for rid, blocks in [*kv.req_to_blocks.items(), *window_blocks.items()]:
         ids = [b.block_id for b in blocks]
         assert len(ids) == len(set(ids)), f"{rid} holds a block twice"
         holders.update(ids)

@@ -232,8 +232,22 @@ def test_quantised_weights_shrink_by_their_bytes_per_param() -> None:
 
 
 def test_windowed_model_reports_window_aware_concurrency() -> None:
-    p = plan(model="gemma-2-9b", context=8192)
-    assert p.max_concurrent_sequences_window_aware > p.max_concurrent_sequences
+    # vLLM groups gemma-2's 21 sliding and 21 full layers into two groups of 21 over one pool: its
+    # concurrency is the window-aware figure, reached here by counting blocks. SGLang's profile keeps
+    # every token of every layer, and reports what windowed allocation would hold beside it.
+    vllm = plan(model="gemma-2-9b", context=8192)
+    assert (vllm.kv_layers_per_block, vllm.kv_window_groups, vllm.kv_window_tokens) == (21, 1, 4096)
+    assert vllm.max_concurrent_sequences == vllm.max_concurrent_sequences_window_aware
+    sglang = plan(model="gemma-2-9b", context=8192, engine="sglang-0.5")
+    assert sglang.kv_window_groups == 0 and sglang.kv_layers_per_block == 42
+    assert sglang.max_concurrent_sequences_window_aware > sglang.max_concurrent_sequences
+
+
+def test_gpt_oss_groups_follow_vllms_rule() -> None:
+    # 12 full and 12 sliding (128-token) layers: groups of 12; a block holds half the layers' tokens.
+    p = plan(model="gpt-oss-20b", weight_dtype="fp4", context=8192)
+    assert (p.kv_layers_per_block, p.kv_window_groups, p.kv_window_tokens) == (12, 1, 128)
+    assert p.kv_bytes_per_block_per_gpu * 2 == p.kv_bytes_per_token_per_gpu * p.block_size_tokens
 
 
 def test_does_not_fit_says_what_it_needs() -> None:
