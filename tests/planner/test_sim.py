@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 from pathlib import Path
 import subprocess
@@ -362,3 +363,25 @@ def test_cli_eager_decode_is_slower_than_graphed_on_a_gpu(capsys: pytest.Capture
         tpot[bool(flags)] = json.loads(capsys.readouterr().out)["tpot_ms"]["mean"]
     # Llama-3.1-8B on an H100 at ~batch 1: launches add ~1.2 ms a token eagerly (test_costmodel has the sums).
     assert 1.1 < tpot[True] / tpot[False] < 1.4
+
+
+@pytest.mark.parametrize(("name", "weights", "low", "high"), [
+    ("gpt-oss-20b", "fp4", 1.6, 2.2),  # a 128-token window: a request holds its full blocks and ~10 more
+    ("gemma-2-9b", "bf16", 0.85, 1.15),  # a 4,096-token window covers the whole request: no gain
+])
+def test_sliding_window_groups_hold_the_window_only(name: str, weights: str, low: float, high: float) -> None:
+    # Under vLLM 0.11 half of these models' layers are sliding-window layers: a block holds half the
+    # layers, so the same memory has twice the blocks, and a window group keeps only its window's. Against
+    # the same model with every layer on full attention in the same memory (what 8 requests of 2,200 tokens
+    # fill), the windowed one runs as many more requests as its windows save.
+    windowed = resolve_model(name)
+    full = dataclasses.replace(windowed, layer_windows=(None,) * windowed.num_layers)
+    w = Workload(name="long", arrival=ConstantArrivals(rate_per_s=1000.0), input_tokens=FixedLength(tokens=2000),
+                 output_tokens=FixedLength(tokens=200), num_requests=40, seed=0)
+    dep = Deployment(hardware="h100-sxm", engine="vllm-0.11", weight_dtype=weights,
+                     knobs=EngineKnobs(block_size_tokens=16, max_num_seqs=64, max_num_batched_tokens=8192))
+    assert plan_memory(windowed, H100, dep, 4096).kv_layers_per_block * 2 == windowed.num_layers
+    every_token_blocks = 8 * 2200 // 16
+    ran = simulate(windowed, H100, dep, w, kv_cache_blocks=2 * every_token_blocks).summary.mean_batch_requests
+    ran_full = simulate(full, H100, dep, w, kv_cache_blocks=every_token_blocks).summary.mean_batch_requests
+    assert low < ran / ran_full < high, (ran, ran_full)
