@@ -108,9 +108,10 @@ class ReplicaTemplate:
 
     def decode_token(self, bulk_decodes: bool) -> int | None:
         """The token the schedulers may apply in bulk: the executor samples SYNTHETIC_TOKEN_ID for every
-        decode. Offload tiers stay one by one: the bulk path's equivalence is proven (tests) without them."""
-        return (SYNTHETIC_TOKEN_ID if bulk_decodes and not self.host_blocks and self.cost_model.reader.reads_bulk_decodes
-                else None)
+        decode. Offload tiers and sliding-window groups stay one by one: the bulk path's equivalence is
+        proven (tests) without them."""
+        one_by_one = self.host_blocks or self.memory.kv_window_groups or not self.cost_model.reader.reads_bulk_decodes
+        return SYNTHETIC_TOKEN_ID if bulk_decodes and not one_by_one else None
 
     def replica(self, env: simpy.Environment, index: int, on_finished: Callable[[Request], None],
                 samples: list[StepSample] | None, recorder: TraceRecorder | None, decode_token: int | None,
