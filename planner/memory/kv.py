@@ -72,6 +72,8 @@ def kv_groups(model: ModelConfig, dep: Deployment) -> tuple[KVGroups | None, str
         return None, "sliding-window groups under pipeline parallelism are not modelled: every layer keeps every token"
     num_window = sum(1 for w in windows if w)
     num_full = len(windows) - num_window
+    if not num_full:
+        return None, "every layer is a sliding-window layer, not modelled as groups: every layer keeps every token"
     # vLLM 0.10-0.11 kv_cache_utils._get_kv_cache_groups_uniform_page_size: the group size is the
     # smaller type's layer count, or the larger one's when within 1.25x of it (less padding).
     size = min(num_full, num_window)

@@ -1,6 +1,7 @@
 """Memory plan: each engine's rule for its KV cache, each part with a hand-computed expectation, and
 the plan's invariants (sharding, rounding, the does-not-fit answer)."""
 
+import dataclasses
 import math
 
 import pytest
@@ -288,3 +289,12 @@ def test_every_line_says_its_rule_and_source() -> None:
         assert p.lines[0].key == "device.reported" and p.lines[1].key == "budget"
         assert all(x.rule and x.source for x in p.lines), engine
         assert sum(x.key == "kv" for x in p.lines) == 1
+
+
+def test_a_model_of_sliding_window_layers_only_keeps_every_token() -> None:
+    # vLLM would run one sliding-window group; the simulator's KV manager always has a full-attention group.
+    oss = resolve_model("gpt-oss-20b")
+    every_layer = dataclasses.replace(oss, layer_windows=(128,) * oss.num_layers)
+    p = plan_memory(every_layer, get_hardware("h100-sxm"), Deployment(hardware="h100-sxm", weight_dtype="fp4"), 8192)
+    assert p.kv_window_groups == 0 and p.kv_layers_per_block == oss.num_layers
+    assert any("every layer is a sliding-window layer" in note for note in p.assumptions)
