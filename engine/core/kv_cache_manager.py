@@ -185,11 +185,14 @@ class KVCacheManager:
         new_computed_blocks: Sequence[KVCacheBlock] = (),
         num_lookahead_tokens: int = 0,
         tier_hits: Sequence[tuple[BlockHash, Tier]] = (),
+        num_loaded_tokens: int = 0,
     ) -> list[int] | None:
         """Make room for `num_new_tokens` (known + draft) after the request's computed tokens
         and the prefix hit `new_computed_blocks`. Returns the ids of newly allocated blocks, or
         None, changing nothing, when the pool cannot hold them. `tier_hits` (at admission, from
-        get_tier_hits; their tokens counted in num_new_tokens) fill the first new blocks by copies."""
+        get_tier_hits; their tokens counted in num_new_tokens) fill the first new blocks by copies.
+        `num_loaded_tokens`: the leading ones of num_new_tokens whose KV is copied in, not computed
+        (tier hits, external KV): a window group needs only the last window of them."""
         if num_new_tokens < 1:
             raise ValueError(f"request {request.request_id!r}: num_new_tokens={num_new_tokens} must be >= 1")
         if len(tier_hits) * self.block_size > num_new_tokens:
@@ -200,13 +203,12 @@ class KVCacheManager:
         num_required = (num_computed + num_new_tokens + num_lookahead_tokens + bs - 1) // bs
         # Negative after a speculative rollback: slots of rejected drafts are reused.
         num_to_allocate = num_required - (len(held) if held is not None else 0) - len(new_computed_blocks)
-        window = None
-        if self.window is not None:
-            window = self.window.change(request.request_id, num_computed, num_computed + num_new_tokens + num_lookahead_tokens)
-        needed = max(num_to_allocate, 0) + (window.take - window.drop) * self.window.groups.groups if window else num_to_allocate
+        window = None if self.window is None else self.window.change(
+            request.request_id, num_computed + num_loaded_tokens, num_computed + num_new_tokens + num_lookahead_tokens)
+        # A window's old blocks go back before its new ones are taken (vLLM frees skipped blocks first).
+        needed = max(num_to_allocate, 0) + (window.net if window is not None else 0)
         if needed > 0:
-            # Hit blocks nobody holds sit in the free queue; touching them takes them out of it. The
-            # window's old blocks go back before its new ones are taken (vLLM frees skipped blocks first).
+            # Hit blocks nobody holds sit in the free queue; touching them takes them out of it.
             num_revived = sum(1 for b in new_computed_blocks if b.ref_cnt == 0) if new_computed_blocks else 0
             if needed > self.block_pool.num_free_blocks - num_revived:
                 return None
@@ -226,8 +228,7 @@ class KVCacheManager:
         if window is not None:
             assert self.window is not None
             self.block_pool.free_blocks(reversed(self.window.drop(request.request_id, window)))
-            self.window.take(request.request_id, window,
-                             self.block_pool.get_new_blocks(window.take * self.window.groups.groups))
+            self.window.take(request.request_id, window, self.block_pool.get_new_blocks(window.take))
         new_block_ids: list[int] = []
         if num_to_allocate > 0:
             # Evictions here list their copies to the host tier first (on_evict), ahead of the loads below.

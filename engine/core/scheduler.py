@@ -549,7 +549,8 @@ class Scheduler:
                 if not self._room_for_outputs(request, taken + sum(1 for b in computed_blocks if b.ref_cnt == 0)):
                     return
             # Tier hits and external tokens need KV slots but no compute (and none of the step's budget).
-            new_block_ids = kv.allocate_slots(request, num_copied + num_new, computed_blocks, tier_hits=tier_hits)
+            new_block_ids = kv.allocate_slots(request, num_copied + num_new, computed_blocks, tier_hits=tier_hits,
+                                              num_loaded_tokens=num_copied)
             if new_block_ids is None:
                 return
             self._keep_owed_takes()

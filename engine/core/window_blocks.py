@@ -43,11 +43,16 @@ class WindowGroups:
 
 @dataclass(frozen=True)
 class WindowChange:
-    """What one allocation does to a request's window blocks, per group."""
+    """What one allocation does to a request's window blocks, all groups together."""
 
-    drop: int  # leading blocks given back (outside the window)
+    drop: int  # blocks given back: the leading positions, now outside the window
     take: int  # new blocks at the end
     first: int  # the first live position afterwards
+
+    @property
+    def net(self) -> int:
+        """Blocks the pool gives, less those it gets back first."""
+        return self.take - self.drop
 
 
 class WindowBlocks:
@@ -69,21 +74,20 @@ class WindowBlocks:
         new_first = max(first, held_first)
         drop = min(held_end, new_first) - held_first
         take = max(0, end - max(held_end, new_first))
-        return WindowChange(drop, take, new_first)
+        return WindowChange(drop * self.groups.groups, take * self.groups.groups, new_first)
 
     def drop(self, request_id: str, change: WindowChange) -> list[KVCacheBlock]:
         """The first half of `change`: forget the blocks it drops, and return them to be freed."""
         held = self._blocks.setdefault(request_id, [])
-        dropped = held[: change.drop * self.groups.groups]
-        del held[: change.drop * self.groups.groups]
+        dropped = held[: change.drop]
+        del held[: change.drop]
         self._first[request_id] = change.first
         return dropped
 
     def take(self, request_id: str, change: WindowChange, new_blocks: list[KVCacheBlock]) -> None:
-        """The second half of `change`: its `take` x groups new blocks, appended."""
-        if len(new_blocks) != change.take * self.groups.groups:
-            raise ValueError(f"request {request_id!r}: {len(new_blocks)} new window blocks, "
-                             f"expected {change.take * self.groups.groups}")
+        """The second half of `change`: its new blocks, appended."""
+        if len(new_blocks) != change.take:
+            raise ValueError(f"request {request_id!r}: {len(new_blocks)} new window blocks, expected {change.take}")
         self._blocks[request_id].extend(new_blocks)
 
     def pop(self, request_id: str) -> list[KVCacheBlock]:
