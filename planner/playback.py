@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from pathlib import Path
 
+from engine.core import WindowGroups, blocks_to_hold
 from engine.errors import InputError
 from planner.workload import (ClosedLoopArrivals, Workload, WorkloadRequest, build_prompt, context_error, draw, follow_ups,
                               load_trace)
@@ -121,13 +122,16 @@ def request_lengths(replay: Replay) -> dict[str, tuple[int, int]]:
     return lengths
 
 
-def check_lengths(replay: Replay, max_model_len: int, num_blocks: int, block_size: int, where: str) -> None:
-    """Reject, before anything runs, a request the server could never take, naming it."""
+def check_lengths(replay: Replay, max_model_len: int, num_blocks: int, block_size: int, where: str,
+                  window: WindowGroups | None = None, max_step_tokens: int = 1) -> None:
+    """Reject, before anything runs, a request the server could never take, naming it. `window`: the
+    KV cache's sliding-window groups, whose blocks a request holds beside its own, up to the window
+    and a step's `max_step_tokens` tokens."""
     for request_id, (prompt, total) in request_lengths(replay).items():
         output = total - prompt
         if total > max_model_len:
             raise context_error(request_id, prompt, output, max_model_len)
-        blocks = -(-(total - 1) // block_size)
+        blocks = blocks_to_hold(total - 1, block_size, window, max_step_tokens)
         if blocks > num_blocks:
             raise InputError(f"request {request_id}", f"{prompt} prompt + {output} output tokens",
                              f"needs {blocks} KV blocks but {where} holds {num_blocks}")

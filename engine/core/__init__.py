@@ -19,7 +19,7 @@ from engine.core.scheduler import (
 )
 from engine.core.speculative import Proposer, SpecStats, draft_budget
 from engine.core.step_loop import ExecutedStep, Executor, LaunchedStep, StepLoop
-from engine.core.window_blocks import WindowGroups
+from engine.core.window_blocks import WindowGroups, blocks_to_hold
 
 __all__ = [
     "BlockCopy",
@@ -55,5 +55,6 @@ __all__ = [
     "TierStats",
     "WindowGroups",
     "draft_budget",
+    "blocks_to_hold",
     "hash_block_tokens",
 ]

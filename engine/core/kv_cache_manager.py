@@ -12,7 +12,7 @@ from hashlib import blake2b
 from engine.core.block_pool import BlockPool, KVCacheBlock
 from engine.core.kv_tiers import BlockCopy, ExternalLoad, KVTiers, KVTransfers, Tier, TierStats
 from engine.core.request import BlockHash, ExtraKey, Request
-from engine.core.window_blocks import WindowBlocks, WindowGroups
+from engine.core.window_blocks import WindowBlocks, WindowGroups, blocks_to_hold
 
 # Parent of a request's first block: a fixed value keeps hashes identical across processes.
 _ROOT_HASH = BlockHash(0)
@@ -133,18 +133,9 @@ class KVCacheManager:
         return out
 
     def max_blocks(self, num_tokens: int, max_step_tokens: int) -> int:
-        """The most blocks a request of `num_tokens` KV tokens can hold at once, computing at most
-        `max_step_tokens` of them in a step: one per block of tokens, and a window group's blocks
-        for its window and the tokens of the step."""
-        bs = self.block_size
-        if self.window is None:
-            return -(-num_tokens // bs)
-        groups = self.window.groups
-        # A step ending at token e holds the most when it starts as early as the budget allows; that
-        # count grows by at least one every block_size tokens of e, so its largest is at one of the
-        # last block_size ends.
-        return max(-(-e // bs) + groups.groups * (-(-e // bs) - groups.live_blocks(max(0, e - max_step_tokens), e, bs)[0])
-                   for e in range(max(1, num_tokens - bs + 1), num_tokens + 1))
+        """The most blocks a request of `num_tokens` KV tokens can hold at once here (blocks_to_hold)."""
+        return blocks_to_hold(num_tokens, self.block_size, self.window.groups if self.window is not None else None,
+                              max_step_tokens)
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]

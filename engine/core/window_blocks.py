@@ -41,6 +41,21 @@ class WindowGroups:
         return first, -(-num_tokens // block_size)
 
 
+def blocks_to_hold(num_tokens: int, block_size: int, window: WindowGroups | None, max_step_tokens: int) -> int:
+    """The most blocks a request of `num_tokens` KV tokens can hold at once, computing at most
+    `max_step_tokens` of them in a step: one per block of tokens, and each window group's blocks for
+    its window and the tokens of the step."""
+    full = -(-num_tokens // block_size)
+    if window is None:
+        return full
+    # A step ending at token e holds the most when it starts as early as the budget allows; that count
+    # grows by at least one every block_size tokens of e, so its largest is at one of the last
+    # block_size ends.
+    return max(-(-e // block_size) + window.groups * (-(-e // block_size)
+                                                      - window.live_blocks(max(0, e - max_step_tokens), e, block_size)[0])
+               for e in range(max(1, num_tokens - block_size + 1), num_tokens + 1))
+
+
 @dataclass(frozen=True)
 class WindowChange:
     """What one allocation does to a request's window blocks, all groups together."""

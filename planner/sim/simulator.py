@@ -106,6 +106,13 @@ class ReplicaTemplate:
         return cls(engine, dep, memory, cost_model, sched_config, max_len, host_blocks, disk_blocks, spec,
                    None if acceptance is None else tuple(acceptance))
 
+    @property
+    def kv_window(self) -> WindowGroups | None:
+        """The KV cache's sliding-window groups, as the memory plan laid them out (None: every layer
+        keeps every token)."""
+        m = self.memory
+        return WindowGroups(m.kv_window_groups, m.kv_window_tokens) if m.kv_window_tokens else None
+
     def decode_token(self, bulk_decodes: bool) -> int | None:
         """The token the schedulers may apply in bulk: the executor samples SYNTHETIC_TOKEN_ID for every
         decode. Offload tiers and sliding-window groups stay one by one: the bulk path's equivalence is
@@ -118,10 +125,9 @@ class ReplicaTemplate:
                 seed: int) -> tuple[Replica, CostModelExecutor]:
         """A new replica (the engine's own scheduler and step loop) serving on `env`, and its executor."""
         config = self.sched_config
-        memory = self.memory
-        window = WindowGroups(memory.kv_window_groups, memory.kv_window_tokens) if memory.kv_window_tokens else None
-        scheduler = Scheduler(config, KVCacheManager(memory.kv_cache_blocks, config.block_size, config.enable_prefix_caching,
-                                                     self.host_blocks, self.disk_blocks, window),
+        scheduler = Scheduler(config, KVCacheManager(self.memory.kv_cache_blocks, config.block_size,
+                                                     config.enable_prefix_caching, self.host_blocks, self.disk_blocks,
+                                                     self.kv_window),
                               decode_token)
         drafts = None if self.spec is None or self.acceptance is None else SyntheticDrafts(
             self.spec.num_speculative_tokens, self.acceptance, (seed, index), SYNTHETIC_TOKEN_ID, self.spec.proposal_rate)
@@ -164,7 +170,8 @@ def simulate(
     max_len, sched_config, spec, acceptance = build.max_len, build.sched_config, build.spec, build.acceptance
     host_blocks, disk_blocks = build.host_blocks, build.disk_blocks
     replay = workload if isinstance(workload, Replay) else Replay.of(workload, model.vocab_size, max_len)
-    check_lengths(replay, max_len, memory.kv_cache_blocks, sched_config.block_size, where="a replica")
+    check_lengths(replay, max_len, memory.kv_cache_blocks, sched_config.block_size, where="a replica",
+                  window=build.kv_window, max_step_tokens=sched_config.max_num_batched_tokens)
 
     env = simpy.Environment()
     samples: list[StepSample] = []

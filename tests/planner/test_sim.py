@@ -385,3 +385,14 @@ def test_sliding_window_groups_hold_the_window_only(name: str, weights: str, low
     ran = simulate(windowed, H100, dep, w, kv_cache_blocks=2 * every_token_blocks).summary.mean_batch_requests
     ran_full = simulate(full, H100, dep, w, kv_cache_blocks=every_token_blocks).summary.mean_batch_requests
     assert low < ran / ran_full < high, (ran, ran_full)
+
+
+def test_a_request_the_window_groups_cannot_hold_is_refused_by_name() -> None:
+    # 3,000 tokens of gemma-2 hold 188 full-attention blocks and up to 188 window blocks (its 4,096-token
+    # window covers them all): 376 blocks, more than the 312 given. Refused before anything runs.
+    w = Workload(name="long", arrival=ConstantArrivals(rate_per_s=1.0), input_tokens=FixedLength(tokens=3000),
+                 output_tokens=FixedLength(tokens=1), num_requests=1, seed=0)
+    dep = Deployment(hardware="h100-sxm", engine="vllm-0.11", knobs=EngineKnobs(block_size_tokens=16))
+    with pytest.raises(InputError, match=r"^request .*='3000 prompt \+ 1 output tokens' is invalid: needs 376 KV blocks "
+                                         r"but a replica holds 312$"):
+        simulate(resolve_model("gemma-2-9b"), H100, dep, w, kv_cache_blocks=312)
