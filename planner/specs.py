@@ -267,6 +267,11 @@ class Disaggregation(Spec):
         return self.prefill_instances + self.decode_instances
 
 
+# How a memory-profiling pass's top-k/top-p sampler works (planner/memory/activations.py): it decides
+# the bytes per logit the pass reserves.
+ProfileSampler = Literal["torch_sort", "torch_sort_gather", "flashinfer"]
+
+
 class Deployment(Spec):
     """How one model is served: hardware, parallelism, precision and engine settings."""
 
@@ -300,6 +305,10 @@ class Deployment(Spec):
         "(overheads api_request_ms, api_step_us, api_token_us) are priced; off for in-process runs (the LLM class, "
         "`engine bench`)")
     knobs: EngineKnobs = Field(default_factory=EngineKnobs)
+    profile_sampler: Annotated[ProfileSampler | None, Knob("--profile-sampler", "Profiling-pass sampler")] = Field(
+        None, description="The top-k/top-p sampler of the engine's memory-profiling pass, for engines whose pass "
+        "samples (vLLM): torch_sort, torch_sort_gather or flashinfer (default: the profile's). vLLM 0.10.x-0.11.0 "
+        "sample with flashinfer when FlashInfer is installed, as in their release images (docs/memory.md)")
     disaggregation: Disaggregation | None = Field(
         None, description="Separate prefill and decode instances (xPyD) per replica; None: every instance does both")
 

@@ -16,7 +16,7 @@ import statistics
 from pydantic import Field
 
 from engine.catalog import resolve_model
-from planner.engines import ProfileSampler, engine_for_release
+from planner.engines import engine_for_release
 from planner.hardware import get_hardware
 from planner.memory.plan import MemoryPlan, Report, plan_memory
 from planner.public.data import StartupLog, startup_logs
@@ -90,11 +90,12 @@ def check_log(log: StartupLog) -> LogCheck:
     profile, note = engine_for_release(log.engine.engine, log.engine.version)
     model = resolve_model(d.model)
     knobs = EngineKnobs(**{KNOB_ARGS[k]: v for k, v in args.items() if k in KNOB_ARGS})
+    sampler = log.engine.profile_sampler
     dep = Deployment(hardware=d.hardware, tensor_parallel=d.tensor_parallel, pipeline_parallel=d.pipeline_parallel,
-                     weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype, engine=profile.name, knobs=knobs)
+                     weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype, engine=profile.name, knobs=knobs,
+                     profile_sampler=sampler)
     context = int(args.get("max_model_len", model.max_position_embeddings))
-    sampler = _sampler(args)
-    plan = plan_memory(model, get_hardware(d.hardware), dep, context, sampler=sampler)
+    plan = plan_memory(model, get_hardware(d.hardware), dep, context)
     kv_rep = reported.kv_cache_gib
     started = None if kv_rep is None else kv_rep > 0
     return LogCheck(
@@ -108,14 +109,6 @@ def check_log(log: StartupLog) -> LogCheck:
         non_torch_predicted_gib=_non_torch(plan), non_torch_reported_gib=reported.non_torch_gib,
         fits_predicted=plan.fits, engine_started=started, counted=log.confidence != "low",
     )
-
-
-def _sampler(args: dict[str, int | float | bool | str]) -> ProfileSampler | None:
-    """The sampler a log states: vLLM prints 'Using FlashInfer for top-p & top-k sampling' or falls back."""
-    flag = args.get("VLLM_USE_FLASHINFER_SAMPLER")
-    if flag is None:
-        return None
-    return "flashinfer" if flag else "torch_sort"
 
 
 def _non_torch(plan: MemoryPlan) -> float:

@@ -22,11 +22,10 @@ import yaml
 from engine.core.scheduler import Batching, OutputReservation
 from engine.errors import InputError, unknown_name_error
 from engine.files import profile_folder
-from planner.specs import DEFAULT_ENGINE, Deployment, HardwareProfile
+from planner.specs import DEFAULT_ENGINE, Deployment, HardwareProfile, ProfileSampler
 
 PROFILE_DIR = Path(__file__).parent
 EngineName = Literal["vllm", "sglang", "trtllm", "serveplan"]
-ProfileSampler = Literal["torch_sort", "torch_sort_gather", "flashinfer"]
 MIB_PER_GIB = 1024
 
 

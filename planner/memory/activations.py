@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.config import ModelConfig
-from planner.engines import EngineProfile, ProfileSampler
+from planner.engines import EngineProfile
 from planner.memory.parts import Part, gib
-from planner.specs import Deployment
+from planner.specs import Deployment, ProfileSampler
 
 # vLLM's fused MoE processes at most this many tokens at once (VLLM_FUSED_MOE_CHUNK_SIZE).
 FUSED_MOE_CHUNK_TOKENS = 64 * 1024

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.config import ModelConfig
 from engine.errors import InputError
-from planner.engines import ProfileSampler, get_engine, resolve_deployment
+from planner.engines import get_engine, resolve_deployment
 from planner.memory import activations, device
 from planner.memory.engines import Budget, engine_budget
 from planner.memory.kv import (
@@ -95,11 +95,8 @@ class MemoryPlan(Report):
     assumptions: list[str]
 
 
-def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, context_tokens: int, *,
-                sampler: ProfileSampler | None = None) -> MemoryPlan:
-    """The per-GPU breakdown of one replica as `dep.engine` sizes it; the worst pipeline stage decides.
-    `sampler` replaces the profile's top-k/top-p implementation in engines whose profiling pass samples
-    (vLLM 0.9-0.11.0 with FlashInfer installed sample with 'flashinfer')."""
+def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, context_tokens: int) -> MemoryPlan:
+    """The per-GPU breakdown of one replica as `dep.engine` sizes it; the worst pipeline stage decides."""
     check_parallelism(model, dep)
     if context_tokens < 1:
         raise InputError("context_tokens", context_tokens, "must be at least 1 token")
@@ -109,8 +106,9 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
         )
     dep = resolve_deployment(dep, hw, max_model_len=context_tokens)
     engine = get_engine(dep.engine)
+    sampler = dep.profile_sampler
     if sampler is not None and not engine.memory.sampler_in_profile:
-        raise InputError("sampler", sampler, f"{engine.name} does not sample in a profiling pass")
+        raise InputError("profile_sampler", sampler, f"{engine.name} does not sample in a profiling pass")
     knobs = dep.knobs
     total = device.reported_total(hw)
     stages = stage_weights(model, dep, hw, engine)

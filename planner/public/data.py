@@ -26,6 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.metrics import MetricFamily
+from planner.specs import ProfileSampler
 from planner.specs import Dtype
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -89,6 +90,17 @@ class EngineRun(_Data):
         "enable_torch_compile, max_model_len, gpu_memory_utilization (mem_fraction_static), enforce_eager, "
         "attention_backend, kv_cache_dtype, speculative settings... Defaults left out.",
     )
+    profile_sampler: ProfileSampler | None = Field(
+        None, description="The top-k/top-p sampler the run's installation profiled memory with (vLLM), where the "
+        "source's image or logs show it: an installation fact, not a flag; None: the engine profile's")
+    profile_sampler_source: str | None = Field(
+        None, max_length=500, description="Where profile_sampler is shown (the image's build file, a log)")
+
+    @model_validator(mode="after")
+    def _sampler_with_its_source(self) -> EngineRun:
+        if (self.profile_sampler is None) != (self.profile_sampler_source is None):
+            raise ValueError("profile_sampler and profile_sampler_source are set together")
+        return self
 
 
 class Lengths(_Data):

@@ -80,7 +80,7 @@ def test_flashinfer_sampler_on_an_a100_reserves_a_third() -> None:
     qwen = resolve_model("qwen2.5-7b")
     a100 = get_hardware("a100-80gb-sxm")
     dep = Deployment(hardware="a100-80gb-sxm", knobs=EngineKnobs(gpu_memory_utilization=0.25))
-    p = plan_memory(qwen, a100, dep, 16384, sampler="flashinfer")
+    p = plan_memory(qwen, a100, dep.model_copy(update={"profile_sampler": "flashinfer"}), 16384)
     sampler = 256 * 152064 * 14 + 2048 * 3584 * 2 + 2 * 256 * 3584 * 2
     assert line(p, "activation.sampler") * GIB == pytest.approx(sampler, rel=1e-12)
     assert line(p, "activation.cublas") * GIB == 12 * MIB  # cuBLAS 8 MiB + cuBLASLt 4 MiB before Hopper
@@ -125,8 +125,9 @@ def test_every_engine_subtracts_exactly_its_counted_lines() -> None:
 
 
 def test_sampler_override_only_for_engines_that_sample_while_profiling() -> None:
-    with pytest.raises(InputError, match="^sampler='flashinfer' is invalid: sglang-0.5 does not sample"):
-        plan_memory(LLAMA_8B, H100, Deployment(hardware="h100-sxm", engine="sglang-0.5"), 4096, sampler="flashinfer")
+    with pytest.raises(InputError, match="^profile_sampler='flashinfer' is invalid: sglang-0.5 does not sample"):
+        plan_memory(LLAMA_8B, H100, Deployment(hardware="h100-sxm", engine="sglang-0.5", profile_sampler="flashinfer"),
+                    4096)
 
 
 # --------------------------------------------------------------------------- device, weights, activations
