@@ -116,7 +116,7 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
     captures = bool(engine.execution.cuda_graphs and hw.graph_capture and not knobs.enforce_eager)
     graphs = activations.graph_pool(model, dep, engine, captures)
     runtime = device.runtime(hw, dep.tensor_parallel * dep.pipeline_parallel)
-    groups, _ = kv_groups(model, dep)
+    groups, why_not_groups = kv_groups(model, dep)
 
     worst = None
     for index, weights in enumerate(stages):
@@ -180,7 +180,7 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
         max_num_seqs=knobs.max_num_seqs,
         fits=fits,
         reason=reason,
-        assumptions=_assumptions(model, dep, hw, budget),
+        assumptions=_assumptions(model, dep, hw, budget, groups, why_not_groups),
     )
 
 
@@ -229,7 +229,8 @@ def _verdict(budget: Budget, weights: StageWeights, other: float, kv_budget: flo
     return True, f"fits: {max_seqs:,} sequences of {context_tokens:,} tokens in the KV cache"
 
 
-def _assumptions(model: ModelConfig, dep: Deployment, hw: HardwareProfile, budget: Budget) -> list[str]:
+def _assumptions(model: ModelConfig, dep: Deployment, hw: HardwareProfile, budget: Budget,
+                 groups: KVGroups | None, why_not: str | None) -> list[str]:
     knobs = dep.knobs
     notes = [
         "memory in GiB (2^30 bytes), per GPU of the worst pipeline stage; every line shows its rule and source",
@@ -245,7 +246,6 @@ def _assumptions(model: ModelConfig, dep: Deployment, hw: HardwareProfile, budge
     if outside:
         notes.append(f"outside the budget: {gib(outside)} (CUDA context, graphs, activations of engines without a "
                      f"profiling pass) must fit in what the engine leaves unused")
-    groups, why_not = kv_groups(model, dep)
     if groups is not None:
         w = groups.window
         notes.append(f"sliding-window layers ({w.window_tokens}-token window) in {w.groups} group(s) of "
