@@ -18,7 +18,8 @@ Rules worth knowing (all listed by `assumptions()`):
   the sum over stages (= every layer once, sharded by TP) plus (pp - 1) stage hand-offs.
 - MoE: T tokens with top-k routing among E experts touch E(1 - (1 - k/E)^T) distinct experts
   in expectation (uniform routing); expert weight bytes scale with that, FLOPs with T x k, and the
-  grouped GEMM's efficiency follows the rows per touched expert.
+  grouped GEMM's efficiency follows the rows per touched expert, times the engine's fused-MoE
+  kernel share (moe_kernel_efficiency) and the GPU family's grouped-GEMM share.
 - MLA (DeepSeek): absorbed formulation throughout; the KV latent is read once per token and
   is replicated on every TP rank.
 """
@@ -450,8 +451,9 @@ class CostModel:
         per_expert = rows * e.top_k / _max(touched, 1e-9)
         compute = flops * self._s_per_flop * self._compute_rows(per_expert) / _max(per_expert, 1e-9)
         compute += touched * e.dequant_ops_per_expert * self._s_per_dequant_op
-        roofline = _max(compute, nbytes * self._s_per_byte) / self.params.moe_kernel_efficiency
-        return (e.kernels * self.params.kernel_latency_s + roofline) * _present(rows)
+        p = self.params
+        roofline = _max(compute, nbytes * self._s_per_byte) / (p.moe_kernel_efficiency * p.grouped_gemm_efficiency)
+        return (e.kernels * p.kernel_latency_s + roofline) * _present(rows)
 
     def _attention(self, tokens: Number, pairs: Number, kv_tokens: Number, work: list[Number]) -> Number:
         a = self.ops.attention

@@ -72,10 +72,18 @@ class CostParams:
     # for the weight format): 1 prices experts like dense matmuls, the profiles' estimate. The public
     # fit learns it per engine.
     moe_kernel_efficiency: float = 1.0
+    # Share of the dense-GEMM roofline a grouped GEMM (the routed experts' kernels) reaches on this GPU
+    # family, whatever the engine: Hopper's peak needs wgmma, TMA and warp-specialised pipelines,
+    # which cuBLAS's dense GEMMs have and Triton's fused-MoE kernels (vLLM's and SGLang's default
+    # for bf16 and fp8 experts) reach only in part; Ampere's mma path they reach. The routed experts
+    # run at grouped_gemm_efficiency x moe_kernel_efficiency of the dense roofline. The public fit
+    # learns it per GPU family; 1 (the profiles' estimate) prices them like dense matmuls.
+    grouped_gemm_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
-                     "attention_compute_efficiency", "interconnect_efficiency", "moe_kernel_efficiency"):
+                     "attention_compute_efficiency", "interconnect_efficiency", "moe_kernel_efficiency",
+                     "grouped_gemm_efficiency"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise InputError(name, value, "must be in (0, 1]")

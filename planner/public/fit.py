@@ -42,7 +42,7 @@ from planner.sim.trace import RunTrace
 # log-space fit cannot move a figure away from 0.
 HARDWARE_PARAMS: tuple[str, ...] = (
     "compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "attention_compute_efficiency",
-    "kernel_latency_s", "collective_time_scale",
+    "kernel_latency_s", "collective_time_scale", "grouped_gemm_efficiency",
 )
 ENGINE_PARAMS: tuple[str, ...] = ("step_overhead_s", "per_request_overhead_s", "api_request_s", "moe_kernel_efficiency")
 _SHARES = frozenset({"compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
@@ -72,6 +72,9 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     # A fused-MoE kernel at best matches dense GEMMs; tuned Triton/CUTLASS/Marlin kernels stay within
     # 5x of them even at a few rows per expert. Fitted in log space: the estimate, 1, is the edge.
     "moe_kernel_efficiency": (0.2, 1.0),
+    # The family's share for grouped GEMMs whatever the engine (Triton's fused-MoE kernels on Hopper
+    # reach about half of cuBLAS's dense peak), in log space for the same reason.
+    "grouped_gemm_efficiency": (0.3, 1.0),
     # An in-process API server's work on a request that holds the engine's GIL (fitted only where the
     # engine profile says the server shares the engine's process: `calibrate --from-bench`). In log
     # space like the MoE share, so that the whole of it, 1, can be reached.

@@ -195,15 +195,19 @@ def test_moe_decode_reads_k_experts_at_batch_one_and_all_at_large_batch() -> Non
 
 
 @pytest.mark.parametrize("batch", [1, 64, 512])
-def test_an_engines_moe_kernel_efficiency_slows_the_routed_experts_alone(batch: int) -> None:
-    """At efficiency e the experts' roofline takes 1/e as long, whatever bounds it (weights at
-    batch 1, more FLOPs at 512); their kernels' fixed latency and every other operator are unchanged."""
+@pytest.mark.parametrize("share", ["moe_kernel_efficiency", "grouped_gemm_efficiency"])
+def test_an_moe_efficiency_slows_the_routed_experts_alone(batch: int, share: str) -> None:
+    """At the engine's kernel efficiency or the family's grouped-GEMM efficiency e, the experts'
+    roofline takes 1/e as long, whatever bounds it (weights at batch 1, more FLOPs at 512); their
+    kernels' fixed latency and every other operator are unchanged. The two shares multiply."""
     hw = get_hardware("h100-sxm")
     base = CostParams.defaults(hw, get_engine("vllm-0.11"))
-    full, half = (cost(model="qwen3-30b-a3b", calibration=replace(base, moe_kernel_efficiency=e)).decode_breakdown(batch, 2000)
+    full, half = (cost(model="qwen3-30b-a3b", calibration=replace(base, **{share: e})).decode_breakdown(batch, 2000)
                   for e in (1.0, 0.5))
     kernels = 4 * resolve_model("qwen3-30b-a3b").num_moe_layers * base.kernel_latency_s
     assert half["moe_experts"] - kernels == pytest.approx(2 * (full["moe_experts"] - kernels))
+    both = cost(model="qwen3-30b-a3b", calibration=replace(base, moe_kernel_efficiency=0.5, grouped_gemm_efficiency=0.5))
+    assert both.decode_breakdown(batch, 2000)["moe_experts"] - kernels == pytest.approx(4 * (full["moe_experts"] - kernels))
     assert {k: v for k, v in half.items() if k != "moe_experts"} == {k: v for k, v in full.items() if k != "moe_experts"}
 
 
