@@ -449,6 +449,11 @@ MAX_NUM_SEQS = 1 << 16
 MAX_OFFLOAD_GIB = 1 << 20  # 1 PiB of host memory or disk per engine instance
 
 
+# Largest explicit KV cache: 16 TiB or 16M blocks, beyond any machine, well short of an overflow.
+MAX_KV_CACHE_GIB = 16384
+MAX_KV_BLOCKS = 1 << 24
+
+
 class EngineKnobs(BaseModel):
     """Engine settings that change scheduling and memory: one definition for engine and simulator,
     from which the CLI flags and the dashboard widgets are generated (engine/knobs.py).
@@ -481,6 +486,10 @@ class EngineKnobs(BaseModel):
     gpu_memory_utilization: Annotated[float | None, Knob("--gpu-memory-utilization", "GPU memory utilisation", "share")] = Field(
         None, gt=0, le=1,
         description="Share of device memory the engine may use for weights, activations and KV cache (default: the engine's)")
+    kv_cache_gib: Annotated[float | None, Knob("--kv-cache-gib", "KV-cache size", "GiB per GPU")] = Field(
+        None, gt=0, le=MAX_KV_CACHE_GIB,
+        description="KV-cache memory per GPU, in place of what gpu_memory_utilization leaves (vLLM --kv-cache-memory); "
+        "default: the engine's rule (ServePlan's engine: gpu_memory_utilization of free memory on CUDA, 1 GiB on CPU)")
     speculative: SpeculativeSettings | None = None
     enforce_eager: Annotated[bool, Knob("--enforce-eager", "Eager only (no CUDA graphs)")] = Field(
         False, description="Launch every kernel of every step; otherwise decode-only steps replay a captured graph "
@@ -558,9 +567,6 @@ def tier_blocks(gib: float, block_bytes: float) -> int:
     return math.floor(gib * 2**30 / block_bytes + 1e-9)
 
 
-# Largest explicit KV cache: 16 TiB or 16M blocks, beyond any machine, well short of an overflow.
-MAX_KV_CACHE_GIB = 16384
-MAX_KV_BLOCKS = 1 << 24
 # Most processes one engine splits a model across (engine/parallel): a node's GPUs many times over.
 MAX_PARALLEL = 64
 
@@ -573,9 +579,6 @@ class EngineConfig(EngineKnobs):
         description="'auto' (CUDA when present, else CPU), 'cpu', 'cuda' or 'cuda:N'")
     dtype: Annotated[EngineDtype, Knob("--dtype", "Compute dtype")] = Field(
         "float32", description="Weights and activations")
-    kv_cache_gib: Annotated[float | None, Knob("--kv-cache-gib", "KV-cache size", "GiB")] = Field(
-        None, gt=0, le=MAX_KV_CACHE_GIB,
-        description="KV-cache size; default: gpu_memory_utilization of free memory on CUDA, 1 GiB on CPU")
     num_kv_blocks: Annotated[int | None, Knob("--num-kv-blocks", "KV blocks", "blocks")] = Field(
         None, ge=1, le=MAX_KV_BLOCKS, description="Exact KV block count (overrides kv_cache_gib)")
     max_model_len: Annotated[int | None, Knob("--max-model-len", "Max model length", "tokens")] = Field(

@@ -304,6 +304,11 @@ class Deployment(Spec):
         True, description="Requests pass the engine's HTTP API server, and the engine profile's API figures "
         "(overheads api_request_ms, api_step_us, api_token_us) are priced; off for in-process runs (the LLM class, "
         "`engine bench`)")
+    peer_access: Annotated[bool, Knob("--peer-access", "GPU peer access")] = Field(
+        True, description="A replica's GPUs reach each other directly (NVLink, xGMI, PCIe peer-to-peer). Off where the "
+        "platform gives them no peer access (some VMs and containers: vLLM then logs 'Custom allreduce is disabled "
+        "because your platform lacks GPU P2P capability'): their collectives go through host memory over each GPU's "
+        "PCIe link, whatever links the board has")
     knobs: EngineKnobs = Field(default_factory=EngineKnobs)
     profile_sampler: Annotated[ProfileSampler | None, Knob("--profile-sampler", "Profiling-pass sampler")] = Field(
         None, description="The top-k/top-p sampler of the engine's memory-profiling pass, for engines whose pass "

@@ -181,12 +181,13 @@ class CostModel:
         self._s_per_kv_byte = 1.0 / (bw * p.attention_memory_efficiency)
         self._s_per_attn_flop = 1.0 / (high_peak * p.attention_compute_efficiency)
         self._s_per_dequant_op = 1.0 / (self._vector_peak * p.compute_efficiency) if self.dequant else 0.0
-        self.tp_link = _pick_link(hw, dep.tensor_parallel, "tensor_parallel") if dep.tensor_parallel > 1 else None
-        self.pp_link = _pick_link(hw, dep.gpus_per_replica, "pipeline_parallel") if dep.pipeline_parallel > 1 else None
+        peers = dep.peer_access
+        self.tp_link = _pick_link(hw, dep.tensor_parallel, "tensor_parallel", peers) if dep.tensor_parallel > 1 else None
+        self.pp_link = _pick_link(hw, dep.gpus_per_replica, "pipeline_parallel", peers) if dep.pipeline_parallel > 1 else None
         # Each collective on the link its group reaches (a context-parallel group spans its TP groups).
         self.comms: tuple[tuple[Comm, CollectiveCost], ...] = tuple(
             (c, CollectiveCost(c.collective, c.ranks, _pick_link(hw, c.ranks * (dep.tensor_parallel if c.operator ==
-                               "cp_transfer" else 1), _GROUP_FIELD[c.operator]),
+                               "cp_transfer" else 1), _GROUP_FIELD[c.operator], peers),
                                p.interconnect_efficiency, p.collective_time_scale)) for c in self.ops.comms)
         self._draft = self._draft_model(model, hw, dep)
         self._row_memo: dict[tuple[float, float], _RowTerms] = {}
@@ -544,11 +545,12 @@ def _graph_policy(hw: HardwareProfile, dep: Deployment, engine: EngineProfile) -
                        execution.graph_padding, execution.graph_max_context_len)
 
 
-def _pick_link(hw: HardwareProfile, devices: int, field: str) -> Link:
-    """Scale-up link when the group fits its domain, else scale-out; PCIe-only cards use PCIe."""
-    if hw.scale_up is not None and devices <= hw.scale_up.domain_size:
+def _pick_link(hw: HardwareProfile, devices: int, field: str, peer_access: bool = True) -> Link:
+    """Scale-up link when the group fits its domain, else scale-out; PCIe-only cards use PCIe, and so
+    does every board whose GPUs lack peer access (NCCL stages the data through host memory)."""
+    if peer_access and hw.scale_up is not None and devices <= hw.scale_up.domain_size:
         return hw.scale_up
-    if hw.scale_up is None and hw.pcie is not None and devices <= hw.pcie.domain_size:
+    if (hw.scale_up is None or not peer_access) and hw.pcie is not None and devices <= hw.pcie.domain_size:
         return hw.pcie
     if hw.scale_out is not None:
         return hw.scale_out

@@ -45,7 +45,7 @@ def transfer_link(hw: HardwareProfile, dep: Deployment, efficiency: float) -> KV
     wanted = dep.disaggregation.kv_link
     links = {"scale_up": hw.scale_up, "scale_out": hw.scale_out, "pcie": hw.pcie}
     if wanted == "auto":
-        if hw.scale_up is not None and dep.gpus_per_group <= hw.scale_up.domain_size:
+        if dep.peer_access and hw.scale_up is not None and dep.gpus_per_group <= hw.scale_up.domain_size:
             wanted = "scale_up"
         else:
             wanted = next((name for name in ("scale_out", "pcie", "scale_up") if links[name] is not None), "none")

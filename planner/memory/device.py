@@ -50,11 +50,11 @@ def reported_total(hw: HardwareProfile) -> Part:
                 hw.provenance.get("memory_reported_gib", f"hwprofiles/{hw.name}.yaml"))
 
 
-def runtime(hw: HardwareProfile, gpus: int) -> list[Part]:
+def runtime(hw: HardwareProfile, gpus: int, peer_access: bool = True) -> list[Part]:
     """What the process holds outside the model: the CUDA context, kernel modules, NCCL buffers when a
     replica spans GPUs (each engine's rule decides which of them it counts)."""
     return [Part("runtime.context", "CUDA context", CUDA_CONTEXT_GIB * GIB, f"{CUDA_CONTEXT_GIB} GiB per process",
-                 CONTEXT_SOURCE), *_non_torch(hw, gpus)]
+                 CONTEXT_SOURCE), *_non_torch(hw, gpus, peer_access)]
 
 
 def cublas_workspace(hw: HardwareProfile) -> list[Part]:
@@ -66,12 +66,12 @@ def cublas_workspace(hw: HardwareProfile) -> list[Part]:
                  CUBLAS_SOURCE)]
 
 
-def _non_torch(hw: HardwareProfile, gpus: int) -> list[Part]:
+def _non_torch(hw: HardwareProfile, gpus: int, peer_access: bool) -> list[Part]:
     """Memory the process gains outside PyTorch's allocator during its first forward pass."""
     parts = [Part("runtime.modules", "kernel modules (non-torch)", MODULES_GIB * GIB, f"{MODULES_GIB} GiB",
                   MODULES_SOURCE)]
     if gpus > 1:
-        nvlink = hw.scale_up is not None and gpus <= hw.scale_up.domain_size
+        nvlink = peer_access and hw.scale_up is not None and gpus <= hw.scale_up.domain_size
         share = NCCL_NVLINK_GIB if nvlink else NCCL_PCIE_GIB
         link = hw.scale_up.name if nvlink and hw.scale_up else "PCIe"
         parts.append(Part("runtime.nccl", "NCCL buffers (non-torch)", share * GIB,

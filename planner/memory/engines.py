@@ -24,6 +24,9 @@ from planner.specs import Deployment, HardwareProfile
 # ServePlan's engine off CUDA: LLM sizes the cache to 1 GiB unless kv_cache_gib or num_kv_blocks is given.
 SERVEPLAN_CPU_KV_GIB = 1.0
 SERVEPLAN_CPU_SOURCE = "engine/llm.py LLM._blocks_that_fit"
+# An explicit KV-cache size per GPU sets aside gpu_memory_utilization (vLLM 0.11's kv_cache_memory_bytes,
+# `--kv-cache-memory`; ServePlan's engine's kv_cache_gib).
+KV_CACHE_GIB_SOURCE = "https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/config/cache.py"
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,21 @@ class Budget:
 def engine_budget(engine: EngineProfile, hw: HardwareProfile, dep: Deployment, total: Part, weights: list[Part],
                   activations: list[Part], runtime: list[Part], graphs: list[Part]) -> Budget:
     """The engine's rule applied to the parts: `runtime` holds the CUDA context ('runtime.context'), kernel
-    modules ('runtime.modules') and NCCL buffers ('runtime.nccl'); the rule decides which it counts."""
+    modules ('runtime.modules') and NCCL buffers ('runtime.nccl'); the rule decides which it counts. An
+    explicit KV-cache size (knobs.kv_cache_gib) replaces what the rule would leave for the cache."""
+    budget = _rule_budget(engine, hw, dep, total, weights, activations, runtime, graphs)
+    kv_gib = dep.knobs.kv_cache_gib
+    if kv_gib is None:
+        return budget
+    counted = sum(p.bytes for p in budget.parts if p.in_budget)
+    usable = Part("budget", "the engine may use", counted + kv_gib * GIB,
+                  f"kv_cache_gib {kv_gib:g} GiB + every line counted in the budget (the engine's own rule set aside)",
+                  KV_CACHE_GIB_SOURCE)
+    return Budget(usable, budget.parts)
+
+
+def _rule_budget(engine: EngineProfile, hw: HardwareProfile, dep: Deployment, total: Part, weights: list[Part],
+                 activations: list[Part], runtime: list[Part], graphs: list[Part]) -> Budget:
     rule = engine.memory.utilization_of
     share = dep.knobs.gpu_memory_utilization or engine.memory.utilization_default
     source = engine.memory.field_sources.get("utilization_of", engine.memory.sources[0])

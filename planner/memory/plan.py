@@ -115,7 +115,7 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
     kv_per_token_per_layer = kv_bytes_per_token_per_layer_per_gpu(model, dep)
     captures = bool(engine.execution.cuda_graphs and hw.graph_capture and not knobs.enforce_eager)
     graphs = activations.graph_pool(model, dep, engine, captures)
-    runtime = device.runtime(hw, dep.tensor_parallel * dep.pipeline_parallel)
+    runtime = device.runtime(hw, dep.tensor_parallel * dep.pipeline_parallel, dep.peer_access)
     groups, why_not_groups = kv_groups(model, dep)
 
     worst = None
@@ -139,10 +139,10 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
     in_budget = [p for p in budget.parts if p.in_budget]
     activation = sum(p.bytes for p in in_budget if p.key.startswith("activation."))
     runtime = sum(p.bytes for p in in_budget if not p.key.startswith(("activation.", "weights.")))
-    fits, reason = _verdict(budget, weights, activation + runtime, kv_budget, blocks, max_seqs, block_size, context_tokens)
+    fits, reason = _verdict(budget, total, weights, activation + runtime, kv_budget, blocks, max_seqs, block_size,
+                            context_tokens)
     kv_line = Part("kv", "KV cache", kv_budget, f"{gib(budget.usable.bytes)} - every line counted in the budget; "
-                   f"{blocks:,} blocks of {block_size} tokens x {int(block_bytes):,} B",
-                   engine.memory.field_sources.get("utilization_of", engine.memory.sources[0]))
+                   f"{blocks:,} blocks of {block_size} tokens x {int(block_bytes):,} B", budget.usable.source)
     lines = [total, budget.usable, *in_budget, kv_line, *(p for p in budget.parts if not p.in_budget)]
     return MemoryPlan(
         model=model.name,
@@ -217,8 +217,12 @@ def check_parallelism(model: ModelConfig, dep: Deployment) -> None:
             )
 
 
-def _verdict(budget: Budget, weights: StageWeights, other: float, kv_budget: float, blocks: int, max_seqs: int,
-             block_size: int, context_tokens: int) -> tuple[bool, str]:
+def _verdict(budget: Budget, total: Part, weights: StageWeights, other: float, kv_budget: float, blocks: int,
+             max_seqs: int, block_size: int, context_tokens: int) -> tuple[bool, str]:
+    held = budget.usable.bytes + sum(p.bytes for p in budget.parts if not p.in_budget)
+    if held > total.bytes:  # only an explicit KV-cache size can ask for more than the device has
+        return False, (f"does not fit: {budget.usable.rule} and the lines outside it come to {gib(held)} per GPU, "
+                       f"more than the {gib(total.bytes)} the device reports")
     if kv_budget <= 0:
         return False, (f"does not fit: needs {gib(weights.total + other)} per GPU before any KV cache (weights "
                        f"{gib(weights.total)} + activations and runtime {gib(other)}), has {gib(budget.usable.bytes)} "

@@ -164,6 +164,22 @@ def test_links_without_a_measured_curve_use_the_ring_on_datasheet_figures() -> N
     assert two.breakdown(step(req(tokens)))["tp_allreduce"] == pytest.approx((2 * m.num_layers + 1) * one, rel=1e-9)
 
 
+def test_gpus_without_peer_access_reduce_over_pcie_whatever_links_the_board_has() -> None:
+    """An H100 board whose GPUs lack peer access (vLLM: 'platform lacks GPU P2P capability') prices the
+    TP all-reduce on the PCIe link as the ring on its datasheet figures, like a PCIe-only card; the
+    matmuls are unchanged."""
+    peers, host = cost(tensor_parallel=2), cost(tensor_parallel=2, peer_access=False)
+    link, eff = host.tp_link, get_hardware("h100-sxm").efficiency.interconnect
+    assert link is not None and "PCIe" in link.name and not link.collectives
+    assert host.assumptions()["tp_link"]["name"] == link.name
+    m, tokens = resolve_model("llama-3.1-8b"), 1000
+    one = 2 * link.latency_us * 1e-6 + tokens * m.hidden_size * 2 / (link.bandwidth_gb_s * 1e9 * eff)
+    b_host, b_peers = host.breakdown(step(req(tokens))), peers.breakdown(step(req(tokens)))
+    assert b_host["tp_allreduce"] == pytest.approx((2 * m.num_layers + 1) * one, rel=1e-9)
+    assert b_host["tp_allreduce"] > 2 * b_peers["tp_allreduce"]
+    assert all(b_host[k] == b_peers[k] for k in GEMMS)
+
+
 def test_links_beyond_the_scale_up_domain_and_pcie_only_cards() -> None:
     assert cost(model="llama-3.1-70b", tensor_parallel=16).tp_link.name.startswith("8x400G")
     assert "PCIe" in cost(hw="l4", tensor_parallel=2).tp_link.name

@@ -252,6 +252,29 @@ def test_gpt_oss_groups_follow_vllms_rule() -> None:
     assert p.kv_bytes_per_block_per_gpu * 2 == p.kv_bytes_per_token_per_gpu * p.block_size_tokens
 
 
+@pytest.mark.parametrize("engine", ["vllm-0.11", "sglang-0.5", "trtllm-1.2", "serveplan"])
+def test_an_explicit_kv_cache_size_is_the_cache_whatever_the_engines_rule(engine: str) -> None:
+    """kv_cache_gib (vLLM --kv-cache-memory) sets the cache per GPU: every other line is as the rule
+    counts it, and the blocks are what that size holds."""
+    rule = plan(model="llama-3.1-8b", engine=engine)
+    fixed = plan(model="llama-3.1-8b", engine=engine, knobs=EngineKnobs(kv_cache_gib=7.5))
+    assert fixed.fits and fixed.kv_cache_gib == pytest.approx(7.5)
+    assert fixed.kv_cache_blocks == math.floor(7.5 * GIB / fixed.kv_bytes_per_block_per_gpu)
+    assert fixed.weights == rule.weights and fixed.activation_reserve_gib == rule.activation_reserve_gib
+
+
+def test_a_kv_cache_beyond_the_device_does_not_fit() -> None:
+    p = plan(model="llama-3.1-8b", knobs=EngineKnobs(kv_cache_gib=79.0))
+    assert not p.fits
+    assert p.reason.startswith("does not fit: kv_cache_gib 79 GiB") and "the device reports" in p.reason
+
+
+def test_gpus_without_peer_access_keep_the_pcie_share_of_nccl_buffers() -> None:
+    nvlink, host = plan(tensor_parallel=4), plan(tensor_parallel=4, peer_access=False)
+    assert line(host, "runtime.nccl") != line(nvlink, "runtime.nccl")
+    assert line(host, "runtime.nccl") == line(plan(hw="h100-pcie", tensor_parallel=4), "runtime.nccl")
+
+
 def test_does_not_fit_says_what_it_needs() -> None:
     p = plan(model="llama-3.1-405b", hw="l4")
     assert not p.fits
