@@ -137,6 +137,10 @@ class KVCacheManager:
         return blocks_to_hold(num_tokens, self.block_size, self.window.groups if self.window is not None else None,
                               max_step_tokens)
 
+    def num_held_blocks(self, request_id: str) -> int:
+        """Blocks the request holds outside its window groups."""
+        return len(self.req_to_blocks.get(request_id, ()))
+
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
 

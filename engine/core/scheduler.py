@@ -7,6 +7,8 @@ vLLM v1. Time is always passed in (`now`), never read, so the simulator can driv
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
@@ -545,8 +547,9 @@ class Scheduler:
             num_copied = num_hit - num_device_hit + num_external
             if self.config.output_reservation is not None:
                 # Blocks this takes from the free pool: new ones, and hits nobody else holds.
-                taken = -(-(num_hit + num_external + num_new) // self.config.block_size) - len(computed_blocks)
-                if not self._room_for_outputs(request, taken + sum(1 for b in computed_blocks if b.ref_cnt == 0)):
+                held = -(-(num_hit + num_external + num_new) // self.config.block_size)
+                taken = held - len(computed_blocks) + sum(1 for b in computed_blocks if b.ref_cnt == 0)
+                if not self._room_for_outputs(request, taken, held):
                     return
             # Tier hits and external tokens need KV slots but no compute (and none of the step's budget).
             new_block_ids = kv.allocate_slots(request, num_copied + num_new, computed_blocks, tier_hits=tier_hits,
@@ -579,7 +582,7 @@ class Scheduler:
                 return False
             num_new = step.budget
         taken = -(-(request.num_computed_tokens + num_new) // self.config.block_size)  # at most: some may be cached
-        if self.config.output_reservation is not None and not self._room_for_outputs(request, taken):
+        if self.config.output_reservation is not None and not self._room_for_outputs(request, taken, taken):
             return False
         block_table = self.kv_cache_manager.allocate_swapped_in(request, num_new)
         if block_table is None:
@@ -594,14 +597,27 @@ class Scheduler:
         step.budget -= num_new
         return True
 
-    def _room_for_outputs(self, request: Request, num_blocks_taken: int) -> bool:
-        """Whether admitting `request` (taking num_blocks_taken free blocks now) leaves the reserved
-        share of every running request's remaining output, and of its own, free in the KV cache."""
-        bs = self.config.block_size
-        ratio = self._reserve_ratio
-        own = request.max_tokens - request.num_output_tokens
-        reserved_blocks = -(-int(ratio * (self._remaining_outputs + own)) // bs)
-        return reserved_blocks + num_blocks_taken <= self.kv_cache_manager.num_free_blocks
+    def _room_for_outputs(self, request: Request, num_blocks_taken: int, num_blocks_held: int) -> bool:
+        """Whether admitting `request` (taking num_blocks_taken free blocks now, to hold num_blocks_held)
+        leaves free in the KV cache the reserved share of what every running request, and it, can
+        still take."""
+        kv, ratio = self.kv_cache_manager, self._reserve_ratio
+        if self.config.block_size == 1:  # a pool of tokens (SGLang): the outputs still to come, summed
+            own = request.max_tokens - request.num_output_tokens
+            reserved = int(ratio * (self._remaining_outputs + own))
+        else:  # whole blocks per request, as TensorRT-LLM counts blocks to completion
+            reserved = self._blocks_to_finish(request, num_blocks_held, ratio) + sum(
+                self._blocks_to_finish(r, kv.num_held_blocks(r.request_id), ratio) for r in self.running)
+        return reserved + num_blocks_taken <= kv.num_free_blocks
+
+    def _blocks_to_finish(self, request: Request, num_blocks_held: int, ratio: float) -> int:
+        """`ratio` of the blocks `request` may still take beyond those it holds: whole blocks for the KV
+        of every token but the last one sampled. Summing tokens over requests instead and rounding
+        once would miss up to a block per request, and a full reservation would then preempt. (Only
+        the prompt and max_tokens are read: a bulk-decoding request's output count lags.)"""
+        final = request.num_prompt_tokens + request.max_tokens - 1
+        blocks = self.kv_cache_manager.max_blocks(final, self.config.max_num_batched_tokens)
+        return math.ceil(ratio * max(0, blocks - num_blocks_held))
 
     def _scheduled_request(
         self, request: Request, num_new: int, block_ids: Sequence[int], reset_block_table: bool

@@ -77,6 +77,17 @@ def test_full_reservation_admits_only_what_can_finish():
     assert sched.num_waiting == 1
 
 
+def test_full_reservation_counts_each_requests_last_block_whole():
+    # Found by the property below: r1 (16 + 18 tokens) holds 5 of its 9 blocks when r2 (16 + 14) asks;
+    # r2 takes 4 now, and the two still need 4 + 4 blocks, where their 28 remaining tokens fill only 7.
+    # With 11 free, admitting r2 then would preempt it later.
+    sched = scheduler(num_blocks=16, output_reservation=OutputReservation(1.0, 1.0))
+    for i, (prompt, out) in enumerate([(1, 1), (16, 18), (16, 14)]):
+        sched.add_request(make_request(f"r{i}", prompt, max_tokens=out))
+    run_to_completion(sched, max_steps=200, runner=FakeRunner(sched))
+    assert sched.stats().num_preemptions == 0
+
+
 @settings(max_examples=40, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 20), st.integers(1, 20)), min_size=1, max_size=12), st.integers(12, 40))
 def test_full_reservation_never_preempts(requests, num_blocks):
