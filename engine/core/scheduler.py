@@ -8,7 +8,6 @@ vLLM v1. Time is always passed in (`now`), never read, so the simulator can driv
 from __future__ import annotations
 
 import math
-
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple

@@ -220,7 +220,7 @@ def check_parallelism(model: ModelConfig, dep: Deployment) -> None:
 def _verdict(budget: Budget, total: Part, weights: StageWeights, other: float, kv_budget: float, blocks: int,
              max_seqs: int, block_size: int, context_tokens: int) -> tuple[bool, str]:
     held = budget.usable.bytes + sum(p.bytes for p in budget.parts if not p.in_budget)
-    if held > total.bytes:  # only an explicit KV-cache size can ask for more than the device has
+    if held > total.bytes:  # an explicit KV-cache size, or a share near 1, with what must fit beside it
         return False, (f"does not fit: {budget.usable.rule} and the lines outside it come to {gib(held)} per GPU, "
                        f"more than the {gib(total.bytes)} the device reports")
     if kv_budget <= 0:

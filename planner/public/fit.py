@@ -72,8 +72,9 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     # A fused-MoE kernel at best matches dense GEMMs; tuned Triton/CUTLASS/Marlin kernels stay within
     # 5x of them even at a few rows per expert. Fitted in log space: the estimate, 1, is the edge.
     "moe_kernel_efficiency": (0.2, 1.0),
-    # The family's share for grouped GEMMs whatever the engine (Triton's fused-MoE kernels on Hopper
-    # reach about half of cuBLAS's dense peak), in log space for the same reason.
+    # The family's share for grouped GEMMs whatever the engine (Triton's fused-MoE kernels do not run
+    # Hopper's wgmma/TMA pipelines as cuBLAS's dense GEMMs do): an estimate of the floor, in log space
+    # for the same reason.
     "grouped_gemm_efficiency": (0.3, 1.0),
     # An in-process API server's work on a request that holds the engine's GIL (fitted only where the
     # engine profile says the server shares the engine's process: `calibrate --from-bench`). In log

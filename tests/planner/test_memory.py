@@ -269,6 +269,13 @@ def test_a_kv_cache_beyond_the_device_does_not_fit() -> None:
     assert p.reason.startswith("does not fit: kv_cache_gib 79 GiB") and "the device reports" in p.reason
 
 
+def test_a_whole_device_share_leaves_no_room_for_what_vllm_keeps_outside_it() -> None:
+    # vLLM's CUDA context and graphs live outside gpu_memory_utilization x total: at 1.0 they cannot fit.
+    assert plan(model="llama-3.1-8b", knobs=EngineKnobs(gpu_memory_utilization=0.95)).fits
+    whole = plan(model="llama-3.1-8b", knobs=EngineKnobs(gpu_memory_utilization=1.0))
+    assert not whole.fits and "more than the" in whole.reason and "the device reports" in whole.reason
+
+
 def test_gpus_without_peer_access_keep_the_pcie_share_of_nccl_buffers() -> None:
     nvlink, host = plan(tensor_parallel=4), plan(tensor_parallel=4, peer_access=False)
     assert line(host, "runtime.nccl") != line(nvlink, "runtime.nccl")
