@@ -545,7 +545,7 @@ def _graph_policy(hw: HardwareProfile, dep: Deployment, engine: EngineProfile) -
                        execution.graph_padding, execution.graph_max_context_len)
 
 
-def _pick_link(hw: HardwareProfile, devices: int, field: str, peer_access: bool = True) -> Link:
+def _pick_link(hw: HardwareProfile, devices: int, field: str, peer_access: bool) -> Link:
     """Scale-up link when the group fits its domain, else scale-out; PCIe-only cards use PCIe, and so
     does every board whose GPUs lack peer access (NCCL stages the data through host memory)."""
     if peer_access and hw.scale_up is not None and devices <= hw.scale_up.domain_size:

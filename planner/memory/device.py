@@ -50,7 +50,7 @@ def reported_total(hw: HardwareProfile) -> Part:
                 hw.provenance.get("memory_reported_gib", f"hwprofiles/{hw.name}.yaml"))
 
 
-def runtime(hw: HardwareProfile, gpus: int, peer_access: bool = True) -> list[Part]:
+def runtime(hw: HardwareProfile, gpus: int, peer_access: bool) -> list[Part]:
     """What the process holds outside the model: the CUDA context, kernel modules, NCCL buffers when a
     replica spans GPUs (each engine's rule decides which of them it counts)."""
     return [Part("runtime.context", "CUDA context", CUDA_CONTEXT_GIB * GIB, f"{CUDA_CONTEXT_GIB} GiB per process",

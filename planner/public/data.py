@@ -26,8 +26,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from planner.metrics import MetricFamily
-from planner.specs import ProfileSampler
-from planner.specs import Dtype
+from planner.specs import Dtype, ProfileSampler
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
 MEASUREMENTS_FILE = DATA_DIR / "public_measurements.json"
