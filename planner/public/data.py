@@ -94,6 +94,9 @@ class EngineRun(_Data):
         "source's image or logs show it: an installation fact, not a flag; None: the engine profile's")
     profile_sampler_source: str | None = Field(
         None, max_length=500, description="Where profile_sampler is shown (the image's build file, a log)")
+    kv_cache_gib_reported: float | None = Field(
+        None, gt=0, description="KV-cache memory per GPU the engine reported at start-up, where the run's source "
+        "prints it: the replay sizes the cache to it (kv_cache_gib), whatever flags led there")
 
     @model_validator(mode="after")
     def _sampler_with_its_source(self) -> EngineRun:
@@ -168,6 +171,15 @@ class Deployment(_Data):
     weight_dtype: Dtype
     kv_dtype: Dtype
     quantization_as_published: str = Field("", description="e.g. 'FP8 dynamic', 'AWQ int4', '' for none")
+    peer_access: bool = Field(True, description="False where the source shows the GPUs had no peer access (vLLM: "
+                              "'Custom allreduce is disabled because your platform lacks GPU P2P capability')")
+    peer_access_source: str | None = Field(None, max_length=500, description="Where the lack of peer access shows")
+
+    @model_validator(mode="after")
+    def _no_peer_access_with_its_source(self) -> Deployment:
+        if self.peer_access != (self.peer_access_source is None):
+            raise ValueError("peer_access_source is given exactly when peer_access is false")
+        return self
 
 
 class Figure(_Data):

@@ -98,7 +98,6 @@ class ReplayRun:
 
     def params(self, base: CostParams) -> CostParams:
         """`base` (the fitted figures of this GPU family and engine) with what this run's flags change."""
-        changes: dict[str, object] = {}
         return base if self.overlap_host is None else base.with_values({"overlap_host": self.overlap_host})
 
     def simulate(self, params: CostParams, *, trace: bool = False) -> SimulationResult:
@@ -139,11 +138,13 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     knobs = EngineKnobs(**{knob: args[name] for name, knob in _KNOB_ARGS.items() if name in args})
     if run.engine.engine == "sglang" and args.get("disable_radix_cache"):
         knobs = knobs.model_copy(update={"enable_prefix_caching": False})
+    if run.engine.kv_cache_gib_reported is not None:
+        knobs = knobs.model_copy(update={"kv_cache_gib": run.engine.kv_cache_gib_reported})
     dep = Deployment(hardware=hw.name, tensor_parallel=d.tensor_parallel, pipeline_parallel=d.pipeline_parallel,
                      expert_parallel=d.expert_parallel, attention_data_parallel=attention_dp,
                      weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype, engine=engine.name,
                      api_server=run.client.endpoint != "in-process", knobs=knobs,
-                     profile_sampler=run.engine.profile_sampler)
+                     profile_sampler=run.engine.profile_sampler, peer_access=d.peer_access)
     overlap = True if args.get("async_scheduling") else None
     if d.expert_parallel > 1 and not dispatches_by_all_to_all(dep):
         assumptions.append(f"expert parallelism as {engine.name} runs it without DP attention: each rank's experts "

@@ -1,9 +1,13 @@
-"""Published runs with data-parallel attention replay as the engine ran them."""
+"""Published runs replay as the engine ran them: data-parallel attention, the KV cache and links their sources show."""
 
 from __future__ import annotations
 
 import math
 
+import pytest
+from pydantic import ValidationError
+
+from planner.memory import plan_memory
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import Figures
 from planner.public.replay import ReplayRun, predicted, prepare
@@ -45,3 +49,26 @@ def test_dp_attention_with_a_dp_size_runs_attention_groups_inside_one_engine() -
     # Without the flag, data parallelism is engines behind a router, which the data cannot describe.
     plain = grouped.model_copy(update={"engine": run.engine.model_copy(update={"args": {}})})
     assert prepare(plain) == "data-parallel engines behind one client are not replayed"
+
+
+def test_a_run_replays_with_the_kv_cache_and_links_its_source_shows() -> None:
+    """dennislee22's TP 2 runs: the README prints each test's KV cache per GPU, and the start-up logs
+    say the GPUs had no peer access. The replay sizes the cache to the printed figure (the flags that
+    led there are unpublished for some tests) and reduces over PCIe."""
+    run = next(r for r in public_runs() if r.run_key.endswith("test6-qwen2.5-32b-tp2-random1024x1024-n10"))
+    assert run.engine.kv_cache_gib_reported == 8.22 and not run.deployment.peer_access
+    replay = prepare(run)
+    assert isinstance(replay, ReplayRun)
+    assert replay.dep.knobs.kv_cache_gib == 8.22 and not replay.dep.peer_access
+    plan = plan_memory(replay.model, replay.hw, replay.dep, replay.max_model_len)
+    assert plan.kv_cache_gib == pytest.approx(8.22) and plan.kv_cache_blocks == math.floor(8.22 * 2**30 / plan.kv_bytes_per_block_per_gpu)
+
+
+def test_no_peer_access_is_recorded_with_where_it_shows() -> None:
+    run = next(r for r in public_runs() if not r.deployment.peer_access)
+    assert run.deployment.peer_access_source is not None and "lacks GPU P2P" in run.deployment.peer_access_source
+    data = run.deployment.model_dump()
+    with pytest.raises(ValidationError, match="peer_access_source"):
+        type(run.deployment).model_validate({**data, "peer_access_source": None})
+    with pytest.raises(ValidationError, match="peer_access_source"):
+        type(run.deployment).model_validate({**data, "peer_access": True})
