@@ -573,8 +573,10 @@ _FITTED: dict[str, tuple[float, float, float]] = {
     "gemm_half_size_tokens": (16.0, 0.0, 4096.0), "gemm_efficiency_floor": (0.3, 0.0, 1.0),
 }
 # Fitted too when the grid was also run on several engine processes: how the engine's collectives,
-# between computations and on ranks that wake at their own pace, compare with the benchmark's.
-_FITTED_PARALLEL: dict[str, tuple[float, float, float]] = {"collective_time_scale": (1.0, 0.1, 10.0)}
+# between computations and on ranks that wake at their own pace, compare with the benchmark's; and
+# how much slower each rank computes beside the others on this host's shared cores and memory.
+_FITTED_PARALLEL: dict[str, tuple[float, float, float]] = {"collective_time_scale": (1.0, 0.1, 10.0),
+                                                           "shared_host_slowdown": (1.0, 0.5, 4.0)}
 
 
 def fit_cost_params(model: ModelConfig, hw: HardwareProfile, dep: Deployment,

@@ -174,13 +174,14 @@ class CostModel:
         high_peak, self._high_dtype = hw.peak_flops(high_dtype)
         self._vector_peak = hw.peak_flops("fp32")[0]
         bw = hw.memory_bandwidth_gb_s * 1e9
-        # Effective rates: seconds per FLOP or byte at full efficiency.
-        self._s_per_flop = 1.0 / (gemm_peak * p.compute_efficiency)
-        self._s_per_high_flop = 1.0 / (high_peak * p.compute_efficiency)
-        self._s_per_byte = 1.0 / (bw * p.memory_efficiency)
-        self._s_per_kv_byte = 1.0 / (bw * p.attention_memory_efficiency)
-        self._s_per_attn_flop = 1.0 / (high_peak * p.attention_compute_efficiency)
-        self._s_per_dequant_op = 1.0 / (self._vector_peak * p.compute_efficiency) if self.dequant else 0.0
+        # Effective rates: seconds per FLOP or byte at full efficiency, slower where ranks share a host.
+        slow = p.shared_host_slowdown if dep.tensor_parallel * dep.pipeline_parallel > 1 else 1.0
+        self._s_per_flop = slow / (gemm_peak * p.compute_efficiency)
+        self._s_per_high_flop = slow / (high_peak * p.compute_efficiency)
+        self._s_per_byte = slow / (bw * p.memory_efficiency)
+        self._s_per_kv_byte = slow / (bw * p.attention_memory_efficiency)
+        self._s_per_attn_flop = slow / (high_peak * p.attention_compute_efficiency)
+        self._s_per_dequant_op = slow / (self._vector_peak * p.compute_efficiency) if self.dequant else 0.0
         peers = dep.peer_access
         self.tp_link = _pick_link(hw, dep.tensor_parallel, "tensor_parallel", peers) if dep.tensor_parallel > 1 else None
         self.pp_link = _pick_link(hw, dep.gpus_per_replica, "pipeline_parallel", peers) if dep.pipeline_parallel > 1 else None

@@ -67,6 +67,11 @@ class CostParams:
     # (vLLM's custom all-reduce beats it on small messages). The public fit learns it per GPU family;
     # interconnect_efficiency stays the profile's datasheet-to-achieved estimate for links without a curve.
     collective_time_scale: float = 1.0
+    # Every rank's kernels take this multiple of their roofline time when a step runs on several
+    # ranks that share one host: CPU engine processes, whose cores share caches and memory bandwidth
+    # (and, on a virtual machine, possibly physical cores). 1 on one process; `calibrate --tp/--ep`
+    # fits it from the same grid timed on one process and on several. A GPU has its own memory: 1.
+    shared_host_slowdown: float = 1.0
     # Share of the dense-GEMM roofline an engine's fused-MoE kernel reaches on the routed experts
     # (tokens gathered and sorted by expert, uneven loads, small per-expert tiles, the engine's kernel
     # for the weight format): 1 prices experts like dense matmuls, the profiles' estimate. The public
@@ -94,8 +99,10 @@ class CostParams:
             value = getattr(self, name)
             if not 0.0 <= value < float("inf"):  # also rejects NaN
                 raise InputError(name, value, "must be a finite number >= 0")
-        if not 0.0 < self.collective_time_scale < float("inf"):
-            raise InputError("collective_time_scale", self.collective_time_scale, "must be a finite number > 0")
+        for name in ("collective_time_scale", "shared_host_slowdown"):
+            value = getattr(self, name)
+            if not 0.0 < value < float("inf"):
+                raise InputError(name, value, "must be a finite number > 0")
         if not 0.0 <= self.gemm_efficiency_floor <= 1.0:
             raise InputError("gemm_efficiency_floor", self.gemm_efficiency_floor, "must be in [0, 1]")
         if self.attention_pairs not in ("causal", "dense"):

@@ -69,13 +69,15 @@ def test_fit_recovers_step_times_made_with_known_figures() -> None:
 
 
 def test_fit_over_one_and_two_processes_recovers_the_collective_scale() -> None:
-    """Steps of one process and of two, made from known figures (collectives 2.5x the link's curve):
-    fitted together, the scale of the collectives comes back, and every step is reproduced."""
+    """Steps of one process and of two, made from known figures (collectives 2.5x the link's curve,
+    each rank's kernels 1.4x slower beside the other): fitted together, both come back, and every
+    step is reproduced."""
     model, hw = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
     dep = Deployment(hardware=hw.name)
     truth = CostParams.defaults(hw).with_values({"attention_pairs": "dense", "compute_efficiency": 0.5,
                                                  "memory_efficiency": 0.7, "step_overhead_s": 0.003,
-                                                 "layer_overhead_s": 2e-4, "collective_time_scale": 2.5})
+                                                 "layer_overhead_s": 2e-4, "collective_time_scale": 2.5,
+                                                 "shared_host_slowdown": 1.4})
     steps = []
     for tp in (1, 2):
         cm = CostModel(model, hw, dep.model_copy(update={"tensor_parallel": tp}), truth)
@@ -84,10 +86,11 @@ def test_fit_over_one_and_two_processes_recovers_the_collective_scale() -> None:
                   for label, shape in step_grid(quick=True, max_context=2048)]
     params, predicted = fit_cost_params(model, hw, dep, steps)
     assert params.collective_time_scale == pytest.approx(2.5, rel=0.1)
+    assert params.shared_host_slowdown == pytest.approx(1.4, rel=0.05)
     assert max(abs(p / s.measured_s - 1) for p, s in zip(predicted, steps, strict=True)) < 0.05
     # One process only: nothing to tell the collectives' scale from, so it is not fitted.
     single, _ = fit_cost_params(model, hw, dep, [s for s in steps if s.tensor_parallel == 1])
-    assert single.collective_time_scale == 1.0
+    assert single.collective_time_scale == single.shared_host_slowdown == 1.0
 
 
 def test_validation_report_compares_the_same_requests(tiny: Path, calibrated: tuple[Calibration, Path]) -> None:

@@ -68,6 +68,25 @@ def test_collective_time_scale_scales_every_communication_term_and_no_other_devi
         assert scaled[op] == pytest.approx(one[op] * (2.5 if op in comm else 1.0), rel=1e-12), op
 
 
+def test_shared_host_slowdown_scales_each_ranks_kernels_and_no_communication() -> None:
+    """Ranks sharing a host's cores and memory (`calibrate --tp` fits how much they slow each other):
+    every computing operator's roofline takes that multiple, the collectives keep their curve's
+    time, and a model on one process is untouched."""
+    model, hw = resolve_model("qwen3-30b-a3b"), get_hardware("h100-sxm")  # the arithmetic is the same on any device
+    base = CostParams.defaults(hw, get_engine("serveplan")).with_values({"kernel_latency_s": 0.0})
+    slowed = base.with_values({"shared_host_slowdown": 1.5})
+    device = OPERATORS[:OPERATORS.index("host")]
+    comm = (*COMM_OPERATORS, "pp_transfer")
+    for tp in (1, 2):
+        d = dep(hardware=hw.name, tensor_parallel=tp, expert_parallel=tp, engine="serveplan")
+        one = CostModel(model, hw, d, base).prefill_breakdown(512, 256)
+        scaled = CostModel(model, hw, d, slowed).prefill_breakdown(512, 256)
+        assert tp == 1 or one["tp_allreduce"] > 0
+        for op in device:
+            factor = 1.5 if tp > 1 and op not in comm else 1.0
+            assert scaled[op] == pytest.approx(one[op] * factor, rel=1e-12), (tp, op)
+
+
 def test_expert_parallel_all_to_all_where_the_engine_dispatches_so() -> None:
     """ServePlan's engine sends tokens to their experts' ranks; vLLM's FusedMoE runs each rank's experts
     on the replicated tokens and all-reduces: the MoE layers' all-reduces become all-to-alls."""
