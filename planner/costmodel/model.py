@@ -175,7 +175,7 @@ class CostModel:
         self._vector_peak = hw.peak_flops("fp32")[0]
         bw = hw.memory_bandwidth_gb_s * 1e9
         # Effective rates: seconds per FLOP or byte at full efficiency, slower where ranks share a host.
-        slow = p.shared_host_slowdown if dep.tensor_parallel * dep.pipeline_parallel > 1 else 1.0
+        slow = p.shared_host_slowdown if dep.gpus_per_replica > 1 else 1.0
         self._s_per_flop = slow / (gemm_peak * p.compute_efficiency)
         self._s_per_high_flop = slow / (high_peak * p.compute_efficiency)
         self._s_per_byte = slow / (bw * p.memory_efficiency)
