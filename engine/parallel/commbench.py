@@ -1,4 +1,5 @@
-"""The engine's collectives timed by message size, between processes of this machine (gloo).
+"""The engine's collectives timed by message size, between processes of this machine (shared
+memory, engine/parallel/shm.py; gloo past its slots).
 
 `serveplan calibrate` runs this and hands the curves to the cost model (the local profile's
 scale-up link), so the CPU validation of tensor and expert parallelism prices communication

@@ -1,7 +1,8 @@
 """One rank's view of its tensor-parallel group: its rank, the group's size, and the collectives
 the parallel layers call, each timed.
 
-torch.distributed carries the data (gloo between CPU processes, NCCL between GPUs). Every
+Between CPU processes the data goes through shared memory (engine/parallel/shm.py), or gloo where
+that cannot run; between GPUs, NCCL. Every
 collective adds its wall time to `comm_s` under its kind, so a run can say which share of a step
 went to communication, waiting for the slowest rank included (docs/parallelism.md). On CUDA the
 collectives are asynchronous to the host and the timer would see only their launch: it is kept
@@ -18,6 +19,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from engine.parallel.shm import ShmCollectives, connect
+from engine.parallel.worker import COLLECTIVE_TIMEOUT
+
 
 @dataclass
 class TPGroup:
@@ -26,19 +30,28 @@ class TPGroup:
     timed: bool = True
     comm_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # CPU ranks' shared-memory collectives; None on GPUs (NCCL) or where they cannot run (gloo).
+    shm: ShmCollectives | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        on_cpu = dist.get_backend() == "gloo"
+        self.shm = connect(self.rank, self.size, COLLECTIVE_TIMEOUT.total_seconds()) if on_cpu else None
 
     def all_reduce(self, x: Tensor) -> Tensor:
-        """The element-wise sum of x over the ranks, in place."""
+        """The element-wise sum of x over the ranks, in place; every rank ends with the same bits."""
         start = self._start()
-        dist.all_reduce(x)
+        if self.shm is None or not self.shm.all_reduce(x):
+            dist.all_reduce(x)
         self._stop("all_reduce", start)
         return x
 
     def all_gather(self, x: Tensor) -> Tensor:
         """Every rank's x (the same shape on each) concatenated along dim 0, rank order."""
         start = self._start()
-        out = torch.empty((self.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.all_gather_single(out, x.contiguous())
+        out = self.shm.all_gather(x) if self.shm is not None else None
+        if out is None:
+            out = torch.empty((self.size * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
+            dist.all_gather_single(out, x.contiguous())
         self._stop("all_gather", start)
         return out
 
@@ -46,16 +59,21 @@ class TPGroup:
         """Rows x[sum(send_counts[:r]) : ...] go to rank r; the rows each rank sent here come back
         concatenated in rank order (recv_counts[r] of them from rank r)."""
         start = self._start()
-        out = x.new_empty((sum(recv_counts), *x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv_counts, input_split_sizes=send_counts)
+        out = self.shm.all_to_all(x, send_counts, recv_counts) if self.shm is not None else None
+        if out is None:
+            out = x.new_empty((sum(recv_counts), *x.shape[1:]))
+            dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv_counts, input_split_sizes=send_counts)
         self._stop("all_to_all", start)
         return out
 
     def exchange_counts(self, send_counts: Tensor) -> Tensor:
         """send_counts [size, n] (row r: what goes to rank r) -> [size, n] (row r: what rank r sends here)."""
         start = self._start()
-        out = torch.empty_like(send_counts)
-        dist.all_to_all_single(out, send_counts.contiguous())
+        rows = [1] * self.size
+        out = self.shm.all_to_all(send_counts, rows, rows) if self.shm is not None else None
+        if out is None:
+            out = torch.empty_like(send_counts)
+            dist.all_to_all_single(out, send_counts.contiguous())
         self._stop("all_to_all", start)
         return out
 

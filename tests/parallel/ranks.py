@@ -48,3 +48,18 @@ def rank_logits(rank: int, world: int, init: str, model_dir: str, prompt: list[i
             results.put(result.numpy())
     finally:
         dist.destroy_process_group()
+
+
+def rank_all_reduce(rank: int, world: int, init: str, numels: list[int], results: Queue) -> None:
+    """Each size all-reduced from rank-dependent values: (this rank's sum, the exact float64 sum)."""
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        out = []
+        for n in numels:
+            parts = [torch.randn(n, generator=torch.Generator().manual_seed(100 * n + r)) for r in range(world)]
+            x = parts[rank].view(-1, 4).clone()  # 2-D, as the layers call it
+            TPGroup(rank, world).all_reduce(x)
+            out.append((x.reshape(-1).numpy(), torch.stack(parts).double().sum(0).numpy()))
+        results.put((rank, out))
+    finally:
+        dist.destroy_process_group()

@@ -22,7 +22,8 @@ import torch
 from engine.core import SamplingParams
 from engine.errors import InputError
 from engine.llm import LLM
-from ranks import logits, rank_logits
+from engine.parallel.shm import SLOT_BYTES
+from ranks import logits, rank_all_reduce, rank_logits
 
 # fp32 logits of a sharded model against one process's: max |difference| / max |logit|.
 LOGIT_TOLERANCE = 1e-5
@@ -70,6 +71,30 @@ def test_sharded_logits_match_one_process(tiny_model: Callable[..., Path], tmp_p
     assert many.shape == one.shape == (len(prompt) + len(decode), changes["vocab_size"])
     assert np.abs(many - one).max() <= LOGIT_TOLERANCE * np.abs(one).max()
     assert (many.argmax(-1) == one.argmax(-1)).all()
+
+
+def test_all_reduce_gives_every_rank_the_same_sum_on_both_paths(tmp_path: Path) -> None:
+    """Messages up to a slot go through shared memory, larger ones through gloo: both sum within
+    float rounding, and every rank holds the same bits, or tensor-parallel ranks drift apart."""
+    limit = SLOT_BYTES // 4
+    numels = [4, 1024, limit, limit + 4]  # fp32 elements: up to the limit, then just past it
+    world = 3  # three addends: an order of summation can differ between ranks
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=rank_all_reduce, args=(r, world, (tmp_path / "rv").as_uri(), numels, results))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    by_rank = dict(results.get(timeout=300) for _ in range(world))
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    for i, n in enumerate(numels):
+        summed, exact = by_rank[0][i]
+        assert summed.shape == (n,)
+        np.testing.assert_allclose(summed, exact, rtol=1e-5, atol=1e-5)
+        for rank in range(1, world):
+            assert np.array_equal(by_rank[rank][i][0], summed), (n, rank)
 
 
 def batch(n: int, seed: int) -> list[list[int]]:
