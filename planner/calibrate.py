@@ -37,6 +37,7 @@ import yaml
 from engine.config import EngineConfig, ModelConfig
 from engine.dtypes import SHORT_NAME
 from engine.core import Request, SamplingParams, SchedulerOutput
+from engine.core.metrics import StepSample
 from engine.errors import EXCERPT_CHARS, InputError, from_validation_error
 from engine.files import load_json, output_file
 from hwprofiles import PROFILE_DIR
@@ -107,6 +108,8 @@ class StepMeasurement(_Rec):
     predicted_s: float = Field(0.0, description="The fitted cost model's prediction")
     tensor_parallel: int = Field(1, description="Engine processes the step ran on (engine/parallel)")
     expert_parallel: int = Field(1, description="Ranks its experts were placed on")
+    comm_s: float | None = Field(None, description="Of measured_s, rank 0's time inside collectives (waiting for "
+                                 "the other ranks included), median of the repeats; None on one process")
 
 
 class Calibration(_Rec):
@@ -512,8 +515,15 @@ def measure_steps(llm: LLM, grid: list[tuple[str, list[tuple[int, int, bool]]]],
     if scheduler.config.enable_prefix_caching:
         raise ValueError("measure_steps needs an engine with enable_prefix_caching=False")
     ids = itertools.count()
-    timed: list[tuple[SchedulerOutput, float]] = []
-    loop.on_step = lambda output, sample: timed.append((output, sample.end_s - sample.start_s))
+    timed: list[tuple[SchedulerOutput, float, float | None]] = []
+    comm_stats = getattr(llm.executor, "comm_stats", None)  # a parallel engine's ranks time their collectives
+
+    def on_step(output: SchedulerOutput, sample: StepSample) -> None:
+        # Taken after the step's clock stopped; the ranks' counters restart at each take.
+        comm = sum(comm_stats()[0][0].values()) if comm_stats is not None else None
+        timed.append((output, sample.end_s - sample.start_s, comm))
+
+    loop.on_step = on_step
 
     added: list[str] = []
 
@@ -540,11 +550,12 @@ def measure_steps(llm: LLM, grid: list[tuple[str, list[tuple[int, int, bool]]]],
             loop.run_until_idle()
             while added:  # the engine as it was found: no finished grid request kept (their ids recur)
                 scheduler.pop_finished(added.pop())
-            for repeat, (output, _) in enumerate(timed):
+            for repeat, (output, _, _) in enumerate(timed):
                 _check_shapes(label, [(q, c + (0 if prefill else repeat), prefill) for q, c, prefill in shapes], output)
-            times = [t for _, t in timed[1:]]
+            times = [t for _, t, _ in timed[1:]]
+            comms = [c for _, _, c in timed[1:] if c is not None]
             out.append(StepMeasurement(label=label, requests=_shapes(timed[1][0]), measured_s=statistics.median(times),
-                                       repeats_s=times))
+                                       repeats_s=times, comm_s=statistics.median(comms) if comms else None))
             progress()
     finally:
         loop.on_step = None
@@ -565,6 +576,11 @@ def _check_shapes(label: str, wanted: list[tuple[int, int, bool]], output: Sched
 
 # --------------------------------------------------------------------------- fit
 
+# The engine profile a calibration's steps are priced with: ServePlan's own engine, which it times
+# and `serveplan validate` checks. Fit and validation must price the same engine (an expert-parallel
+# step dispatches by all-to-all here, by all-reduce in vLLM's profile).
+OWN_ENGINE_PROFILE = "serveplan"
+
 # name: (start, lower, upper)
 _FITTED: dict[str, tuple[float, float, float]] = {
     "compute_efficiency": (0.5, 0.01, 1.0), "memory_efficiency": (0.5, 0.01, 1.0),
@@ -573,8 +589,9 @@ _FITTED: dict[str, tuple[float, float, float]] = {
     "gemm_half_size_tokens": (16.0, 0.0, 4096.0), "gemm_efficiency_floor": (0.3, 0.0, 1.0),
 }
 # Fitted too when the grid was also run on several engine processes: how the engine's collectives,
-# between computations and on ranks that wake at their own pace, compare with the benchmark's; and
-# how much slower each rank computes beside the others on this host's shared cores and memory.
+# between computations and on ranks that wake at their own pace, compare with the benchmark's
+# (measured instead where the steps carry rank 0's time in collectives, as `calibrate` records it);
+# and how much slower each rank computes beside the others on this host's shared cores and memory.
 _FITTED_PARALLEL: dict[str, tuple[float, float, float]] = {"collective_time_scale": (1.0, 0.1, 10.0),
                                                            "shared_host_slowdown": (1.0, 0.5, 4.0)}
 
@@ -588,11 +605,22 @@ def fit_cost_params(model: ModelConfig, hw: HardwareProfile, dep: Deployment,
     (which they divide) is measured rather than assumed."""
     measured = np.array([s.measured_s for s in steps])
     base = CostParams.defaults(hw).with_values({"attention_pairs": "dense"})
-    fitted = {**_FITTED, **(_FITTED_PARALLEL if any(s.tensor_parallel > 1 for s in steps) else {})}
-    names = list(fitted)
-    x0, lower, upper = (np.array(column) for column in zip(*fitted.values(), strict=True))
     deployments = {(s.tensor_parallel, s.expert_parallel) for s in steps}
     deps = {(tp, ep): dep.model_copy(update={"tensor_parallel": tp, "expert_parallel": ep}) for tp, ep in deployments}
+    parallel = [s for s in steps if s.tensor_parallel > 1]
+    fitted = {**_FITTED, **(_FITTED_PARALLEL if parallel else {})}
+    if parallel and all(s.comm_s is not None for s in parallel):
+        # Measured, not fitted: from step totals alone the collectives and the ranks' slowdown
+        # trade off (waiting for a slower rank grows with the computation), and the fit split them
+        # 2-3x away from the communication share the ranks timed.
+        unit = base.with_values({"collective_time_scale": 1.0})
+        ratios = [s.comm_s / priced for s in parallel  # type: ignore[operator]
+                  if (priced := CostModel(model, hw, deps[(s.tensor_parallel, s.expert_parallel)], unit)
+                      .shape_cost(s.requests).comm_seconds) > 0]
+        base = base.with_values({"collective_time_scale": float(np.median(ratios))})
+        del fitted["collective_time_scale"]
+    names = list(fitted)
+    x0, lower, upper = (np.array(column) for column in zip(*fitted.values(), strict=True))
 
     def predict(x: np.ndarray) -> np.ndarray:
         params = base.with_values(dict(zip(names, map(float, x))))
@@ -671,7 +699,7 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
             task = bar.add_task(f"timing them on {parallel.tensor_parallel} processes", total=len(grid))
             steps += [s.model_copy(update={"tensor_parallel": parallel.tensor_parallel, "expert_parallel": expert_parallel})
                       for s in measure_steps(llm, grid, repeats, progress=lambda: bar.advance(task))]
-    dep = Deployment(hardware=profile.name, weight_dtype=cm_dtype, kv_dtype=cm_dtype,
+    dep = Deployment(hardware=profile.name, weight_dtype=cm_dtype, kv_dtype=cm_dtype, engine=OWN_ENGINE_PROFILE,
                      knobs=EngineKnobs(block_size_tokens=block_size))
     params, predicted = fit_cost_params(config, profile, dep, steps)
     steps = [s.model_copy(update={"predicted_s": p}) for s, p in zip(steps, predicted, strict=True)]

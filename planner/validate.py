@@ -21,7 +21,7 @@ from engine.catalog import resolve_model
 from engine.config import EngineConfig
 from engine.dtypes import ENGINE_DTYPE_OF
 from engine.errors import InputError, unknown_name_error
-from planner.calibrate import load_calibration
+from planner.calibrate import OWN_ENGINE_PROFILE, load_calibration
 from planner.metrics import RunSummary
 from planner.playback import Replay
 from planner.sim import simulate
@@ -247,7 +247,7 @@ def validate(model_name: str, calibration_path: str | Path, *, random_weights: b
                           ) if llm is None else llm.with_settings(**changes)
                 engine, _ = bench_engine(llm, replay, model_name=model.name or model_name)
             dep = Deployment(hardware=hw.name, tensor_parallel=parallel.tensor_parallel, expert_parallel=expert_parallel,
-                             weight_dtype=cal.dtype, kv_dtype=cal.dtype, engine="serveplan", knobs=engine_knobs,
+                             weight_dtype=cal.dtype, kv_dtype=cal.dtype, engine=OWN_ENGINE_PROFILE, knobs=engine_knobs,
                              disaggregation=Disaggregation() if sc.disaggregated else None)
             sim = simulate(model, hw, dep, replay, calibration=cal.cost_params(), kv_cache_blocks=sc.num_kv_blocks).summary
             rows.append(ValidationRow(scenario=sc.name, description=sc.description, engine=engine, simulator=sim,

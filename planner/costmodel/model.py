@@ -224,7 +224,7 @@ class CostModel:
         if not requests or any(q < 1 or c < 0 for q, c, _ in requests):
             raise InputError("tokens", requests[:1], "need at least one request with >= 1 token and >= 0 cached")
         times, flops, nbytes = self.times(self.reader.of_requests(requests))
-        return StepCost(sum(times), flops, nbytes)
+        return StepCost(sum(times), flops, nbytes, sum(times[i] for i in _COMM_INDICES))
 
     def shape_breakdown(self, requests: list[tuple[int, int, bool]]) -> dict[str, float]:
         return dict(zip(OPERATORS, self.times(self.reader.of_requests(requests))[0], strict=True))

@@ -16,7 +16,7 @@ from planner.calibrate import (
 from planner.cli import main
 from planner.costmodel import CostModel, CostParams
 from planner.hardware import get_hardware
-from planner.specs import Deployment
+from planner.specs import Deployment, EngineKnobs
 from planner.validate import COMPARED, scenarios, validate
 
 
@@ -68,10 +68,12 @@ def test_fit_recovers_step_times_made_with_known_figures() -> None:
     assert max(errors) < 0.05
 
 
-def test_fit_over_one_and_two_processes_recovers_the_collective_scale() -> None:
+@pytest.mark.parametrize("comm_timed", [False, True])
+def test_fit_over_one_and_two_processes_recovers_the_collective_scale(comm_timed: bool) -> None:
     """Steps of one process and of two, made from known figures (collectives 2.5x the link's curve,
     each rank's kernels 1.4x slower beside the other): fitted together, both come back, and every
-    step is reproduced."""
+    step is reproduced. Where the steps carry their time in collectives (as `calibrate` records a
+    parallel engine's), the collectives' scale is that measurement, exactly."""
     model, hw = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
     dep = Deployment(hardware=hw.name)
     truth = CostParams.defaults(hw).with_values({"attention_pairs": "dense", "compute_efficiency": 0.5,
@@ -81,11 +83,12 @@ def test_fit_over_one_and_two_processes_recovers_the_collective_scale() -> None:
     steps = []
     for tp in (1, 2):
         cm = CostModel(model, hw, dep.model_copy(update={"tensor_parallel": tp}), truth)
-        steps += [StepMeasurement(label=label, requests=shape, measured_s=cm.shape_cost(shape).seconds,
-                                  repeats_s=[1.0, 1.0], tensor_parallel=tp)
+        steps += [StepMeasurement(label=label, requests=shape, measured_s=(cost := cm.shape_cost(shape)).seconds,
+                                  repeats_s=[1.0, 1.0], tensor_parallel=tp,
+                                  comm_s=cost.comm_seconds if comm_timed and tp > 1 else None)
                   for label, shape in step_grid(quick=True, max_context=2048)]
     params, predicted = fit_cost_params(model, hw, dep, steps)
-    assert params.collective_time_scale == pytest.approx(2.5, rel=0.1)
+    assert params.collective_time_scale == pytest.approx(2.5, rel=1e-9 if comm_timed else 0.1)
     assert params.shared_host_slowdown == pytest.approx(1.4, rel=0.05)
     assert max(abs(p / s.measured_s - 1) for p, s in zip(predicted, steps, strict=True)) < 0.05
     # One process only: nothing to tell the collectives' scale from, so it is not fitted.
@@ -139,16 +142,32 @@ def test_tensor_parallel_validation_prices_the_measured_collectives(tiny: Path, 
         validate(str(tiny), old, random_weights=True, quick=True, only=["chat-low"], progress=False, tensor_parallel=2)
 
 
-def test_a_parallel_calibration_times_the_grid_on_one_and_on_two_processes(tiny: Path, tmp_path: Path,
-                                                                          profile_dir: Path) -> None:
+def test_a_parallel_calibration_times_the_grid_on_one_and_on_two_processes(tiny_model: Callable[..., Path],
+                                                                          tmp_path: Path, profile_dir: Path) -> None:
+    """Expert parallelism over two processes (its attention tensor-parallel): the grid is timed on
+    one process and on two, and every step is priced as `validate` prices ServePlan's engine, whose
+    experts exchange tokens by all-to-all (vLLM's profile would all-reduce them)."""
+    moe = tiny_model("tiny-cal-moe", model_type="qwen3_moe", moe_intermediate_size=32, num_experts=4,
+                     num_experts_per_tok=2, vocab_size=512, max_position_embeddings=2048)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr("planner.calibrate.PROFILE_DIR", profile_dir)
-        cal, _ = calibrate(str(tiny), device="cpu", quick=True, out=tmp_path / "tp2.json", random_weights=True,
-                           progress=False, tensor_parallel=2)
+        cal, _ = calibrate(str(moe), device="cpu", quick=True, out=tmp_path / "ep2.json", random_weights=True,
+                           progress=False, expert_parallel=2)
     grid = [label for label, _ in step_grid(quick=True, max_context=2048)]
-    assert [(s.label, s.tensor_parallel) for s in cal.steps] == [(g, 1) for g in grid] + [(g, 2) for g in grid]
+    assert [(s.label, s.tensor_parallel, s.expert_parallel) for s in cal.steps] == (
+        [(g, 1, 1) for g in grid] + [(g, 2, 2) for g in grid])
     assert all(s.measured_s > 0 and s.predicted_s > 0 for s in cal.steps)
-    assert "collective_time_scale" in cal.params and 0.1 <= cal.cost_params().collective_time_scale <= 10
+    # Rank 0 timed its collectives in every two-process step, and that sets the collectives' scale.
+    assert all((s.comm_s is None) == (s.tensor_parallel == 1) for s in cal.steps)
+    assert all(0 < s.comm_s < s.measured_s for s in cal.steps if s.comm_s is not None)  # type: ignore[operator]
+    assert cal.cost_params().collective_time_scale > 0
+    model = resolve_model(str(moe))
+    for step in cal.steps:
+        dep = Deployment(hardware=cal.profile.name, weight_dtype=cal.dtype, kv_dtype=cal.dtype, engine="serveplan",
+                         tensor_parallel=step.tensor_parallel, expert_parallel=step.expert_parallel,
+                         knobs=EngineKnobs(block_size_tokens=cal.block_size_tokens))
+        priced = CostModel(model, cal.profile, dep, cal.cost_params()).shape_cost(step.requests).seconds
+        assert priced == pytest.approx(step.predicted_s, rel=1e-9), step.label
 
 
 def test_a_parallel_calibration_needs_a_cpu_per_rank(tiny: Path, tmp_path: Path) -> None:
