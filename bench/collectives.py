@@ -23,6 +23,9 @@ import tempfile
 import time
 
 SIZES = (256, 4096, 65536, 1 << 20, 4 << 20)
+# Below this, a "between compute" figure is within the noise of the compute it is measured against
+# (it can come out negative), and no ratio is printed.
+NOISE_US = 50.0
 ROUNDS = 5
 
 
@@ -123,7 +126,7 @@ def main() -> None:
         b_s, b_g = row["shared memory back to back us"], row["gloo back to back us"]
         c_s, c_g = row["shared memory between compute us"], row["gloo between compute us"]
         print(f"{row['kind']:11s} {row['bytes']:9d} | {'':16s} {b_s:7.0f} {b_g:7.0f} {b_g / b_s:8.1f} "
-              f"| {'':19s} {c_s:7.0f} {c_g:7.0f} {c_g / max(c_s, 1.0):8.1f}")
+              f"| {'':19s} {c_s:7.0f} {c_g:7.0f} {f'{c_g / c_s:.1f}' if c_s > NOISE_US else 'n/a':>8s}")
 
 
 if __name__ == "__main__":
