@@ -378,7 +378,7 @@ class Workload(_Spec):
         return self
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WorkloadRequest:
     """One request as drivers replay it.
 
@@ -454,12 +454,12 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
                          f"the last of {num_roots:,} arrivals, at {times[-1]:.3g} s,")
 
     sp = workload.shared_prefix
-    prefix_ids: list[int | None] = [None] * num_roots
+    prefix_ids = np.full(num_roots, -1, dtype=np.int64)  # per conversation; -1: no shared prefix
     if sp is not None:
         crng = rngs["prefix_choice"]
         chosen = crng.choice(sp.num_prefixes, size=num_roots, p=sp.weights())
         uses = crng.random(num_roots) < sp.share
-        prefix_ids = [int(c) if u else None for c, u in zip(chosen, uses)]
+        prefix_ids = np.where(uses, chosen, -1)
 
     inputs = workload.input_tokens.draw(rngs["input"], n)
     outputs = workload.output_tokens.draw(rngs["output"], n)
@@ -473,6 +473,8 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
     ids = rngs["tokens"].integers(lo, hi, size=int(inputs.sum())).tolist()
     bounds = np.concatenate(([0], np.cumsum(inputs))).tolist()
 
+    # Python objects per request only now, after the limits (a million of them are ~400 MB).
+    prefix_of: list[int | None] = [None if p < 0 else p for p in prefix_ids.tolist()]
     requests: list[WorkloadRequest] = []
     k = 0  # request index, in the order lengths were drawn
     for c in range(num_roots):
@@ -480,10 +482,10 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
         for t in range(int(turns[c])):
             own = tuple(ids[bounds[k] : bounds[k + 1]])
             rid = f"{workload.name}-{k}"
-            common = dict(request_id=rid, output_tokens=int(outputs[k]), prefix_id=prefix_ids[c],
+            common = dict(request_id=rid, output_tokens=int(outputs[k]), prefix_id=prefix_of[c],
                           conversation_id=c if conv is not None else None, turn=t)
             if t == 0:
-                prefix = prefixes[prefix_ids[c]] if prefix_ids[c] is not None else ()
+                prefix = prefixes[prefix_of[c]] if prefix_of[c] is not None else ()
                 arrival_s = None if times is None else float(times[c])
                 requests.append(WorkloadRequest(arrival_s=arrival_s, prompt_token_ids=prefix + own,
                                                 think_time_s=root_think_s, **common))
@@ -512,7 +514,7 @@ def _redraw_over(workload: Workload, inputs: np.ndarray, outputs: np.ndarray, rn
                      "pair exceeds it")
 
 
-def _check_sizes(workload: Workload, turns: np.ndarray, prefix_ids: list[int | None], inputs: np.ndarray,
+def _check_sizes(workload: Workload, turns: np.ndarray, prefix_ids: np.ndarray, inputs: np.ndarray,
                  outputs: np.ndarray, max_model_len: int | None) -> None:
     """Refuse, from the drawn lengths alone, a request beyond the model's context or a workload
     beyond MAX_WORKLOAD_TOKENS: before a single token id is drawn."""
@@ -520,7 +522,7 @@ def _check_sizes(workload: Workload, turns: np.ndarray, prefix_ids: list[int | N
     # conversation before it (prompts and outputs) and the conversation's shared prefix.
     conv_of = np.repeat(np.arange(len(turns)), turns)
     sp = workload.shared_prefix
-    prefix_len = np.array([0 if p is None else sp.prefix_tokens for p in prefix_ids], dtype=np.int64)  # type: ignore[union-attr]
+    prefix_len = np.where(prefix_ids >= 0, sp.prefix_tokens if sp is not None else 0, 0)
     spent = np.cumsum(inputs + outputs)
     first = np.cumsum(turns) - turns  # index of each conversation's first request
     totals = prefix_len[conv_of] + spent - (spent[first] - inputs[first] - outputs[first])[conv_of]
