@@ -67,15 +67,10 @@ class TPGroup:
         return out
 
     def exchange_counts(self, send_counts: Tensor) -> Tensor:
-        """send_counts [size, n] (row r: what goes to rank r) -> [size, n] (row r: what rank r sends here)."""
-        start = self._start()
-        rows = [1] * self.size
-        out = self.shm.all_to_all(send_counts, rows, rows) if self.shm is not None else None
-        if out is None:
-            out = torch.empty_like(send_counts)
-            dist.all_to_all_single(out, send_counts.contiguous())
-        self._stop("all_to_all", start)
-        return out
+        """send_counts [size, n] (row r: what goes to rank r) -> [size, n] (row r: what rank r sends here):
+        an all-to-all of one row per rank."""
+        one_each = [1] * self.size
+        return self.all_to_all(send_counts, one_each, one_each)
 
     def take_stats(self) -> tuple[dict[str, float], dict[str, int]]:
         """(seconds, calls) per collective kind since the last call, and start counting anew."""
