@@ -15,7 +15,7 @@ never saw. Torch is imported inside functions only (planner/ must start without 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, fields
 import datetime as dt
 import hashlib
@@ -110,6 +110,7 @@ class StepMeasurement(_Rec):
     expert_parallel: int = Field(1, description="Ranks its experts were placed on")
     comm_s: float | None = Field(None, description="Of measured_s, rank 0's time inside collectives (waiting for "
                                  "the other ranks included), median of the repeats; None on one process")
+    comm_repeats_s: list[float] = Field(default_factory=list, description="Rank 0's time inside collectives, per repeat")
 
 
 class Calibration(_Rec):
@@ -528,8 +529,13 @@ def measure_steps(llm: LLM, grid: list[tuple[str, list[tuple[int, int, bool]]]],
     added: list[str] = []
 
     def add(prompt_len: int, external: int, max_tokens: int) -> None:
-        added.append(f"cal-{next(ids)}")
-        scheduler.add_request(Request(added[-1], [1 + j % 50 for j in range(prompt_len)],
+        # Each request's tokens shifted by its number: a batch of decodes then computes distinct
+        # tokens, which a mixture of experts routes apart as it routes real text. Identical prompts
+        # could decode identical tokens (over identical cached garbage), all sent to the same few
+        # experts: a batch of 16 took 48 ms so against 72 ms distinct on qwen3-moe-85m.
+        n = next(ids)
+        added.append(f"cal-{n}")
+        scheduler.add_request(Request(added[-1], [1 + (j + n) % 50 for j in range(prompt_len)],
                                       SamplingParams(max_tokens=max_tokens, ignore_eos=True), llm.now(),
                                       num_external_computed_tokens=external))
 
@@ -552,14 +558,38 @@ def measure_steps(llm: LLM, grid: list[tuple[str, list[tuple[int, int, bool]]]],
                 scheduler.pop_finished(added.pop())
             for repeat, (output, _, _) in enumerate(timed):
                 _check_shapes(label, [(q, c + (0 if prefill else repeat), prefill) for q, c, prefill in shapes], output)
-            times = [t for _, t, _ in timed[1:]]
-            comms = [c for _, _, c in timed[1:] if c is not None]
-            out.append(StepMeasurement(label=label, requests=_shapes(timed[1][0]), measured_s=statistics.median(times),
-                                       repeats_s=times, comm_s=statistics.median(comms) if comms else None))
+            out.append(_measurement(label, _shapes(timed[1][0]), [t for _, t, _ in timed[1:]],
+                                    [c for _, _, c in timed[1:] if c is not None]))
             progress()
     finally:
         loop.on_step = None
     return out
+
+
+def measure_interleaved(llms: Sequence[LLM], grid: list[tuple[str, list[tuple[int, int, bool]]]], repeats: int,
+                        passes: int, progress: Callable[[], None] = lambda: None) -> list[list[StepMeasurement]]:
+    """`measure_steps` on each engine, its `repeats` spread over `passes` passes over the grid, each
+    grid step timed on every engine in turn: one list of measurements per engine.
+
+    A shared machine's speed drifts over minutes (a memory-bound loop has run 84 and 124 calls/s
+    on this VM on successive days, and a grid step's repeats have moved 60 -> 84 ms as they ran).
+    Timed back to back, a step's repeats all land in one stretch of it, and the fit reads a slow
+    stretch as a slow shape; interleaved, every step and every engine sees the same mix."""
+    per_pass = -(-repeats // passes)
+    runs: list[list[list[StepMeasurement]]] = [[[] for _ in grid] for _ in llms]
+    for _ in range(passes):
+        for i, step in enumerate(grid):
+            for engine_runs, llm in zip(runs, llms, strict=True):
+                engine_runs[i] += measure_steps(llm, [step], per_pass)
+            progress()
+    return [[_measurement(parts[0].label, parts[0].requests, [t for p in parts for t in p.repeats_s],
+                          [c for p in parts for c in p.comm_repeats_s]) for parts in engine_runs] for engine_runs in runs]
+
+
+def _measurement(label: str, requests: list[tuple[int, int, bool]], times_s: list[float],
+                 comms_s: list[float]) -> StepMeasurement:
+    return StepMeasurement(label=label, requests=requests, measured_s=statistics.median(times_s), repeats_s=times_s,
+                           comm_s=statistics.median(comms_s) if comms_s else None, comm_repeats_s=comms_s)
 
 
 def _shapes(output: SchedulerOutput) -> list[tuple[int, int, bool]]:
@@ -677,10 +707,11 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
     profile = local_profile(info, micro, cm_dtype)
     # Steps on several ranks scatter widely between repeats on a shared machine, and the fit must
     # split their time into communication and work from them: a parallel calibration takes more
-    # repeats, for a median that moves less (docs/validation.md has one run with each count).
-    repeats = 2 if quick else (7 if parallel.tensor_parallel > 1 else 3)
-    llm = LLM(model_name, num_kv_blocks=max(grid_blocks_needed(grid, block_size, repeats),
-                                            kv_copy_block_counts(config.kv_bytes_per_token(cm_dtype) * block_size)[1]),
+    # repeats, for a median that moves less (docs/validation.md has runs with 3, 7 and 9). The
+    # repeats are spread over three passes over the grid (`measure_interleaved`).
+    repeats, passes = (2, 1) if quick else ((9, 3) if parallel.tensor_parallel > 1 else (3, 3))
+    blocks = grid_blocks_needed(grid, block_size, -(-repeats // passes))
+    llm = LLM(model_name, num_kv_blocks=max(blocks, kv_copy_block_counts(config.kv_bytes_per_token(cm_dtype) * block_size)[1]),
               enable_prefix_caching=False, **engine_settings)
     micro = micro.model_copy(update={"kv_copies": kv_copy_benchmarks(llm, 3 if quick else 5)})
     profile = local_profile(info, micro, cm_dtype)
@@ -688,17 +719,18 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
     if write_profile and not profile_path.exists():
         profile_path.write_text(yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False))
         hardware_catalog.cache_clear()
+    # The same grid on the ranks, interleaved with the one-process grid.
+    ranked_engine = LLM(model_name, num_kv_blocks=blocks, enable_prefix_caching=False,
+                        tensor_parallel=parallel.tensor_parallel, expert_parallel=expert_parallel,
+                        threads=torch.get_num_threads(), **engine_settings) if parallel.tensor_parallel > 1 else None
+    llms = [llm] if ranked_engine is None else [llm, ranked_engine]
     with Progress(console=Console(stderr=True), disable=not progress) as bar:
-        task = bar.add_task(f"timing {len(grid)} engine steps of {model_name}", total=len(grid))
-        steps = measure_steps(llm, grid, repeats, progress=lambda: bar.advance(task))
-        if parallel.tensor_parallel > 1:
-            del llm
-            llm = LLM(model_name, num_kv_blocks=grid_blocks_needed(grid, block_size, repeats), enable_prefix_caching=False,
-                      tensor_parallel=parallel.tensor_parallel, expert_parallel=expert_parallel,
-                      threads=torch.get_num_threads(), **engine_settings)
-            task = bar.add_task(f"timing them on {parallel.tensor_parallel} processes", total=len(grid))
-            steps += [s.model_copy(update={"tensor_parallel": parallel.tensor_parallel, "expert_parallel": expert_parallel})
-                      for s in measure_steps(llm, grid, repeats, progress=lambda: bar.advance(task))]
+        where = f" on 1 and {parallel.tensor_parallel} processes" if ranked_engine else ""
+        task = bar.add_task(f"timing {len(grid)} engine steps of {model_name}{where}", total=len(grid) * passes)
+        one, *ranked = measure_interleaved(llms, grid, repeats, passes, progress=lambda: bar.advance(task))
+    del llms, llm, ranked_engine
+    steps = one + [s.model_copy(update={"tensor_parallel": parallel.tensor_parallel, "expert_parallel": expert_parallel})
+                   for s in (ranked[0] if ranked else [])]
     dep = Deployment(hardware=profile.name, weight_dtype=cm_dtype, kv_dtype=cm_dtype, engine=OWN_ENGINE_PROFILE,
                      knobs=EngineKnobs(block_size_tokens=block_size))
     params, predicted = fit_cost_params(config, profile, dep, steps)
@@ -731,8 +763,4 @@ def calibrate(model_name: str, *, device: str = "auto", dtype: str = "float32", 
     path = Path(out) if out else CALIBRATION_DIR / f"{profile.name}__{_slug(config.name or model_name)}__{cm_dtype}{ranks}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(cal.model_dump_json(indent=1) + "\n")
-    profile_path = PROFILE_DIR / f"{profile.name}.yaml"
-    if write_profile and not profile_path.exists():
-        profile_path.write_text(yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False))
-        hardware_catalog.cache_clear()
     return cal, path

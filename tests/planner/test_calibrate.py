@@ -11,7 +11,8 @@ import pytest
 from engine.catalog import resolve_model
 from engine.errors import InputError
 from planner.calibrate import (
-    Calibration, StepMeasurement, calibrate, detect_device, fit_cost_params, load_calibration, step_grid,
+    Calibration, StepMeasurement, calibrate, detect_device, fit_cost_params, grid_blocks_needed, load_calibration,
+    measure_interleaved, measure_steps, step_grid,
 )
 from planner.cli import main
 from planner.costmodel import CostModel, CostParams
@@ -52,6 +53,47 @@ def test_calibration_file_holds_measurements_fit_and_provenance(calibrated: tupl
     # The profile records the measured bandwidth to 0.01 GB/s, however slow this machine measured it.
     assert cal.profile.memory_bandwidth_gb_s == pytest.approx(cal.microbenchmarks.memory_bandwidth_gb_s, abs=0.005 + 1e-9)
     assert cal.model_fingerprint and cal.created_utc
+
+
+def test_interleaved_timing_alternates_engines_and_grid_steps_and_keeps_every_repeat(
+        tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five repeats over two passes: each pass times every grid step on both engines in turn
+    (three repeats each, rounded up), and each measurement keeps all six, in the grid's order."""
+    from engine.llm import LLM
+
+    grid = [("decode b2 ctx64", [(1, 63, False)] * 2), ("prefill 16 cached 0", [(16, 0, True)])]
+    engines = [LLM(str(tiny), device="cpu", dtype="float32", random_weights=True, num_kv_blocks=32,
+                   enable_prefix_caching=False) for _ in range(2)]
+    calls: list[tuple[int, str, int]] = []
+
+    def logged(llm: object, steps: list, repeats: int) -> list[StepMeasurement]:
+        calls.append((engines.index(llm), steps[0][0], repeats))  # type: ignore[arg-type]
+        return measure_steps(llm, steps, repeats)  # type: ignore[arg-type]
+
+    monkeypatch.setattr("planner.calibrate.measure_steps", logged)
+    runs = measure_interleaved(engines, grid, repeats=5, passes=2)
+    labels = [label for label, _ in grid]
+    assert calls == [(e, label, 3) for _ in range(2) for label in labels for e in (0, 1)]
+    for measured in runs:
+        assert [m.label for m in measured] == labels
+        # The shape of the first timed repeat: a decode's context has grown by the warm-up's token.
+        assert [sorted(m.requests) for m in measured] == [[(1, 64, False)] * 2, [(16, 0, True)]]
+        assert all(len(m.repeats_s) == 6 and m.comm_s is None and m.comm_repeats_s == [] for m in measured)
+
+
+def test_a_grid_batch_of_decodes_computes_distinct_tokens(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mixture of experts routes identical tokens to the same experts: the grid's decodes must
+    not all compute the same token, or a batch is timed at a fraction of its experts."""
+    from engine.llm import LLM
+
+    grid = [("decode b8 ctx64", [(1, 63, False)] * 8)]
+    llm = LLM(str(tiny), device="cpu", dtype="float32", random_weights=True,
+              num_kv_blocks=grid_blocks_needed(grid, 16, 2), enable_prefix_caching=False)
+    prompts: list[list[int]] = []
+    add = llm.scheduler.add_request
+    monkeypatch.setattr(llm.scheduler, "add_request", lambda request: (prompts.append(request.prompt_token_ids), add(request))[1])
+    measure_steps(llm, grid, repeats=2)
+    assert len(prompts) == 8 and len({p[-1] for p in prompts}) == 8
 
 
 def test_fit_recovers_step_times_made_with_known_figures() -> None:
