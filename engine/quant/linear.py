@@ -108,9 +108,10 @@ class Int8Linear(_QuantLinear):
     only), "int8pack" = torch._weight_int8pack_mm (CPU; run in bf16 by packed_matmul, the
     per-channel scales applied to its output in x's dtype), "dequant" = (x @ weight.to(x.dtype)^T)
     * scales (any device; exact in x's dtype, but it converts the whole weight on every call),
-    "dynamic" = fbgemm's quantized::linear_dynamic (CPU only, W8A8: quantises each token's
-    activations to 7 bits on each call, ~1% relative output error; keeps a second, fbgemm-packed
-    copy of the int8 weight),
+    "dynamic" = W8A8 on the CPU, each token's activations quantised on each call, a second, packed
+    copy of the int8 weight kept: on an AVX-512 VNNI CPU the native per-channel kernel
+    (native.matmul_channels: 8-bit activations, one call, ~1 % relative output error), elsewhere
+    fbgemm's quantized::linear_dynamic (7-bit activations, ~2 %),
     "auto" = triton where the model runs Triton kernels (engine.kernels.use_triton), int8pack on a
     CPU where it is vectorised (cpu_packed_kernels_vectorised), else dequant.
 
@@ -161,7 +162,11 @@ class Int8Linear(_QuantLinear):
         self.register_buffer("scales", scales.contiguous())
         self.register_buffer("smooth", None if smooth is None else smooth.float().contiguous())
         self.kernel = kernel
-        self._packed = self._fbgemm_pack() if kernel == "dynamic" else None
+        # "dynamic": the native kernel's packing where this CPU runs it, else fbgemm's.
+        native_w8a8 = kernel == "dynamic" and on_cpu and native.available() and native.isa() == "AVX-512 VNNI"
+        self._channels = native.pack_int8_channels(self.weight, self.scales) if native_w8a8 else None
+        self._inv_smooth = None if smooth is None or not native_w8a8 else (1 / self.smooth).contiguous()
+        self._packed = self._fbgemm_pack() if kernel == "dynamic" and not native_w8a8 else None
 
     @classmethod
     def from_linear(cls, linear: FloatLinear, kernel: Int8Kernel = "auto", smooth: Tensor | None = None) -> Int8Linear:
@@ -180,8 +185,11 @@ class Int8Linear(_QuantLinear):
         return cls(q.to(device), scales.to(device, dtype), linear.bias, kernel)
 
     def native_weight(self) -> native.PackedWeight | None:
-        """This Linear as the native kernel takes it, when it runs that kernel (w8a8)."""
-        return (self.weight, self.scales, None, self.bias, self.in_features) if self.kernel == "w8a8" else None
+        """This Linear as the native kernels take it, when it runs one (w8a8, or dynamic on AVX-512 VNNI)."""
+        if self._channels is not None:
+            return native.PackedWeight(*self._channels, None, self.bias, self.in_features, per_channel=True,
+                                       column_multiplier=self._inv_smooth)
+        return native.PackedWeight(self.weight, self.scales, None, self.bias, self.in_features) if self.kernel == "w8a8" else None
 
     def _fbgemm_pack(self) -> object:
         if self.weight.device.type != "cpu" or not ({"fbgemm", "x86"} & set(torch.backends.quantized.supported_engines)):
@@ -202,6 +210,9 @@ class Int8Linear(_QuantLinear):
         if self.kernel == "w8a8":
             return native.matmul(x2, self.weight, self.scales, None, self.in_features, self.bias).reshape(
                 *x.shape[:-1], self.out_features)
+        if self._channels is not None:  # SmoothQuant's division happens inside, on the way to int8
+            y = native.matmul_channels(x2, *self._channels, self.in_features, None, self._inv_smooth)
+            return _add_bias(y.reshape(*x.shape[:-1], self.out_features), self.bias)
         if self.smooth is not None:
             x2 = x2 / self.smooth.to(x.dtype)
         if self.kernel == "triton":
@@ -312,7 +323,8 @@ class Int4Linear(_QuantLinear):
 
     def native_weight(self) -> native.PackedWeight | None:
         """This Linear as the native kernel takes it, when it runs that kernel (w4a8)."""
-        return (self.weight, self.block_scales, self.block_mins, self.bias, self.in_features) if self.kernel == "w4a8" else None
+        return (native.PackedWeight(self.weight, self.block_scales, self.block_mins, self.bias, self.in_features)
+                if self.kernel == "w4a8" else None)
 
     def _pad(self, x2: Tensor) -> Tensor:
         return F.pad(x2, (0, self.padded_in_features - self.in_features)) if self.padded_in_features != self.in_features else x2

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 import contextlib
 import ctypes
+from dataclasses import dataclass
 import functools
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from engine.quant import formats
 LIBRARY = Path(__file__).with_name("_native.so")
 BLOCK = formats.ACTIVATION_BLOCK  # weights and activations share blocks of 32 along K
 K_MULTIPLE = 2 * BLOCK  # K is padded to whole pairs of blocks (one 64-byte load of activations)
+CHANNEL_COLS = 16  # the per-channel kernel's output channels per 64-byte group (native.c)
 ISAS = ("plain C", "AVX2", "AVX-512 VNNI")
 _ERRORS = {1: "bits must be 4 or 8", 2: "bad shape (matmul: Kp a multiple of 64 in [K, 65536], strides >= widths; attention: heads, lengths or slots)",
            3: "4-bit weights need their minima", 4: "out of memory for its scratch buffer"}
@@ -46,6 +48,8 @@ def _library() -> ctypes.CDLL | None:
     ptr, i64, c_int = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
     lib.qmm_linear.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, i64, c_int, ptr, ptr, i64, c_int]
     lib.qmm_linear.restype = c_int
+    lib.qmm_linear_channel.argtypes = [ptr, i64, i64, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, c_int]
+    lib.qmm_linear_channel.restype = c_int
     lib.qmm_decode_attention.argtypes = [ptr, i64, i64, ptr, ptr, ptr, i64, i64, ptr, ptr, i64, ptr, i64, i64, i64,
                                          ctypes.c_float, i64, ptr, c_int]
     lib.qmm_decode_attention.restype = c_int
@@ -159,6 +163,40 @@ def matmul(x2: Tensor, codes: Tensor, d: Tensor, m: Tensor | None, in_features: 
     return y if x2.dtype == torch.float32 else y.to(x2.dtype)
 
 
+def pack_int8_channels(q: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+    """int8 codes q [N, K] with one scale per output channel [N] (w = q * scale, Int8Linear's own layout)
+    -> (codes int8 [Np / 16, Kp / 4, 16, 4], scales fp32 [N]) for `matmul_channels`: each 64 bytes are
+    16 output channels x 4 consecutive k, N padded to a multiple of 16 and K to Kp with zero codes
+    (native.c's per-channel section has why)."""
+    n, k = q.shape
+    if scales.shape != (n,):
+        raise ValueError(f"the per-channel int8 kernel takes one scale per row: codes {tuple(q.shape)}, scales {tuple(scales.shape)}")
+    padded = F.pad(q, (0, padded_k(k) - k, 0, -n % CHANNEL_COLS))
+    groups = padded.reshape(-1, CHANNEL_COLS, padded.shape[1] // 4, 4).permute(0, 2, 1, 3)
+    return groups.contiguous(), scales.float().contiguous()
+
+
+def matmul_channels(x2: Tensor, codes: Tensor, scales: Tensor, in_features: int, bias: Tensor | None,
+                    column_multiplier: Tensor | None = None) -> Tensor:
+    """Per-token W8A8: x2 [M, K] (times column_multiplier [K], fp32, when given) quantised to int8 per row,
+    times pack_int8_channels' weight transposed (+ bias) -> [M, N] in x2's dtype (qmm_linear_channel)."""
+    lib = _require()
+    if x2.shape[-1] != in_features:
+        raise ValueError(f"input rows of {x2.shape[-1]} features, the weight takes {in_features}")
+    x = x2 if x2.dtype == torch.float32 and x2.stride(-1) == 1 else x2.float().contiguous()
+    n, kp = scales.shape[0], codes.shape[1] * 4
+    y = torch.empty(x.shape[0], n)
+    fbias = None if bias is None else bias.float().contiguous()
+    rc = lib.qmm_linear_channel(x.data_ptr(), x.shape[0], in_features, x.stride(0),
+                                None if column_multiplier is None else column_multiplier.data_ptr(), codes.data_ptr(),
+                                scales.data_ptr(), n, kp, None if fbias is None else fbias.data_ptr(), y.data_ptr(), n,
+                                torch.get_num_threads())
+    if rc:
+        raise RuntimeError(f"qmm_linear_channel failed: {_ERRORS.get(rc, rc)} (x {tuple(x.shape)}, K {in_features}, "
+                           f"codes {tuple(codes.shape)})")
+    return y if x2.dtype == torch.float32 else y.to(x2.dtype)
+
+
 def decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, metadata: AttentionMetadata,
                      num_heads: int, num_kv_heads: int, scale: float, window: int | None) -> Tensor:
     """One decode step of a layer's attention in one call: rotate q and k [T rows of qkv] by cos / sin
@@ -181,7 +219,8 @@ def decode_attention(qkv: Tensor, cos: Tensor, sin: Tensor, kv_cache: Tensor, me
 
 class _Weight(ctypes.Structure):
     _fields_ = [("codes", ctypes.c_void_p), ("d", ctypes.c_void_p), ("m", ctypes.c_void_p), ("bias", ctypes.c_void_p),
-                ("N", ctypes.c_int64), ("K", ctypes.c_int64), ("Kp", ctypes.c_int64), ("bits", ctypes.c_int64)]
+                ("N", ctypes.c_int64), ("K", ctypes.c_int64), ("Kp", ctypes.c_int64), ("bits", ctypes.c_int64),
+                ("per_channel", ctypes.c_int64), ("ws", ctypes.c_void_p), ("mul", ctypes.c_void_p)]
 
 
 class _Layer(ctypes.Structure):
@@ -192,8 +231,34 @@ class _Layer(ctypes.Structure):
                 ("qkv", _Weight), ("o", _Weight), ("gate_up", _Weight), ("down", _Weight)]
 
 
-# A packed weight as the native matmul takes it: (codes, d, m or None, bias or None, in_features).
-PackedWeight = tuple[Tensor, Tensor, Tensor | None, Tensor | None, int]
+@dataclass(frozen=True)
+class PackedWeight:
+    """A Linear as the native matmuls take it: blocks of 32 (`matmul`: codes, fp16 scales d, minima m
+    for 4-bit) or per channel (`matmul_channels`: pack_int8_channels' codes and fp32 scales, and the
+    column multiplier 1 / smooth)."""
+
+    codes: Tensor
+    scales: Tensor
+    mins: Tensor | None
+    bias: Tensor | None
+    in_features: int
+    per_channel: bool = False
+    column_multiplier: Tensor | None = None
+
+    def tensors(self) -> list[Tensor]:
+        return [t for t in (self.codes, self.scales, self.mins, self.bias, self.column_multiplier) if t is not None]
+
+    def as_struct(self) -> _Weight:
+        if self.bias is not None and self.bias.dtype != torch.float32:
+            raise ValueError(f"the native decode layer takes fp32 biases, got {self.bias.dtype}")
+        bias = None if self.bias is None else self.bias.data_ptr()
+        if self.per_channel:
+            mul = None if self.column_multiplier is None else self.column_multiplier.data_ptr()
+            return _Weight(self.codes.data_ptr(), None, None, bias, self.scales.shape[0], self.in_features,
+                           self.codes.shape[1] * 4, 8, 1, self.scales.data_ptr(), mul)
+        bits = 8 if self.codes.dtype == torch.int8 else 4
+        return _Weight(self.codes.data_ptr(), self.scales.data_ptr(), None if self.mins is None else self.mins.data_ptr(),
+                       bias, self.codes.shape[0], self.in_features, self.codes.shape[1] * (8 // bits), bits, 0, None, None)
 
 
 class DecodeLayer:
@@ -206,21 +271,11 @@ class DecodeLayer:
                  norms: tuple[tuple[Tensor, float], tuple[Tensor, float]], qkv: PackedWeight, o: PackedWeight,
                  gate_up: PackedWeight, down: PackedWeight) -> None:
         (norm1, eps1), (norm2, eps2) = norms
-        self.tensors = [norm1, norm2] + [t for w in (qkv, o, gate_up, down) for t in w[:4] if t is not None]
+        self.tensors = [norm1, norm2] + [t for w in (qkv, o, gate_up, down) for t in w.tensors()]
         self.source = source
-        self.struct = _Layer(norm1.shape[0], down[4], heads, kv_heads, head_dim, window or 0, eps1, eps2, scale,
-                             norm1.data_ptr(), norm2.data_ptr(), *(self._weight(w) for w in (qkv, o, gate_up, down)))
+        self.struct = _Layer(norm1.shape[0], down.in_features, heads, kv_heads, head_dim, window or 0, eps1, eps2, scale,
+                             norm1.data_ptr(), norm2.data_ptr(), *(w.as_struct() for w in (qkv, o, gate_up, down)))
         self.address = ctypes.addressof(self.struct)
-
-    @staticmethod
-    def _weight(packed: PackedWeight) -> _Weight:
-        codes, d, m, bias, in_features = packed
-        bits = 8 if codes.dtype == torch.int8 else 4
-        if bias is not None and bias.dtype != torch.float32:
-            raise ValueError(f"the native decode layer takes fp32 biases, got {bias.dtype}")
-        return _Weight(codes.data_ptr(), d.data_ptr(), None if m is None else m.data_ptr(),
-                       None if bias is None else bias.data_ptr(), codes.shape[0], in_features,
-                       codes.shape[1] * (8 // bits), bits)
 
     def __call__(self, x: Tensor, residual: Tensor | None, cos: Tensor, sin: Tensor, kv_cache: Tensor,
                  metadata: AttentionMetadata) -> tuple[Tensor, Tensor]:

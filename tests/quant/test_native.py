@@ -69,6 +69,47 @@ def test_int8_kernel_matches_its_reference(level: int, m: int, k: int, n: int) -
     assert_matches(y, formats.block_matmul(x, codes, d, None).float(), KERNEL_TOL)
 
 
+def per_token_reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, mul: torch.Tensor | None) -> torch.Tensor:
+    """Per-token W8A8 as qmm_linear_channel defines it, in float64 after the fp32 steps it rounds."""
+    v = x * mul if mul is not None else x
+    amax = v.abs().amax(dim=1, keepdim=True)
+    scale = amax / 127
+    inv = torch.where(amax > 0, 1 / scale, torch.zeros_like(scale))
+    xq = torch.round(v * inv)  # ties to even, as the kernel rounds
+    return (xq.double() @ q.double().T) * (scales.double()[None, :] * scale.double())
+
+
+@pytest.mark.parametrize("level", PATHS)
+@pytest.mark.parametrize("m,k,n", SHAPES)
+@pytest.mark.parametrize("smoothed", [False, True])
+def test_per_channel_kernel_matches_its_reference_and_every_path_agrees_bit_for_bit(
+        level: int, m: int, k: int, n: int, smoothed: bool) -> None:
+    g = torch.Generator().manual_seed(m * k + n + 7)
+    q = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    scales = torch.rand(n, generator=g) * 0.01 + 1e-3
+    mul = torch.rand(k, generator=g) + 0.5 if smoothed else None
+    codes, ws = native.pack_int8_channels(q, scales)
+    assert codes.shape == (-(-n // 16), native.padded_k(k) // 4, 16, 4) and codes.dtype == torch.int8
+    x, bias = activations(m, k, g), torch.randn(n, generator=g)
+    with native.forced_isa(level):
+        y = native.matmul_channels(x, codes, ws, k, bias, mul)
+    assert_matches(y, (per_token_reference(x, q, scales, mul) + bias.double()).float(), KERNEL_TOL)
+    with native.forced_isa(0):
+        assert torch.equal(y, native.matmul_channels(x, codes, ws, k, bias, mul))
+
+
+def test_per_channel_codes_at_their_limits_do_not_overflow() -> None:
+    """The longest K the kernel takes, every code and activation at +-127: the integer sums are exact."""
+    k = 65536
+    q = torch.full((16, k), 127, dtype=torch.int8)
+    q[1::2] = -127
+    x = torch.ones(1, k)
+    codes, ws = native.pack_int8_channels(q, torch.ones(16))
+    y = native.matmul_channels(x, codes, ws, k, None)
+    # 127 * 127 * k in the integers, times 1 (the weight's scale) and 1 / 127 (the row's) in fp32.
+    torch.testing.assert_close(y[0], torch.tensor([127.0 * k, -127.0 * k] * 8), rtol=1e-6, atol=0)
+
+
 def test_threads_split_the_columns_without_changing_a_bit() -> None:
     g = torch.Generator().manual_seed(3)
     codes, d, mins = native.pack_int4(*int4_groups(300, 576, g))
@@ -179,7 +220,8 @@ def test_decode_attention_matches_the_torch_path(level: int, window: int | None)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_a_decoder_layer_in_one_call_matches_it_op_by_op(model_dirs, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("weights", ["int4 groups of 32", "int8 per channel"])
+def test_a_decoder_layer_in_one_call_matches_it_op_by_op(model_dirs, monkeypatch: pytest.MonkeyPatch, weights: str) -> None:
     """A whole layer per native call (native.DecodeLayer) gives the logits of the same model run op by op
     (the same native matmuls and attention, torch's norms and SiLU between them). The int8 rounding of
     activations can flip on the last-ulp differences of those, so: within 1e-3 of the largest logit."""
@@ -189,7 +231,12 @@ def test_a_decoder_layer_in_one_call_matches_it_op_by_op(model_dirs, monkeypatch
     from tests.quant.helpers import run_logits
 
     model = load_model(str(model_dirs["llama"]), random_weights=True, seed=3).model
-    quantize_model(model, "int4", group_size=32)
+    if weights == "int4 groups of 32":
+        quantize_model(model, "int4", group_size=32)
+    else:
+        if native.isa() != "AVX-512 VNNI":
+            pytest.skip("int8 'dynamic' runs fbgemm, not the native per-channel kernel, without AVX-512 VNNI")
+        quantize_model(model, "int8", int8_kernel="dynamic")
     prompt, decode = [5, 17, 99, 3, 41], [7, 200, 9, 4, 120, 33]
     fused = run_logits(model, prompt, decode)
     assert all(layer.native_decode_layer() is not None for layer in model.model.layers)

@@ -621,6 +621,207 @@ int qmm_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t 
     return QMM_OK;
 }
 
+/* ------------------------------------------------------------------ per-channel W8A8
+ *
+ * int8 weights with one scale per output channel (Int8Linear's own layout: w[n, k] = ws[n] * c[n, k])
+ * times activations quantised to int8 per row over the whole of K, after an optional per-column
+ * multiplier (SmoothQuant's 1 / smooth): v = x * mul, xd = amax(|v|) / 127, xq = round(v / xd), ties
+ * to even, and
+ *
+ *     y[r, n] = (ws[n] * xd[r]) * sum_k c[n, k] * xq[r, k]  +  bias[n]
+ *
+ * One integer dot product per output, no float work inside it, where the block kernels above scale
+ * every block of 32: per-token W8A8 as fbgemm's linear_dynamic computes it through five torch ops
+ * around each call (a division by each row's maximum before, a product after), here in one call and
+ * with 8-bit activations where fbgemm keeps 7.
+ *
+ * Layout (engine/quant/native.py pack_int8_channels): codes int8 [Np / 16, Kp / 4, 16, 4], N padded to
+ * Np (a multiple of 16), K to Kp (a multiple of 64), padding c = 0; ws fp32 [N]. Each 64 bytes are 16
+ * output channels x 4 consecutive k, VNNI's operand: one instruction multiplies them by 4 activation
+ * bytes broadcast to every lane and adds into 16 outputs at once, so no accumulator is ever reduced
+ * across lanes. VNNI multiplies unsigned by signed bytes: the codes go in as c + 128 (one XOR as they
+ * load) and 128 * sum(xq) comes off at the end; no sum can overflow 32 bits (255 * 127 * 65536 < 2^31).
+ * AVX-512 VNNI, else plain C (the reference the tests hold it to, bit for bit: both sum the same
+ * integers and round the same products). */
+
+#define CHANNEL_COLS 16 /* output channels per 64-byte group */
+
+typedef struct {
+    const int8_t *xq;     /* [M, Kp] */
+    const float *xd;      /* [M] */
+    const int32_t *xsum;  /* [M]: sum of each row's codes */
+    int64_t M, Kp, N;
+    const int8_t *codes;  /* [Np / 16, Kp / 4, 16, 4] */
+    const float *ws;      /* [N] */
+    const float *bias;
+    float *y;
+    int64_t ldy;
+} ChannelJob;
+
+static void quantize_rows_scalar(const float *x, int64_t M, int64_t K, int64_t ldx, const float *mul, int64_t Kp,
+                                 int8_t *xq, float *xd, int32_t *xsum) {
+    for (int64_t r = 0; r < M; r++) {
+        const float *row = x + r * ldx;
+        float amax = 0.f;
+        for (int64_t k = 0; k < K; k++) {
+            const float a = fabsf(mul ? row[k] * mul[k] : row[k]);
+            if (a > amax) amax = a;
+        }
+        const float scale = amax / 127.f, inv = amax > 0.f ? 1.f / scale : 0.f;
+        int32_t sum = 0;
+        for (int64_t k = 0; k < Kp; k++) {
+            const int q = k < K ? (int)nearbyintf((mul ? row[k] * mul[k] : row[k]) * inv) : 0;
+            xq[r * Kp + k] = (int8_t)q;
+            sum += q;
+        }
+        xd[r] = scale;
+        xsum[r] = sum;
+    }
+}
+
+/* Output channels of groups g0 .. g1 (16 each). */
+static void channel_gemm_scalar(const ChannelJob *J, int64_t g0, int64_t g1) {
+    const int64_t quads = J->Kp / 4;
+    for (int64_t n = g0 * CHANNEL_COLS; n < g1 * CHANNEL_COLS && n < J->N; n++) {
+        const int8_t *group = J->codes + (n / CHANNEL_COLS) * quads * 64 + (n % CHANNEL_COLS) * 4;
+        for (int64_t r = 0; r < J->M; r++) {
+            int32_t dot = 0;
+            for (int64_t k = 0; k < J->Kp; k++) dot += (int32_t)group[(k / 4) * 64 + k % 4] * J->xq[r * J->Kp + k];
+            J->y[r * J->ldy + n] = (float)dot * (J->ws[n] * J->xd[r]) + (J->bias ? J->bias[n] : 0.f);
+        }
+    }
+}
+
+#ifdef QMM_X86
+TARGET_AVX512 static void quantize_rows_avx512(const float *x, int64_t M, int64_t K, int64_t ldx, const float *mul,
+                                               int64_t Kp, int8_t *xq, float *xd, int32_t *xsum) {
+    for (int64_t r = 0; r < M; r++) {
+        const float *row = x + r * ldx;
+        __m512 amax = _mm512_setzero_ps();
+        for (int64_t k = 0; k < K; k += 16) {
+            const __mmask16 m = K - k >= 16 ? 0xFFFF : (__mmask16)((1u << (K - k)) - 1);
+            __m512 v = _mm512_maskz_loadu_ps(m, row + k);
+            if (mul) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, mul + k));
+            amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+        }
+        const float top = _mm512_reduce_max_ps(amax);
+        const float scale = top / 127.f, inv = top > 0.f ? 1.f / scale : 0.f;
+        const __m512 vinv = _mm512_set1_ps(inv);
+        __m512i sum = _mm512_setzero_si512();
+        for (int64_t k = 0; k < Kp; k += 16) {
+            const int64_t left = K - k;
+            const __mmask16 m = left >= 16 ? 0xFFFF : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+            __m512 v = _mm512_maskz_loadu_ps(m, row + k);
+            if (mul) v = _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, mul + k));
+            const __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, vinv)); /* rounds to nearest even */
+            sum = _mm512_add_epi32(sum, q);
+            _mm_storeu_si128((__m128i *)(xq + r * Kp + k), _mm512_cvtsepi32_epi8(q));
+        }
+        xd[r] = scale;
+        xsum[r] = _mm512_reduce_add_epi32(sum);
+    }
+}
+
+/* Channel groups g0 .. g0 + NG times activation rows r0 .. r0 + MR (NG, MR constants where it is
+ * inlined, 1..4): NG x MR vectors of 16 outputs in registers; each group's 64 bytes serve MR rows. */
+TARGET_AVX512 static inline __attribute__((always_inline)) void channel_tile_avx512(const ChannelJob *J, int64_t g0,
+                                                                                    const int NG, int64_t r0, const int MR) {
+    const int64_t Kp = J->Kp, quads = Kp / 4;
+    const __m512i flip = _mm512_set1_epi8((char)0x80);
+    __m512i acc[4][4];
+    for (int g = 0; g < NG; g++)
+        for (int b = 0; b < MR; b++) acc[g][b] = _mm512_setzero_si512();
+    for (int64_t q = 0; q < quads; q++) {
+        __m512i c[4];
+        for (int g = 0; g < NG; g++) {
+            const int8_t *codes = J->codes + ((g0 + g) * quads + q) * 64;
+            _mm_prefetch((const char *)(codes + 8 * 64), _MM_HINT_T0);
+            c[g] = _mm512_xor_si512(_mm512_loadu_si512((const void *)codes), flip);
+        }
+        for (int b = 0; b < MR; b++) {
+            int32_t four;
+            memcpy(&four, J->xq + (r0 + b) * Kp + 4 * q, 4);
+            const __m512i x = _mm512_set1_epi32(four);
+            for (int g = 0; g < NG; g++) acc[g][b] = _mm512_dpbusd_epi32(acc[g][b], c[g], x);
+        }
+    }
+    for (int g = 0; g < NG; g++) {
+        const int64_t n = (g0 + g) * CHANNEL_COLS;
+        const __mmask16 m = J->N - n >= 16 ? 0xFFFF : (__mmask16)((1u << (J->N - n)) - 1);
+        const __m512 ws = _mm512_maskz_loadu_ps(m, J->ws + n);
+        const __m512 bias = J->bias ? _mm512_maskz_loadu_ps(m, J->bias + n) : _mm512_setzero_ps();
+        for (int b = 0; b < MR; b++) {
+            const int64_t r = r0 + b;
+            const __m512i dot = _mm512_sub_epi32(acc[g][b], _mm512_set1_epi32((int32_t)(128u * (uint32_t)J->xsum[r])));
+            const __m512 out = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws, _mm512_set1_ps(J->xd[r])));
+            _mm512_mask_storeu_ps(J->y + r * J->ldy + n, m, J->bias ? _mm512_add_ps(out, bias) : out);
+        }
+    }
+}
+
+#define CHANNEL_ROWS(NG)                                                          \
+    do {                                                                          \
+        int64_t r0 = 0;                                                           \
+        for (; r0 + 4 <= J->M; r0 += 4) channel_tile_avx512(J, g, NG, r0, 4);    \
+        switch (J->M - r0) {                                                      \
+        case 3: channel_tile_avx512(J, g, NG, r0, 3); break;                      \
+        case 2: channel_tile_avx512(J, g, NG, r0, 2); break;                      \
+        case 1: channel_tile_avx512(J, g, NG, r0, 1); break;                      \
+        default: break;                                                           \
+        }                                                                         \
+    } while (0)
+
+TARGET_AVX512 static void channel_gemm_avx512(const ChannelJob *J, int64_t g0, int64_t g1) {
+    int64_t g = g0;
+    for (; g + 4 <= g1; g += 4) CHANNEL_ROWS(4);
+    for (; g < g1; g++) CHANNEL_ROWS(1);
+}
+#endif /* QMM_X86 */
+
+static void run_channel_gemm(int vnni, const ChannelJob *J, int64_t g0, int64_t g1) {
+#ifdef QMM_X86
+    if (vnni) { channel_gemm_avx512(J, g0, g1); return; }
+#else
+    (void)vnni;
+#endif
+    channel_gemm_scalar(J, g0, g1);
+}
+
+/* y[M, N] (row stride ldy) = x[M, K] (row stride ldx), times mul [K] per column when not NULL, times the
+ * per-channel int8 weight's transpose, plus bias [N] when not NULL (layouts in the section's header).
+ * Returns 0, or a QMM_* error code. Without VNNI it runs plain C: callers pick another kernel there. */
+int qmm_linear_channel(const float *x, int64_t M, int64_t K, int64_t ldx, const float *mul, const int8_t *codes,
+                       const float *ws, int64_t N, int64_t Kp, const float *bias, float *y, int64_t ldy, int threads) {
+    if (Kp % 64 || Kp < K || Kp > QMM_MAX_K || M < 0 || N < 0 || ldx < K || ldy < N) return QMM_BAD_SHAPE;
+    if (M == 0 || N == 0) return QMM_OK;
+    const int vnni = current_isa() == ISA_AVX512_VNNI;
+    const size_t q_bytes = ((size_t)(M * Kp) + 63) & ~(size_t)63, f_bytes = ((size_t)M * sizeof(float) + 63) & ~(size_t)63;
+    uint8_t *buffer = scratch(SCRATCH_KERNEL, q_bytes + 2 * f_bytes); /* xq, xd, xsum */
+    if (!buffer) return QMM_NO_MEMORY;
+    int8_t *xq = (int8_t *)buffer;
+    float *xd = (float *)(buffer + q_bytes);
+    int32_t *xsum = (int32_t *)(buffer + q_bytes + f_bytes);
+#ifdef QMM_X86
+    if (vnni) quantize_rows_avx512(x, M, K, ldx, mul, Kp, xq, xd, xsum);
+    else
+#endif
+        quantize_rows_scalar(x, M, K, ldx, mul, Kp, xq, xd, xsum);
+    const ChannelJob job = {xq, xd, xsum, M, Kp, N, codes, ws, bias, y, ldy};
+    const int64_t groups = (N + CHANNEL_COLS - 1) / CHANNEL_COLS;
+#ifdef _OPENMP
+    if (threads > 1 && N >= 64) {
+        const int64_t parts = threads;
+#pragma omp parallel for num_threads(threads) schedule(static)
+        for (int64_t t = 0; t < parts; t++) run_channel_gemm(vnni, &job, groups * t / parts, groups * (t + 1) / parts);
+        return QMM_OK;
+    }
+#else
+    (void)threads;
+#endif
+    run_channel_gemm(vnni, &job, 0, groups);
+    return QMM_OK;
+}
+
 /* ------------------------------------------------------------------ a decoder layer's decode step
  *
  * One call for a whole Llama-family layer on a decode step (the torch path in engine/model/decoder.py
@@ -630,9 +831,11 @@ int qmm_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t 
 
 typedef struct {
     const uint8_t *codes;
-    const uint16_t *d, *m; /* m NULL for 8-bit weights */
+    const uint16_t *d, *m; /* blocks of 32: m NULL for 8-bit weights */
     const float *bias;     /* NULL: none */
     int64_t N, K, Kp, bits;
+    int64_t per_channel;   /* 1: qmm_linear_channel's layout, with ws and mul (NULL: none); d, m, bits unused */
+    const float *ws, *mul;
 } QWeight;
 
 typedef struct {
@@ -643,6 +846,7 @@ typedef struct {
 } DecodeLayer;
 
 static int linear_run(const QWeight *w, const float *x, int64_t M, float *y, int threads) {
+    if (w->per_channel) return qmm_linear_channel(x, M, w->K, w->K, w->mul, (const int8_t *)w->codes, w->ws, w->N, w->Kp, w->bias, y, w->N, threads);
     return qmm_linear(x, M, w->K, w->K, w->codes, w->d, w->m, w->N, w->Kp, (int)w->bits, w->bias, y, w->N, threads);
 }
 
