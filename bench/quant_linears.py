@@ -3,18 +3,22 @@
     OMP_NUM_THREADS=2 .venv/bin/python bench/quant_linears.py [--rows 1 16] [--threads 2]
 
 Prints the best-of-5 mean time per call (microseconds) for each shape and row count. The w4a8
-column is the native kernel (engine/quant/native.py; `make native` first).
+column is the native kernel (engine/quant/native.py; `make native` first). "int8 dynamic" (per-token
+W8A8) in each implementation this CPU has: fbgemm's linear_dynamic with its torch ops around it, and
+the native per-channel kernel on AVX-512 VNNI and on AMX tiles.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 import warnings
 
 import torch
 
 from engine.model.layers import Linear
+from engine.quant import native
 from engine.quant.linear import Fp8Linear, Int4Linear, Int8Linear
 
 # SmolLM2-135M: hidden 576, FFN 1536, 9 heads / 3 KV heads of 64 -> qkv 960 rows.
@@ -46,21 +50,35 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, cpu capability {torch.backends.cpu.get_cpu_capability()}")
-    kinds = ["fp32", "int8 int8pack", "int8 dequant", "int8 dynamic", "int4 int4pack", "int4 w4a8 g32", "int4 dequant",
-             "fp8"]
-    print(f"{'shape':20s} rows " + " ".join(f"{k:>14s}" for k in kinds))
+    # (label, build, instruction-set level to call it at: None = as detected)
+    level = native.detected_isa_level() if native.available() else 0
+    dynamic = [("int8 dyn fbgemm", 1), ("int8 dyn VNNI", 2), ("int8 dyn AMX", 3)]
+    dynamic = [(label, lvl) for label, lvl in dynamic if lvl <= level or lvl == 1]
+    kinds = ["fp32", "int8 int8pack", "int8 dequant", *(label for label, _ in dynamic), "int4 int4pack", "int4 w4a8 g32",
+             "int4 dequant", "fp8"]
+    print(f"{'shape':20s} rows " + " ".join(f"{k:>15s}" for k in kinds))
+
+    def at(lvl: int | None) -> contextlib.AbstractContextManager[None]:
+        return native.forced_isa(lvl) if lvl is not None and native.available() else contextlib.nullcontext()
+
     with torch.inference_mode():
         for name, (k, n) in SHAPES.items():
             lin = Linear(k, n).requires_grad_(False)
             lin.weight.normal_(0, 0.02)
-            mods = [lin, Int8Linear.from_linear(lin, "int8pack"), Int8Linear.from_linear(lin, "dequant"),
-                    Int8Linear.from_linear(lin, "dynamic"),
-                    Int4Linear.from_linear(lin, 128, kernel="int4pack"), Int4Linear.from_linear(lin, 32, kernel="w4a8"),
-                    Int4Linear.from_linear(lin, 128, kernel="dequant"), Fp8Linear.from_linear(lin)]
+            with at(min(1, level)):  # below VNNI "dynamic" packs for fbgemm
+                fbgemm = Int8Linear.from_linear(lin, "dynamic")
+            native_dynamic = Int8Linear.from_linear(lin, "dynamic")
+            mods = [(lin, None), (Int8Linear.from_linear(lin, "int8pack"), None), (Int8Linear.from_linear(lin, "dequant"), None),
+                    *((fbgemm if lvl == 1 else native_dynamic, None if lvl == 1 else lvl) for _, lvl in dynamic),
+                    (Int4Linear.from_linear(lin, 128, kernel="int4pack"), None), (Int4Linear.from_linear(lin, 32, kernel="w4a8"), None),
+                    (Int4Linear.from_linear(lin, 128, kernel="dequant"), None), (Fp8Linear.from_linear(lin), None)]
             for rows in args.rows:
                 x = torch.randn(rows, k)
-                times = [best_us(lambda m=m: m(x)) for m in mods]
-                print(f"{name:20s} {rows:4d} " + " ".join(f"{t:12.0f}us" for t in times))
+                times = []
+                for m, lvl in mods:
+                    with at(lvl):
+                        times.append(best_us(lambda m=m: m(x)))
+                print(f"{name:20s} {rows:4d} " + " ".join(f"{t:13.0f}us" for t in times))
 
 
 if __name__ == "__main__":

@@ -594,16 +594,16 @@ class EngineConfig(EngineKnobs):
         False, description="torch.compile the decode step once per captured batch size (then CUDA-graph it on CUDA)")
     int8_kernel: Annotated[Literal["auto", "dynamic"], Knob("--int8-kernel", "int8 kernel")] = Field(
         "auto", description="int8 weights: 'auto' = weight-only (Triton on CUDA; on CPUs torch's packed kernel, run "
-        "in bf16, where it is vectorised, else dequantise then matmul), 'dynamic' = CPU only, fbgemm's W8A8 matmul "
-        "quantising each token's activations to 7 bits on each call: the fast int8 path at batch > 1, at a further "
-        "quality cost"
+        "in bf16, where it is vectorised, else dequantise then matmul), 'dynamic' = CPU only, W8A8 quantising each "
+        "token's activations on each call (the native kernel, 8 bits, on AVX-512 VNNI / AMX CPUs; else fbgemm's, "
+        "7 bits): the fast int8 path at batch > 1, at a further quality cost"
     )
     kv_offload_disk_path: Annotated[str | None, Knob("--kv-offload-disk-path", "Disk KV tier folder")] = Field(
         None, min_length=1, max_length=4096, description="Existing folder where the disk KV tier keeps its file "
         "(created and removed by the engine); needed with kv_offload_disk_gib")
     lm_head_dtype: Annotated[Literal["auto", "int8"], Knob("--lm-head-dtype", "LM head format")] = Field(
         "auto", description="The LM head's weight: 'auto' = dtype; 'int8' = per output channel, run on a CPU by "
-        "fbgemm's W8A8 matmul (activations per token to 7 bits). It is the largest matmul of a small model; "
+        "the 'dynamic' W8A8 matmul (activations per token). It is the largest matmul of a small model; "
         "the planner's memory model counts it unquantised (a tied embedding keeps its float copy)")
     threads: Annotated[int | None, Knob("--threads", "CPU threads", "threads")] = Field(
         None, ge=1, le=4096, description="Threads of torch's CPU pool, set when the engine starts on a CPU; unset: "

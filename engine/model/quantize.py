@@ -89,7 +89,7 @@ def quantize_model(
 @torch.no_grad()
 def quantize_lm_head(model: nn.Module, calibration_ids: Sequence[int] | None = None) -> Int8Kernel:
     """Replace the LM head by a per-channel Int8Linear (a tied embedding keeps its float weight for
-    lookups); returns the kernel chosen. On a CPU that is fbgemm's W8A8 matmul: the head is a small
+    lookups); returns the kernel chosen. On a CPU that is the "dynamic" W8A8 matmul: the head is a small
     model's largest matmul (SmolLM2-135M: 28 M of its 134 M weights, read for every sampled row),
     and the packed weight-only int8 kernel is slow there once a batch has more than a few rows.
     calibration_ids (W8A8 only): token ids whose prefill sets the head's SmoothQuant factors."""

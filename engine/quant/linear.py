@@ -110,7 +110,8 @@ class Int8Linear(_QuantLinear):
     * scales (any device; exact in x's dtype, but it converts the whole weight on every call),
     "dynamic" = W8A8 on the CPU, each token's activations quantised on each call, a second, packed
     copy of the int8 weight kept: on an AVX-512 VNNI CPU the native per-channel kernel
-    (native.matmul_channels: 8-bit activations, one call, ~1 % relative output error), elsewhere
+    (native.matmul_channels, on AMX tiles where the CPU has them: 8-bit activations, one call, ~1 %
+    relative output error), elsewhere
     fbgemm's quantized::linear_dynamic (7-bit activations, ~2 %),
     "auto" = triton where the model runs Triton kernels (engine.kernels.use_triton), int8pack on a
     CPU where it is vectorised (cpu_packed_kernels_vectorised), else dequant.
@@ -163,7 +164,7 @@ class Int8Linear(_QuantLinear):
         self.register_buffer("smooth", None if smooth is None else smooth.float().contiguous())
         self.kernel = kernel
         # "dynamic": the native kernel's packing where this CPU runs it, else fbgemm's.
-        native_w8a8 = kernel == "dynamic" and on_cpu and native.available() and native.isa() == "AVX-512 VNNI"
+        native_w8a8 = kernel == "dynamic" and on_cpu and native.per_channel_is_fast()
         self._channels = native.pack_int8_channels(self.weight, self.scales) if native_w8a8 else None
         self._inv_smooth = None if smooth is None or not native_w8a8 else (1 / self.smooth).contiguous()
         self._packed = self._fbgemm_pack() if kernel == "dynamic" and not native_w8a8 else None

@@ -35,7 +35,7 @@ LIBRARY = Path(__file__).with_name("_native.so")
 BLOCK = formats.ACTIVATION_BLOCK  # weights and activations share blocks of 32 along K
 K_MULTIPLE = 2 * BLOCK  # K is padded to whole pairs of blocks (one 64-byte load of activations)
 CHANNEL_COLS = 16  # the per-channel kernel's output channels per 64-byte group (native.c)
-ISAS = ("plain C", "AVX2", "AVX-512 VNNI")
+ISAS = ("plain C", "AVX2", "AVX-512 VNNI", "AVX-512 VNNI + AMX")  # AMX: the per-channel matmul's tiles
 _ERRORS = {1: "bits must be 4 or 8", 2: "bad shape (matmul: Kp a multiple of 64 in [K, 65536], strides >= widths; attention: heads, lengths or slots)",
            3: "4-bit weights need their minima", 4: "out of memory for its scratch buffer"}
 
@@ -67,19 +67,24 @@ def available() -> bool:
 
 
 def isa() -> str:
-    """The instruction set the kernel runs on here: AVX-512 VNNI, AVX2 or plain C."""
+    """The instruction set the kernel runs on here: AVX-512 VNNI (with AMX), AVX2 or plain C."""
     lib = _require()
     return ISAS[lib.qmm_isa()]
 
 
+def per_channel_is_fast() -> bool:
+    """Whether `matmul_channels` runs vectorised here (AVX-512 VNNI or AMX; elsewhere plain C)."""
+    return available() and _require().qmm_isa() >= ISAS.index("AVX-512 VNNI")
+
+
 def detected_isa_level() -> int:
-    """The best path this CPU has: 0 plain C, 1 AVX2, 2 AVX-512 VNNI."""
+    """The best path this CPU has: 0 plain C, 1 AVX2, 2 AVX-512 VNNI, 3 with AMX-INT8 too."""
     return _require().qmm_detected_isa()
 
 
 @contextlib.contextmanager
 def forced_isa(level: int) -> Iterator[None]:
-    """Run the kernel on path `level` (0 plain C, 1 AVX2, 2 AVX-512 VNNI) inside the block, so that
+    """Run the kernel on path `level` (0 plain C, 1 AVX2, 2 AVX-512 VNNI, 3 AMX) inside the block, so that
     tests check every path this CPU has; a level the CPU lacks is a ValueError."""
     lib = _require()
     before = lib.qmm_isa()

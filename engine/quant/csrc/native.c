@@ -32,13 +32,18 @@
 #include <immintrin.h>
 #define TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define TARGET_AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#endif
+#ifdef __linux__
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #define QK 32
 #define QMM_MAX_K 65536
 #define QMM_MAX_NB (QMM_MAX_K / QK)
 
-enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512_VNNI = 2 };
+enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512_VNNI = 2, ISA_AMX = 3 }; /* AMX: VNNI, and AMX-INT8 tiles for qmm_linear_channel */
 enum { QMM_OK = 0, QMM_BAD_BITS = 1, QMM_BAD_SHAPE = 2, QMM_NO_MINS = 3, QMM_NO_MEMORY = 4 };
 
 typedef struct {
@@ -58,6 +63,18 @@ typedef struct {
 
 /* ------------------------------------------------------------------ CPU features */
 
+/* Linux hands a process the AMX tile state only when asked (arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XFEATURE_XTILEDATA); once granted it holds for every thread. */
+static int amx_permitted(void) {
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    static int granted = -1;
+    if (granted < 0) granted = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+    return granted;
+#else
+    return 0;
+#endif
+}
+
 static int detected_isa(void) {
 #ifdef QMM_X86
     unsigned a, b, c, d;
@@ -71,7 +88,9 @@ static int detected_isa(void) {
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return ISA_SCALAR;
     const int avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1, avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1;
     const int vnni = (c >> 11) & 1;
-    if (avx512f && avx512bw && avx512vl && vnni && (xcr0_lo & 0xE0) == 0xE0) return ISA_AVX512_VNNI;
+    const int amx_tile = (d >> 24) & 1, amx_int8 = (d >> 25) & 1;
+    if (avx512f && avx512bw && avx512vl && vnni && (xcr0_lo & 0xE0) == 0xE0)
+        return amx_tile && amx_int8 && (xcr0_lo & 0x60000) == 0x60000 && amx_permitted() ? ISA_AMX : ISA_AVX512_VNNI;
     if (avx2) return ISA_AVX2;
 #endif
     return ISA_SCALAR;
@@ -84,7 +103,7 @@ static int current_isa(void) {
     return g_isa;
 }
 
-/* The path in use: 0 plain C, 1 AVX2, 2 AVX-512 VNNI. */
+/* The path in use: 0 plain C, 1 AVX2, 2 AVX-512 VNNI, 3 the same with AMX-INT8. */
 int qmm_isa(void) { return current_isa(); }
 
 /* The best path this CPU has. */
@@ -533,7 +552,7 @@ TARGET_AVX512 static int decode_rows_avx512(const Attention *A, int64_t t0, int6
 
 static int decode_rows(int isa, const Attention *A, int64_t t0, int64_t t1) {
 #ifdef QMM_X86
-    if (isa == ISA_AVX512_VNNI) return decode_rows_avx512(A, t0, t1);
+    if (isa >= ISA_AVX512_VNNI) return decode_rows_avx512(A, t0, t1);
     if (isa == ISA_AVX2) return decode_rows_avx2(A, t0, t1);
 #endif
     return decode_rows_scalar(A, t0, t1);
@@ -576,7 +595,7 @@ int qmm_decode_attention(const float *qkv, int64_t T, int64_t ld_qkv, const floa
 
 static void run_gemm(int isa, const Job *J, int64_t n0, int64_t n1) {
 #ifdef QMM_X86
-    if (isa == ISA_AVX512_VNNI) { gemm_avx512(J, n0, n1); return; }
+    if (isa >= ISA_AVX512_VNNI) { gemm_avx512(J, n0, n1); return; }
     if (isa == ISA_AVX2) { gemm_avx2(J, n0, n1); return; }
 #endif
     gemm_scalar(J, n0, n1);
@@ -601,7 +620,7 @@ int qmm_linear(const float *x, int64_t M, int64_t K, int64_t ldx, const uint8_t 
     float *xd = (float *)(buffer + q_bytes), *xs = (float *)(buffer + q_bytes + f_bytes);
     float *xde = (float *)(buffer + q_bytes + 2 * f_bytes);
 #ifdef QMM_X86
-    if (isa == ISA_AVX512_VNNI) quantize_avx512(x, M, K, ldx, Kp, xq, xd, xs, xde);
+    if (isa >= ISA_AVX512_VNNI) quantize_avx512(x, M, K, ldx, Kp, xq, xd, xs, xde);
     else if (isa == ISA_AVX2) quantize_avx2(x, M, K, ldx, Kp, xq, xd, xs);
     else
 #endif
@@ -776,13 +795,82 @@ TARGET_AVX512 static void channel_gemm_avx512(const ChannelJob *J, int64_t g0, i
     for (; g + 4 <= g1; g += 4) CHANNEL_ROWS(4);
     for (; g < g1; g++) CHANNEL_ROWS(1);
 }
+/* The epilogue of 16 output channels of group g for `rows` rows from r0: dot products dots[r][16]. */
+TARGET_AVX512 static inline __attribute__((always_inline)) void channel_store_avx512(const ChannelJob *J, int64_t g,
+                                                                                     int64_t r0, int rows, const int32_t *dots) {
+    const int64_t n = g * CHANNEL_COLS;
+    const __mmask16 m = J->N - n >= 16 ? 0xFFFF : (__mmask16)((1u << (J->N - n)) - 1);
+    const __m512 ws = _mm512_maskz_loadu_ps(m, J->ws + n);
+    const __m512 bias = J->bias ? _mm512_maskz_loadu_ps(m, J->bias + n) : _mm512_setzero_ps();
+    for (int b = 0; b < rows; b++) {
+        const __m512 out = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(dots + 16 * b))),
+                                         _mm512_mul_ps(ws, _mm512_set1_ps(J->xd[r0 + b])));
+        _mm512_mask_storeu_ps(J->y + (r0 + b) * J->ldy + n, m, J->bias ? _mm512_add_ps(out, bias) : out);
+    }
+}
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} TileConfig;
+
+/* AMX-INT8: per 16 rows, four groups of 16 channels at a time in tiles 0-3 (16 x 16 int32 each), 64 k
+ * of activations in tile 4 (rows x 64 signed bytes), each group's 16 quads x 64 bytes in tiles 5-7 in
+ * turn (the layout's 64-byte rows are AMX's B operand as they are). Signed x signed bytes (TDPBSSD):
+ * no offset to take off, and the same integer sums as the other paths. */
+#define AMX_GROUP(j, tile)                                                        \
+    do {                                                                          \
+        if (ng > j) {                                                             \
+            _tile_loadd(tile, b + (j) * quads * 64, 64);                          \
+            _tile_dpbssd(j, 4, tile);                                             \
+        }                                                                         \
+    } while (0)
+
+TARGET_AMX static void channel_gemm_amx(const ChannelJob *J, int64_t g0, int64_t g1) {
+    const int64_t Kp = J->Kp, quads = Kp / 4;
+    int32_t dots[4][16 * 16] __attribute__((aligned(64)));
+    for (int64_t r0 = 0; r0 < J->M; r0 += 16) {
+        const int rows = J->M - r0 < 16 ? (int)(J->M - r0) : 16;
+        TileConfig cfg;
+        memset(&cfg, 0, sizeof cfg);
+        cfg.palette = 1;
+        for (int t = 0; t < 8; t++) {
+            cfg.rows[t] = t >= 5 ? 16 : (uint8_t)rows;
+            cfg.colsb[t] = 64;
+        }
+        _tile_loadconfig(&cfg);
+        for (int64_t g = g0; g < g1; g += 4) {
+            const int ng = g1 - g < 4 ? (int)(g1 - g) : 4;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t k = 0; k < Kp; k += 64) {
+                _tile_loadd(4, J->xq + r0 * Kp + k, Kp);
+                const int8_t *b = J->codes + (g * quads + k / 4) * 64;
+                AMX_GROUP(0, 5);
+                AMX_GROUP(1, 6);
+                AMX_GROUP(2, 7);
+                AMX_GROUP(3, 5);
+            }
+            _tile_stored(0, dots[0], 64);
+            if (ng > 1) _tile_stored(1, dots[1], 64);
+            if (ng > 2) _tile_stored(2, dots[2], 64);
+            if (ng > 3) _tile_stored(3, dots[3], 64);
+            for (int j = 0; j < ng; j++) channel_store_avx512(J, g + j, r0, rows, dots[j]);
+        }
+    }
+    _tile_release();
+}
 #endif /* QMM_X86 */
 
-static void run_channel_gemm(int vnni, const ChannelJob *J, int64_t g0, int64_t g1) {
+static void run_channel_gemm(int isa, const ChannelJob *J, int64_t g0, int64_t g1) {
 #ifdef QMM_X86
-    if (vnni) { channel_gemm_avx512(J, g0, g1); return; }
+    if (isa == ISA_AMX) { channel_gemm_amx(J, g0, g1); return; }
+    if (isa >= ISA_AVX512_VNNI) { channel_gemm_avx512(J, g0, g1); return; }
 #else
-    (void)vnni;
+    (void)isa;
 #endif
     channel_gemm_scalar(J, g0, g1);
 }
@@ -794,7 +882,7 @@ int qmm_linear_channel(const float *x, int64_t M, int64_t K, int64_t ldx, const 
                        const float *ws, int64_t N, int64_t Kp, const float *bias, float *y, int64_t ldy, int threads) {
     if (Kp % 64 || Kp < K || Kp > QMM_MAX_K || M < 0 || N < 0 || ldx < K || ldy < N) return QMM_BAD_SHAPE;
     if (M == 0 || N == 0) return QMM_OK;
-    const int vnni = current_isa() == ISA_AVX512_VNNI;
+    const int isa = current_isa(), vnni = isa >= ISA_AVX512_VNNI;
     const size_t q_bytes = ((size_t)(M * Kp) + 63) & ~(size_t)63, f_bytes = ((size_t)M * sizeof(float) + 63) & ~(size_t)63;
     uint8_t *buffer = scratch(SCRATCH_KERNEL, q_bytes + 2 * f_bytes); /* xq, xd, xsum */
     if (!buffer) return QMM_NO_MEMORY;
@@ -812,13 +900,13 @@ int qmm_linear_channel(const float *x, int64_t M, int64_t K, int64_t ldx, const 
     if (threads > 1 && N >= 64) {
         const int64_t parts = threads;
 #pragma omp parallel for num_threads(threads) schedule(static)
-        for (int64_t t = 0; t < parts; t++) run_channel_gemm(vnni, &job, groups * t / parts, groups * (t + 1) / parts);
+        for (int64_t t = 0; t < parts; t++) run_channel_gemm(isa, &job, groups * t / parts, groups * (t + 1) / parts);
         return QMM_OK;
     }
 #else
     (void)threads;
 #endif
-    run_channel_gemm(vnni, &job, 0, groups);
+    run_channel_gemm(isa, &job, 0, groups);
     return QMM_OK;
 }
 
@@ -890,7 +978,7 @@ TARGET_AVX512 static void silu_mul_avx512(const float *gu, int64_t T, int64_t I,
 
 static void add_norm(int isa, const float *x, const float *r, float *ro, const float *w, float eps, int64_t T, int64_t H, float *h) {
 #ifdef QMM_X86
-    if (isa == ISA_AVX512_VNNI) { add_norm_avx512(x, r, ro, w, eps, T, H, h); return; }
+    if (isa >= ISA_AVX512_VNNI) { add_norm_avx512(x, r, ro, w, eps, T, H, h); return; }
     if (isa == ISA_AVX2) { add_norm_avx2(x, r, ro, w, eps, T, H, h); return; }
 #endif
     add_norm_scalar(x, r, ro, w, eps, T, H, h);
@@ -898,7 +986,7 @@ static void add_norm(int isa, const float *x, const float *r, float *ro, const f
 
 static void silu_mul(int isa, const float *gu, int64_t T, int64_t I, float *act) {
 #ifdef QMM_X86
-    if (isa == ISA_AVX512_VNNI) { silu_mul_avx512(gu, T, I, act); return; }
+    if (isa >= ISA_AVX512_VNNI) { silu_mul_avx512(gu, T, I, act); return; }
     if (isa == ISA_AVX2) { silu_mul_avx2(gu, T, I, act); return; }
 #endif
     silu_mul_scalar(gu, T, I, act);
