@@ -111,8 +111,7 @@ class Int8Linear(_QuantLinear):
     "dynamic" = W8A8 on the CPU, each token's activations quantised on each call, a second, packed
     copy of the int8 weight kept: on an AVX-512 VNNI CPU the native per-channel kernel
     (native.matmul_channels, on AMX tiles where the CPU has them: 8-bit activations, one call, ~1 %
-    relative output error), elsewhere
-    fbgemm's quantized::linear_dynamic (7-bit activations, ~2 %),
+    relative output error), elsewhere fbgemm's quantized::linear_dynamic (7-bit activations, ~2 %),
     "auto" = triton where the model runs Triton kernels (engine.kernels.use_triton), int8pack on a
     CPU where it is vectorised (cpu_packed_kernels_vectorised), else dequant.
 

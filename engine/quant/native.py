@@ -4,6 +4,9 @@ The matmul multiplies int8 activations, quantised per row in blocks of 32 on eve
 weights in blocks of 32 (w = d * c + m, fp16 d and m): llama.cpp's Q4_1 x Q8_1 and Q8_0 x Q8_0
 arithmetic, on AVX-512 VNNI, AVX2 or plain C as the CPU allows (chosen at run time). GGUF Q4_0 /
 Q4_1 / Q8_0 matrices map onto it exactly (their d and m are fp16), so a file's weights run as stored.
+A second matmul takes int8 weights with one scale per output channel (Int8Linear's own layout) and
+quantises each row once over all of K: per-token W8A8 with no float work inside the dot products, on
+AMX tiles where the CPU has them (`matmul_channels`).
 
 `make native` (part of `make setup`) builds the library with the C compiler alone, no torch headers,
 in seconds. Where it is not built, `available()` is False and the quantised Linears keep torch's

@@ -1,6 +1,7 @@
 """The native W4A8 / W8A8 kernel (engine/quant/csrc/native.c) against its torch reference
-(formats.block_matmul, in float64) on every instruction-set path this CPU has (AVX-512 VNNI, AVX2,
-plain C), and the Linears that run it against F.linear on their own dequantised weights.
+(formats.block_matmul, in float64) on every instruction-set path this CPU has (AMX, AVX-512 VNNI,
+AVX2, plain C), and the Linears that run it against F.linear on their own dequantised weights; the
+per-channel W8A8 kernel against its float64 definition, every path bit for bit with plain C.
 
 Tolerances: the kernel adds the reference's fp32 block products in another order, so it is held to
 1e-4 of the largest output (a wrong code, nibble order, scale or minimum is off by percents). Against
@@ -120,6 +121,21 @@ def test_threads_split_the_columns_without_changing_a_bit() -> None:
         one = native.matmul(x, codes, d, mins, 576, None)
         torch.set_num_threads(3)
         assert torch.equal(native.matmul(x, codes, d, mins, 576, None), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_per_channel_threads_split_the_channel_groups_without_changing_a_bit() -> None:
+    g = torch.Generator().manual_seed(4)
+    codes, ws = native.pack_int8_channels(torch.randint(-127, 128, (300, 576), generator=g, dtype=torch.int8),
+                                          torch.rand(300, generator=g) * 0.01 + 1e-3)
+    x = activations(20, 576, g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = native.matmul_channels(x, codes, ws, 576, None)
+        torch.set_num_threads(3)
+        assert torch.equal(native.matmul_channels(x, codes, ws, 576, None), one)
     finally:
         torch.set_num_threads(threads)
 

@@ -1,5 +1,6 @@
 /* Native CPU kernels: matmuls of int8 activations x 4- or 8-bit block-quantised weights (W4A8, W8A8),
- * and one decode step of a layer's attention (further down).
+ * a per-token W8A8 matmul for weights with a scale per output channel (on AMX tiles where the CPU has
+ * them), and one decode step of a layer's attention and of a whole decoder layer (further down).
  *
  * The arithmetic is llama.cpp's Q4_1 x Q8_1 and Q8_0 x Q8_0 (ggml-cpu): every row of activations
  * is quantised per block of 32 to int8, xd = amax / 127, xq = round(x / xd) (ties to even),
@@ -411,22 +412,24 @@ TARGET_AVX512 static inline __attribute__((always_inline)) void tile_avx512(cons
     }
 }
 
-#define TILE_ROWS(NR)                                                              \
+/* Activation rows in tiles of 4, then the 1-3 left: TILE(J, col, NC, r0, MR) with NC and MR constants,
+ * so that each tile's accumulators stay in registers. */
+#define ROWS_IN_TILES(TILE, col, NC)                                               \
     do {                                                                           \
         int64_t r0 = 0;                                                            \
-        for (; r0 + 4 <= J->M; r0 += 4) tile_avx512(J, n, NR, r0, 4);              \
+        for (; r0 + 4 <= J->M; r0 += 4) TILE(J, col, NC, r0, 4);                   \
         switch (J->M - r0) {                                                       \
-        case 3: tile_avx512(J, n, NR, r0, 3); break;                               \
-        case 2: tile_avx512(J, n, NR, r0, 2); break;                               \
-        case 1: tile_avx512(J, n, NR, r0, 1); break;                               \
+        case 3: TILE(J, col, NC, r0, 3); break;                                    \
+        case 2: TILE(J, col, NC, r0, 2); break;                                    \
+        case 1: TILE(J, col, NC, r0, 1); break;                                    \
         default: break;                                                            \
         }                                                                          \
     } while (0)
 
 TARGET_AVX512 static void gemm_avx512(const Job *J, int64_t n0, int64_t n1) {
     int64_t n = n0;
-    for (; n + 4 <= n1; n += 4) TILE_ROWS(4);
-    for (; n < n1; n++) TILE_ROWS(1);
+    for (; n + 4 <= n1; n += 4) ROWS_IN_TILES(tile_avx512, n, 4);
+    for (; n < n1; n++) ROWS_IN_TILES(tile_avx512, n, 1);
 }
 
 #endif /* QMM_X86 */
@@ -778,23 +781,12 @@ TARGET_AVX512 static inline __attribute__((always_inline)) void channel_tile_avx
     }
 }
 
-#define CHANNEL_ROWS(NG)                                                          \
-    do {                                                                          \
-        int64_t r0 = 0;                                                           \
-        for (; r0 + 4 <= J->M; r0 += 4) channel_tile_avx512(J, g, NG, r0, 4);    \
-        switch (J->M - r0) {                                                      \
-        case 3: channel_tile_avx512(J, g, NG, r0, 3); break;                      \
-        case 2: channel_tile_avx512(J, g, NG, r0, 2); break;                      \
-        case 1: channel_tile_avx512(J, g, NG, r0, 1); break;                      \
-        default: break;                                                           \
-        }                                                                         \
-    } while (0)
-
 TARGET_AVX512 static void channel_gemm_avx512(const ChannelJob *J, int64_t g0, int64_t g1) {
     int64_t g = g0;
-    for (; g + 4 <= g1; g += 4) CHANNEL_ROWS(4);
-    for (; g < g1; g++) CHANNEL_ROWS(1);
+    for (; g + 4 <= g1; g += 4) ROWS_IN_TILES(channel_tile_avx512, g, 4);
+    for (; g < g1; g++) ROWS_IN_TILES(channel_tile_avx512, g, 1);
 }
+
 /* The epilogue of 16 output channels of group g for `rows` rows from r0: dot products dots[r][16]. */
 TARGET_AVX512 static inline __attribute__((always_inline)) void channel_store_avx512(const ChannelJob *J, int64_t g,
                                                                                      int64_t r0, int rows, const int32_t *dots) {
