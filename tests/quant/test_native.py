@@ -250,9 +250,10 @@ def test_a_decoder_layer_in_one_call_matches_it_op_by_op(model_dirs, monkeypatch
     if weights == "int4 groups of 32":
         quantize_model(model, "int4", group_size=32)
     else:
-        if not native.per_channel_is_fast():
-            pytest.skip("int8 'dynamic' runs fbgemm, not the native per-channel kernel, without AVX-512 VNNI")
         quantize_model(model, "int8", int8_kernel="dynamic")
+        if not native.per_channel_is_fast():  # fbgemm's weights there: no layer may run as one native call
+            assert all(layer.native_decode_layer() is None for layer in model.model.layers)
+            return
     prompt, decode = [5, 17, 99, 3, 41], [7, 200, 9, 4, 120, 33]
     fused = run_logits(model, prompt, decode)
     assert all(layer.native_decode_layer() is not None for layer in model.model.layers)

@@ -744,6 +744,17 @@ TARGET_AVX512 static void quantize_rows_avx512(const float *x, int64_t M, int64_
     }
 }
 
+/* Row r's outputs for the 16 channels of group g, from their exact dot products: dot * (ws * xd[r]) + bias,
+ * in the plain C path's order of operations (so every path rounds alike). */
+TARGET_AVX512 static inline __attribute__((always_inline)) void channel_store_avx512(const ChannelJob *J, int64_t g,
+                                                                                     int64_t r, __m512i dot) {
+    const int64_t n = g * CHANNEL_COLS;
+    const __mmask16 m = J->N - n >= 16 ? 0xFFFF : (__mmask16)((1u << (J->N - n)) - 1);
+    const __m512 out = _mm512_mul_ps(_mm512_cvtepi32_ps(dot),
+                                     _mm512_mul_ps(_mm512_maskz_loadu_ps(m, J->ws + n), _mm512_set1_ps(J->xd[r])));
+    _mm512_mask_storeu_ps(J->y + r * J->ldy + n, m, J->bias ? _mm512_add_ps(out, _mm512_maskz_loadu_ps(m, J->bias + n)) : out);
+}
+
 /* Channel groups g0 .. g0 + NG times activation rows r0 .. r0 + MR (NG, MR constants where it is
  * inlined, 1..4): NG x MR vectors of 16 outputs in registers; each group's 64 bytes serve MR rows. */
 TARGET_AVX512 static inline __attribute__((always_inline)) void channel_tile_avx512(const ChannelJob *J, int64_t g0,
@@ -767,38 +778,16 @@ TARGET_AVX512 static inline __attribute__((always_inline)) void channel_tile_avx
             for (int g = 0; g < NG; g++) acc[g][b] = _mm512_dpbusd_epi32(acc[g][b], c[g], x);
         }
     }
-    for (int g = 0; g < NG; g++) {
-        const int64_t n = (g0 + g) * CHANNEL_COLS;
-        const __mmask16 m = J->N - n >= 16 ? 0xFFFF : (__mmask16)((1u << (J->N - n)) - 1);
-        const __m512 ws = _mm512_maskz_loadu_ps(m, J->ws + n);
-        const __m512 bias = J->bias ? _mm512_maskz_loadu_ps(m, J->bias + n) : _mm512_setzero_ps();
-        for (int b = 0; b < MR; b++) {
-            const int64_t r = r0 + b;
-            const __m512i dot = _mm512_sub_epi32(acc[g][b], _mm512_set1_epi32((int32_t)(128u * (uint32_t)J->xsum[r])));
-            const __m512 out = _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(ws, _mm512_set1_ps(J->xd[r])));
-            _mm512_mask_storeu_ps(J->y + r * J->ldy + n, m, J->bias ? _mm512_add_ps(out, bias) : out);
-        }
-    }
+    for (int g = 0; g < NG; g++)
+        for (int b = 0; b < MR; b++)
+            channel_store_avx512(J, g0 + g, r0 + b,
+                                 _mm512_sub_epi32(acc[g][b], _mm512_set1_epi32((int32_t)(128u * (uint32_t)J->xsum[r0 + b]))));
 }
 
 TARGET_AVX512 static void channel_gemm_avx512(const ChannelJob *J, int64_t g0, int64_t g1) {
     int64_t g = g0;
     for (; g + 4 <= g1; g += 4) ROWS_IN_TILES(channel_tile_avx512, g, 4);
     for (; g < g1; g++) ROWS_IN_TILES(channel_tile_avx512, g, 1);
-}
-
-/* The epilogue of 16 output channels of group g for `rows` rows from r0: dot products dots[r][16]. */
-TARGET_AVX512 static inline __attribute__((always_inline)) void channel_store_avx512(const ChannelJob *J, int64_t g,
-                                                                                     int64_t r0, int rows, const int32_t *dots) {
-    const int64_t n = g * CHANNEL_COLS;
-    const __mmask16 m = J->N - n >= 16 ? 0xFFFF : (__mmask16)((1u << (J->N - n)) - 1);
-    const __m512 ws = _mm512_maskz_loadu_ps(m, J->ws + n);
-    const __m512 bias = J->bias ? _mm512_maskz_loadu_ps(m, J->bias + n) : _mm512_setzero_ps();
-    for (int b = 0; b < rows; b++) {
-        const __m512 out = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512((const void *)(dots + 16 * b))),
-                                         _mm512_mul_ps(ws, _mm512_set1_ps(J->xd[r0 + b])));
-        _mm512_mask_storeu_ps(J->y + (r0 + b) * J->ldy + n, m, J->bias ? _mm512_add_ps(out, bias) : out);
-    }
 }
 
 typedef struct {
@@ -850,7 +839,8 @@ TARGET_AMX static void channel_gemm_amx(const ChannelJob *J, int64_t g0, int64_t
             if (ng > 1) _tile_stored(1, dots[1], 64);
             if (ng > 2) _tile_stored(2, dots[2], 64);
             if (ng > 3) _tile_stored(3, dots[3], 64);
-            for (int j = 0; j < ng; j++) channel_store_avx512(J, g + j, r0, rows, dots[j]);
+            for (int j = 0; j < ng; j++)
+                for (int b = 0; b < rows; b++) channel_store_avx512(J, g + j, r0 + b, _mm512_load_si512((const void *)(dots[j] + 16 * b)));
         }
     }
     _tile_release();
