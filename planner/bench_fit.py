@@ -37,6 +37,7 @@ from engine.files import load_json
 from hwprofiles import PROFILE_DIR
 from planner.costmodel.fitted import FittedModel
 from planner.endpoint_bench import BENCH_FILE_VERSION, BenchReport, BenchRun
+from planner.metrics import RunSummary
 from planner.engines import EngineProfile
 from planner.playback import Replay
 from planner.public.calibration import HeldOutFigure, bands
@@ -150,12 +151,11 @@ def _ids(rng: random.Random, n: int, vocab_size: int) -> tuple[int, ...]:
     return tuple(rng.randrange(1, vocab_size) for _ in range(n))
 
 
-def measured_figures(run: BenchRun, run_key: str) -> tuple[Figure, ...]:
-    assert run.summary is not None  # bench_replay refused a run without finished requests
+def measured_figures(summary: RunSummary, run_key: str) -> tuple[Figure, ...]:
     slug = re.sub(r"[^a-z0-9.\-]+", "-", run_key.lower()).strip("-.") or "run"
     out = []
     for metric in FIT_METRICS:
-        value = summary_value(run.summary, metric)
+        value = summary_value(summary, metric)
         if value > 0:  # a run of one-token outputs has no TPOT
             out.append(Figure(id=f"{slug}.{metric}", metric=metric, value=value, unit=_UNIT.get(metric, "ms")))
     return tuple(out)
@@ -170,12 +170,22 @@ def prepare_bench(paths: Sequence[str | Path], model: ModelConfig, hw: HardwareP
         for index, run in enumerate(load_bench(path).runs):
             key = f"{Path(path).name}#{index}"
             replay = bench_replay(run, model.vocab_size, key)
-            runs.append(ReplayRun(BenchMeasurement(key, measured_figures(run, key)), model, hw, engine, dep, replay,  # type: ignore[arg-type]
-                                  max_model_len, None, ()))
+            assert run.summary is not None  # bench_replay refused a run without finished requests
+            runs.append(ReplayRun(BenchMeasurement(key, measured_figures(run.summary, key)), model, hw, engine, dep,  # type: ignore[arg-type]
+                                  replay, max_model_len, None, ()))
     if len(runs) < 2:
         raise InputError("--from-bench", f"{len(runs)} run", "needs at least 2 runs: each is predicted by a fit on the "
                          "others (give more files, or a --rate/--concurrency sweep)")
     return runs
+
+
+def in_process_run(key: str, summary: RunSummary, replay: Replay, model: ModelConfig, hw: HardwareProfile,
+                   engine: EngineProfile, dep: Deployment, max_model_len: int) -> ReplayRun:
+    """A run of the same engine measured in process (`engine bench`, no API server), to fit beside
+    served runs: with both, the fit can tell the engine's own time from what its HTTP server adds."""
+    dep = dep.model_copy(update={"hardware": hw.name, "engine": engine.name, "api_server": False})
+    return ReplayRun(BenchMeasurement(key, measured_figures(summary, key)), model, hw, engine, dep, replay,  # type: ignore[arg-type]
+                     max_model_len, None, ())
 
 
 # --------------------------------------------------------------------------- the fit
@@ -183,9 +193,7 @@ def prepare_bench(paths: Sequence[str | Path], model: ModelConfig, hw: HardwareP
 
 def calibrate_from_bench(runs: Sequence[ReplayRun], *, command: str, model_name: str, rounds: int = BENCH_ROUNDS,
                          workers: int = 1, max_nfev: int = 400, progress: Progress = no_progress) -> BenchFit:
-    # A server in the engine's process: how much of its request time holds the engine is fitted too.
-    in_process = any(r.engine.overheads.api_hold_share for r in runs)
-    space = Space.of(runs, ENGINE_PARAMS + ("api_hold_share",) if in_process else ENGINE_PARAMS)
+    space = Space.of(runs, fitted_engine_params(runs))
     figs, traced, refused = fit_rounds(runs, space, rounds=rounds, workers=workers, max_nfev=max_nfev, progress=progress)
     if refused:
         key, reason = next(iter(refused.items()))
@@ -215,11 +223,25 @@ def calibrate_from_bench(runs: Sequence[ReplayRun], *, command: str, model_name:
             "held_out: leave-one-run-out, each run predicted by the figures fitted on the other runs",
             "replay: each request's measured prompt and output lengths, due time, releasing request and pause; "
             "prompts rebuilt with distinct token ids (prefix sharing between conversations not reproduced); "
-            "served over HTTP (the engine profile's API figures priced)",
+            + ("served runs over HTTP (the engine's API figures priced), in-process runs without an API server"
+               if "api_step_s" in space.engine_params else "served over HTTP (the engine profile's API figures priced)"),
             f"the figures apply to GPU family {hw.family!r} and engine profile {engine.name!r} wherever "
             "`simulate --calibration` is given this file",
         ],
     )
+
+
+def fitted_engine_params(runs: Sequence[ReplayRun]) -> tuple[str, ...]:
+    """The engine figures the runs can tell apart. A server in the engine's process (ServePlan's)
+    also takes a share of its request time from the step loop (`api_hold_share`); and where the
+    same engine was measured both served and in process, its per-step and per-token streaming cost
+    (`api_step_s`, `api_token_s`) is what separates the two, so it is fitted too. Served runs
+    alone cannot separate it from the engine's own step time."""
+    if not any(r.engine.overheads.api_hold_share for r in runs):
+        return ENGINE_PARAMS
+    if len({r.dep.api_server for r in runs}) == 2:
+        return ENGINE_PARAMS + ("api_hold_share", "api_step_s", "api_token_s")
+    return ENGINE_PARAMS + ("api_hold_share",)
 
 
 def median_abs_error_pct(results: Sequence[HeldOutFigure], which: Literal["held_out", "in_sample"]) -> float:
@@ -236,4 +258,4 @@ def write_bench_fit(fit: BenchFit, path: Path) -> Path:
     return path
 
 
-__all__ = ["BenchFit", "calibrate_from_bench", "load_bench", "prepare_bench", "write_bench_fit"]
+__all__ = ["BenchFit", "calibrate_from_bench", "in_process_run", "load_bench", "prepare_bench", "write_bench_fit"]

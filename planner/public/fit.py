@@ -80,6 +80,11 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     # engine profile says the server shares the engine's process: `calibrate --from-bench`). In log
     # space like the MoE share, so that the whole of it, 1, can be reached.
     "api_hold_share": (0.02, 1.0),
+    # The same server's streaming work on the step loop (fitted only from runs of one engine both
+    # served and in process): the hand-off of a step's outputs to the event loop, 1 us-5 ms; and
+    # each token's SSE event, 0.1 us-2 ms.
+    "api_step_s": (1e-6, 5e-3),
+    "api_token_s": (1e-7, 2e-3),
 }
 # Prior: the profile's estimate, one unit wide in the transformed space (a factor e on times, about
 # 0.2 on a share near 0.5): decisive where data says nothing, weak against data. Each source's

@@ -7,6 +7,7 @@ Bad input gets one line naming what is wrong."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from engine.catalog import resolve_model
 from engine.knobs import read_flags
 from engine.llm import LLM
-from planner.bench_fit import BenchFit, bench_replay, load_bench
+from planner.bench_fit import BenchFit, bench_replay, calibrate_from_bench, fitted_engine_params, in_process_run, load_bench
 from planner.cli import build_parser, deployment_from_args, main, replay_from_args
 from planner.costmodel import CostParams
 from planner.costmodel.fitted import load_fitted_model
@@ -23,6 +24,7 @@ from planner.endpoint_bench import BenchReport, BenchRun, ClientSemantics, Reque
 from planner.engines import get_engine
 from planner.hardware import get_hardware
 from planner.playback import Replay, request_lengths
+from planner.public.fit import ENGINE_PARAMS
 from planner.sim import simulate
 from planner.workload import ClosedLoopArrivals, Conversation, FixedLength, PoissonArrivals, Workload
 
@@ -121,6 +123,32 @@ def test_calibrate_from_bench_holds_each_run_out_and_simulate_uses_the_fit(
     # Its band is the bench runs' held-out errors, and says so: not the published runs'.
     basis = with_fit["prediction_interval"]["basis"]
     assert "bench runs, each predicted by a fit that left its run out" in basis and "published" not in basis
+
+
+def test_served_and_in_process_runs_together_recover_the_streaming_cost(byte_model: Path) -> None:
+    """Known answer: runs simulated at known per-step and per-token streaming costs, served and in
+    process, stand in for measurements; fitted together, they give those costs back. Served runs
+    alone leave them out of the fit (they cannot separate them from the engine's step time)."""
+    model, hw, engine = resolve_model(str(byte_model)), get_hardware(HW), get_engine(ENGINE)
+    dep = deployment_from_args(build_parser().parse_args(["simulate", "--model", str(byte_model), "--hw", HW,
+                                                          "--engine", ENGINE, *KNOB_FLAGS]))
+    truth = CostParams.defaults(hw, engine).with_values({"api_step_s": 600e-6, "api_token_s": 150e-6})
+    workloads = {"c1": workload(num_requests=8, output_tokens=FixedLength(tokens=24)),
+                 "c8": workload(arrival=ClosedLoopArrivals(concurrency=8), num_requests=16,
+                                output_tokens=FixedLength(tokens=24), seed=1)}
+    runs = []
+    for name, w in workloads.items():
+        replay = Replay.of(w, VOCAB)
+        for served in (True, False):
+            summary = simulate(model, hw, dep.model_copy(update={"api_server": served}), replay, calibration=truth).summary
+            run = in_process_run(f"{name}-{served}", summary, replay, model, hw, engine, dep, model.max_position_embeddings)
+            runs.append(dataclasses.replace(run, dep=run.dep.model_copy(update={"api_server": served})))
+    assert fitted_engine_params(runs[::2]) == fitted_engine_params(runs[1::2]) == (*ENGINE_PARAMS, "api_hold_share")
+    assert {"api_step_s", "api_token_s"} <= set(fitted_engine_params(runs))
+    fit = calibrate_from_bench(runs, command="test", model_name="tiny", rounds=4)
+    figures = fit.model.engines[ENGINE]
+    assert figures["api_step_s"] == pytest.approx(600e-6, rel=0.15)
+    assert figures["api_token_s"] == pytest.approx(150e-6, rel=0.15)
 
 
 # --------------------------------------------------------------------------- bad input
