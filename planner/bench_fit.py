@@ -57,6 +57,9 @@ _PROMPT_SEED = 0  # the rebuilt prompts' token ids
 # Trace-and-fit rounds at most (fit_rounds stops once the figures settle): bench runs are few and
 # short, and open-loop ones need about ten rounds to walk to the fit.
 BENCH_ROUNDS = 12
+# The engine figures a bench fit moves: the public fit's, less the chat-template time (bench --url
+# sends completions of token ids, so no run of it renders a chat template).
+BENCH_ENGINE_PARAMS: tuple[str, ...] = tuple(p for p in ENGINE_PARAMS if p != "api_chat_template_s")
 
 
 @dataclass(frozen=True)
@@ -238,10 +241,10 @@ def fitted_engine_params(runs: Sequence[ReplayRun]) -> tuple[str, ...]:
     (`api_step_s`, `api_token_s`) is what separates the two, so it is fitted too. Served runs
     alone cannot separate it from the engine's own step time."""
     if not any(r.engine.overheads.api_hold_share for r in runs):
-        return ENGINE_PARAMS
+        return BENCH_ENGINE_PARAMS
     if len({r.dep.api_server for r in runs}) == 2:
-        return ENGINE_PARAMS + ("api_hold_share", "api_step_s", "api_token_s")
-    return ENGINE_PARAMS + ("api_hold_share",)
+        return BENCH_ENGINE_PARAMS + ("api_hold_share", "api_step_s", "api_token_s")
+    return BENCH_ENGINE_PARAMS + ("api_hold_share",)
 
 
 def median_abs_error_pct(results: Sequence[HeldOutFigure], which: Literal["held_out", "in_sample"]) -> float:

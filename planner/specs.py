@@ -304,6 +304,10 @@ class Deployment(Spec):
         True, description="Requests pass the engine's HTTP API server, and the engine profile's API figures "
         "(overheads api_request_ms, api_step_us, api_token_us) are priced; off for in-process runs (the LLM class, "
         "`engine bench`)")
+    api_endpoint: Annotated[Literal["chat", "completions"], Knob("--api-endpoint", "API endpoint")] = Field(
+        "chat", description="What clients call on the API server: /v1/chat/completions, whose messages the server "
+        "renders with the model's chat template (overheads api_chat_template_ms, unless the engine renders the model's "
+        "chat format natively), or /v1/completions with a ready prompt")
     peer_access: Annotated[bool, Knob("--peer-access", "GPU peer access")] = Field(
         True, description="A replica's GPUs reach each other directly (NVLink, xGMI, PCIe peer-to-peer). Off where the "
         "platform gives them no peer access (some VMs and containers: vLLM then logs 'Custom allreduce is disabled "

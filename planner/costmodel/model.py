@@ -156,6 +156,14 @@ class CostModel:
         self.model, self.hw, self.dep = model, hw, dep
         p = params if params is not None else CostParams.fitted(hw, engine, fit)
         self.params = p = p if dep.api_server else p.in_process()
+        # The API server's time per request, one request at a time (the simulator's front end): a chat
+        # request also has its messages rendered by the model's Jinja template, unless the engine
+        # renders this model's chat format natively.
+        templated = dep.api_endpoint == "chat" and model.model_type not in engine.overheads.native_chat_model_types
+        self.front_end_s = p.api_request_s + (p.api_chat_template_s if templated else 0.0)
+        # What each request arriving while the engine runs takes from its step loop (a server in the
+        # engine's process, sharing its GIL).
+        self.api_hold_s = self.front_end_s * p.api_hold_share
         self.ops: Operators = build_operators(model, dep)
         ops = self.ops
         # Kernels per step of each device operator, in OPERATORS order: launches an eager step waits for.

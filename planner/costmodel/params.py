@@ -47,9 +47,12 @@ class CostParams:
     # Host work of the next step overlaps this step's device work (SGLang, TensorRT-LLM), so a step
     # lasts max(device, host) instead of device + host.
     overlap_host: bool = False
-    # Time the engine's API server spends on a request before the engine sees it (HTTP, chat
-    # template, tokeniser), one request at a time. Not part of a step: the simulator's front end.
+    # Time the engine's API server spends on a request before the engine sees it (HTTP, tokeniser),
+    # one request at a time. Not part of a step: the simulator's front end.
     api_request_s: float = 0.0
+    # What a chat request adds to api_request_s where the server renders its messages with the model's
+    # Jinja chat template (CostModel.front_end_s decides whether a run's requests pay it).
+    api_chat_template_s: float = 0.0
     # Host time the API server takes from the step loop to stream a step's tokens: once per step
     # that delivers tokens (the hand-off of the step's outputs) plus once per delivered token (its
     # SSE event). Not zero where the server shares the engine's process and GIL (ServePlan's own).
@@ -95,7 +98,8 @@ class CostParams:
         if not 0.0 <= self.api_hold_share <= 1.0:
             raise InputError("api_hold_share", self.api_hold_share, "must be in [0, 1]")
         for name in ("step_overhead_s", "per_request_overhead_s", "layer_overhead_s", "gemm_half_size_tokens",
-                     "kernel_launch_s", "kernel_latency_s", "api_request_s", "api_step_s", "api_token_s"):
+                     "kernel_launch_s", "kernel_latency_s", "api_request_s", "api_chat_template_s", "api_step_s",
+                     "api_token_s"):
             value = getattr(self, name)
             if not 0.0 <= value < float("inf"):  # also rejects NaN
                 raise InputError(name, value, "must be a finite number >= 0")
@@ -125,18 +129,15 @@ class CostParams:
             return params
         o = engine.overheads
         return replace(params, step_overhead_s=o.step_us * 1e-6, per_request_overhead_s=o.per_request_us * 1e-6,
-                       api_request_s=o.api_request_ms * 1e-3, api_step_s=o.api_step_us * 1e-6,
+                       api_request_s=o.api_request_ms * 1e-3, api_chat_template_s=o.api_chat_template_ms * 1e-3,
+                       api_step_s=o.api_step_us * 1e-6,
                        api_token_s=o.api_token_us * 1e-6, overlap_host=engine.execution.overlap_host,
                        api_hold_share=o.api_hold_share)
 
-    @property
-    def api_hold_s(self) -> float:
-        """Step-loop time each request arriving while the engine runs takes (an in-process server)."""
-        return self.api_request_s * self.api_hold_share
-
     def in_process(self) -> CostParams:
         """These figures for requests that do not pass the API server (the LLM class, `engine bench`)."""
-        return replace(self, api_request_s=0.0, api_step_s=0.0, api_token_s=0.0, api_hold_share=0.0)
+        return replace(self, api_request_s=0.0, api_chat_template_s=0.0, api_step_s=0.0, api_token_s=0.0,
+                       api_hold_share=0.0)
 
     @classmethod
     def fitted(cls, hw: HardwareProfile, engine: EngineProfile, model: FittedModel | None = None) -> CostParams:

@@ -221,9 +221,16 @@ class Overheads(_Spec):
     step_us: float = Field(ge=0, description="Host time per engine step: scheduling, input preparation, output handling")
     per_request_us: float = Field(ge=0, description="Host time per scheduled request per step")
     api_request_ms: float = Field(
-        ge=0, description="API server time per request before it reaches the engine (HTTP, chat template, tokeniser); "
+        ge=0, description="API server time per request before it reaches the engine (HTTP, tokeniser); "
         "requests pass the server one at a time, so a burst queues here"
     )
+    api_chat_template_ms: float = Field(
+        0.0, ge=0, description="API server time per chat request beyond api_request_ms: rendering the messages with the "
+        "model's Jinja chat template (Hugging Face apply_chat_template) before tokenising; not paid by completions "
+        "requests, nor by models in native_chat_model_types")
+    native_chat_model_types: list[str] = Field(
+        default_factory=list, description="Model types (config.json model_type) whose chat prompts this engine's server "
+        "renders natively instead of with a Jinja template (gpt-oss's harmony format)")
     api_step_us: float = Field(
         0.0, ge=0, description="Host time the API server takes from the step loop per step that streams tokens "
         "(handing the step's outputs to the server); 0 where the server runs beside the engine, not in its process")

@@ -44,7 +44,8 @@ HARDWARE_PARAMS: tuple[str, ...] = (
     "compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "attention_compute_efficiency",
     "kernel_latency_s", "collective_time_scale", "grouped_gemm_efficiency",
 )
-ENGINE_PARAMS: tuple[str, ...] = ("step_overhead_s", "per_request_overhead_s", "api_request_s", "moe_kernel_efficiency")
+ENGINE_PARAMS: tuple[str, ...] = ("step_overhead_s", "per_request_overhead_s", "api_request_s", "api_chat_template_s",
+                                  "moe_kernel_efficiency")
 _SHARES = frozenset({"compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
                      "attention_compute_efficiency"})
 # What a GPU family or an engine can physically be: a fit stays inside these, so that a term the
@@ -69,6 +70,8 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     "per_request_overhead_s": (1e-7, 1e-4),
     # The API server's work per request (HTTP, chat template, tokeniser): 0.1-20 ms.
     "api_request_s": (1e-4, 2e-2),
+    # Rendering a chat request's messages with a Jinja template in the server's Python: 0.1-50 ms.
+    "api_chat_template_s": (1e-4, 5e-2),
     # A fused-MoE kernel at best matches dense GEMMs; tuned Triton/CUTLASS/Marlin kernels stay within
     # 5x of them even at a few rows per expert. Fitted in log space: the estimate, 1, is the edge.
     "moe_kernel_efficiency": (0.2, 1.0),
@@ -245,8 +248,7 @@ def surrogate(traced: Traced, figs: Figures) -> dict[str, float]:
     run = traced.run
     cost_model = CostModel(run.model, run.hw, run.dep, run.params(figs.params(run)))
     step_s = sum(cost_model.times(traced.trace.shapes)[0])
-    p = cost_model.params
-    timeline = retime(traced.trace, np.asarray(step_s, dtype=float), p.api_request_s, p.api_hold_s)
+    timeline = retime(traced.trace, np.asarray(step_s, dtype=float), cost_model.front_end_s, cost_model.api_hold_s)
     values = figures(traced.trace, timeline, [f.metric for f in run.figures])
     return {f.id: values[f.metric] for f in run.figures}
 

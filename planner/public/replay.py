@@ -143,7 +143,8 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     dep = Deployment(hardware=hw.name, tensor_parallel=d.tensor_parallel, pipeline_parallel=d.pipeline_parallel,
                      expert_parallel=d.expert_parallel, attention_data_parallel=attention_dp,
                      weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype, engine=engine.name,
-                     api_server=run.client.endpoint != "in-process", knobs=knobs,
+                     api_server=run.client.endpoint != "in-process",
+                     api_endpoint="completions" if run.client.endpoint == "completions" else "chat", knobs=knobs,
                      profile_sampler=run.engine.profile_sampler, peer_access=d.peer_access)
     overlap = True if args.get("async_scheduling") else None
     if d.expert_parallel > 1 and not dispatches_by_all_to_all(dep):

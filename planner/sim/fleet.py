@@ -112,7 +112,7 @@ class Fleet:
     def __post_init__(self) -> None:
         self._route = ROUTERS[self.router]()
         self._decode_token = self.template.decode_token(bulk_decodes=True)
-        self._api_request_s = self.template.cost_model.params.api_request_s
+        self._api_request_s = self.template.cost_model.front_end_s
 
     @property
     def num_ready(self) -> int:

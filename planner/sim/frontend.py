@@ -1,5 +1,6 @@
-"""The engine's API server in front of the replicas: each request costs it `api_request_s` (HTTP,
-chat template, tokeniser), one request at a time, before the engine sees it.
+"""The engine's API server in front of the replicas: each request costs it `CostModel.front_end_s`
+(HTTP, tokeniser, and for chat requests the chat template), one request at a time, before the
+engine sees it.
 
 vLLM's and SGLang's servers tokenise in one Python process, so a burst of requests queues there:
 the thousandth of a thousand sent at once reaches the engine a thousand handling times late. The

@@ -133,7 +133,7 @@ class ReplicaTemplate:
             self.spec.num_speculative_tokens, self.acceptance, (seed, index), SYNTHETIC_TOKEN_ID, self.spec.proposal_rate)
         executor = CostModelExecutor(self.cost_model, drafts)
         loop = StepLoop(scheduler, executor, lambda: env.now, proposer=drafts, replica=index)
-        return Replica(env, loop, on_finished, samples, recorder, self.cost_model.params.api_hold_s), executor
+        return Replica(env, loop, on_finished, samples, recorder, self.cost_model.api_hold_s), executor
 
 
 def simulate(
@@ -158,7 +158,7 @@ def simulate(
     (speculative acceptance); the workload carries its own seed. `fit` (what `serveplan calibrate
     --public` or `--from-bench` wrote) stands in for the public GPU fit: its figures price the steps
     (unless `calibration` gives every figure) and its bands make the prediction interval. Requests
-    pass the engine's API server first (`CostParams.api_request_s` each, one at a time), as a
+    pass the engine's API server first (`CostModel.front_end_s` each, one at a time), as a
     benchmark client's do.
     `bulk_decodes`: the schedulers apply decodes where nothing happens in bulk (engine/core/
     bulk_decodes.py; same results); False handles every request in every step one by one, as the
@@ -178,7 +178,7 @@ def simulate(
     finished: list[RequestMetrics] = []  # each request as it finishes; the scheduler drops it
     playback = Playback(replay)
     recorder = TraceRecorder(cost_model.reader) if trace else None
-    api = FrontEnd(env, cost_model.params.api_request_s)
+    api = FrontEnd(env, cost_model.front_end_s)
 
     def send(sub: Submission, gate: str | None = None) -> None:
         """The client sends now; the engine sees the request once the API server has handled it."""

@@ -370,3 +370,20 @@ def test_api_server_figures_are_priced_only_when_served_over_http() -> None:
     for batch in (1, 8):
         extra = served.decode_cost(batch, 512).seconds - local.decode_cost(batch, 512).seconds
         assert extra == pytest.approx(params.api_step_s + batch * params.api_token_s)
+
+
+@pytest.mark.parametrize(("model_name", "endpoint", "api_server", "templated"), [
+    ("qwen3-14b", "chat", True, True),
+    ("qwen3-14b", "completions", True, False),
+    ("gpt-oss-20b", "chat", True, False),  # vLLM renders gpt-oss's harmony format natively
+    ("qwen3-14b", "chat", False, False),  # in process: no API server at all
+])
+def test_the_api_server_renders_a_chat_template_only_for_chat_requests_to_templated_models(
+        model_name: str, endpoint: str, api_server: bool, templated: bool) -> None:
+    from planner.engines import get_engine
+
+    model, hw, engine = resolve_model(model_name), get_hardware("h100-sxm"), get_engine("vllm-0.11")
+    params = CostParams.defaults(hw, engine).with_values({"api_request_s": 3e-3, "api_chat_template_s": 7e-3})
+    dep = Deployment(hardware=hw.name, engine=engine.name, api_server=api_server, api_endpoint=endpoint)
+    front_end_s = CostModel(model, hw, dep, params).front_end_s
+    assert front_end_s == pytest.approx((3e-3 + (7e-3 if templated else 0.0)) if api_server else 0.0)

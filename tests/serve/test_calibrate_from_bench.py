@@ -16,7 +16,7 @@ import pytest
 from engine.catalog import resolve_model
 from engine.knobs import read_flags
 from engine.llm import LLM
-from planner.bench_fit import BenchFit, bench_replay, calibrate_from_bench, fitted_engine_params, in_process_run, load_bench
+from planner.bench_fit import BENCH_ENGINE_PARAMS, BenchFit, bench_replay, calibrate_from_bench, fitted_engine_params, in_process_run, load_bench
 from planner.cli import build_parser, deployment_from_args, main, replay_from_args
 from planner.costmodel import CostParams
 from planner.costmodel.fitted import load_fitted_model
@@ -24,7 +24,6 @@ from planner.endpoint_bench import BenchReport, BenchRun, ClientSemantics, Reque
 from planner.engines import get_engine
 from planner.hardware import get_hardware
 from planner.playback import Replay, request_lengths
-from planner.public.fit import ENGINE_PARAMS
 from planner.sim import simulate
 from planner.workload import ClosedLoopArrivals, Conversation, FixedLength, PoissonArrivals, Workload
 
@@ -143,7 +142,7 @@ def test_served_and_in_process_runs_together_recover_the_streaming_cost(byte_mod
             summary = simulate(model, hw, dep.model_copy(update={"api_server": served}), replay, calibration=truth).summary
             run = in_process_run(f"{name}-{served}", summary, replay, model, hw, engine, dep, model.max_position_embeddings)
             runs.append(dataclasses.replace(run, dep=run.dep.model_copy(update={"api_server": served})))
-    assert fitted_engine_params(runs[::2]) == fitted_engine_params(runs[1::2]) == (*ENGINE_PARAMS, "api_hold_share")
+    assert fitted_engine_params(runs[::2]) == fitted_engine_params(runs[1::2]) == (*BENCH_ENGINE_PARAMS, "api_hold_share")
     assert {"api_step_s", "api_token_s"} <= set(fitted_engine_params(runs))
     fit = calibrate_from_bench(runs, command="test", model_name="tiny", rounds=4)
     figures = fit.model.engines[ENGINE]

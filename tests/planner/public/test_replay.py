@@ -72,3 +72,18 @@ def test_no_peer_access_is_recorded_with_where_it_shows() -> None:
         type(run.deployment).model_validate({**data, "peer_access_source": None})
     with pytest.raises(ValidationError, match="peer_access_source"):
         type(run.deployment).model_validate({**data, "peer_access": True})
+
+
+def test_a_run_replays_through_the_endpoint_its_client_called() -> None:
+    """Chat runs pass the server's chat-template rendering, completions runs do not, in-process runs
+    have no server: each run's deployment says which its client used."""
+    seen = set()
+    for run in public_runs():
+        replay = prepare(run)
+        if isinstance(replay, str):
+            continue
+        endpoint = run.client.endpoint
+        assert replay.dep.api_server == (endpoint != "in-process")
+        assert replay.dep.api_endpoint == ("completions" if endpoint == "completions" else "chat")
+        seen.add(endpoint)
+    assert seen == {"chat", "completions", "in-process"}
