@@ -42,6 +42,8 @@ class Band(_Fit):
     held_out_coverage: float = Field(ge=0, le=1, description="Share of figures inside the P10..P90 band when each "
                                      "source's band came from the other sources only (measured, not assumed)")
     figures: int = Field(ge=0, description="Held-out figures behind it")
+    pooled_with: list[str] = Field(default_factory=list, description="Metric families whose held-out figures were "
+                                   "pooled with this family's to make the band: its own came from too few sources")
 
     @model_validator(mode="after")
     def _monotone(self) -> Band:

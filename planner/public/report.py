@@ -151,12 +151,14 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
         "",
         "Every `simulate`, `plan` and `compare` result carries these bands: measured / predicted quantiles of the "
         "held-out figures. *Held-out coverage* is measured, not assumed: each source's band was built from the other "
-        "sources' figures only, and this is the share of its figures that fell inside.",
+        "sources' figures only, and this is the share of its figures that fell inside. A family whose figures come from "
+        "fewer than three sources is pooled with the family that makes up most of it (end-to-end latency with TPOT/ITL).",
         "",
         "| metric family | P5 | P10 | P50 | P90 | P95 | P10..P90 held-out coverage | figures |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
         *(f"| {name} | " + " | ".join(f"x{b.ratio_at(p):.2f}" for p in (0.05, 0.1, 0.5, 0.9, 0.95))
-          + f" | {b.held_out_coverage:.0%} | {b.figures} |" for name, b in v.bands.items()),
+          + f" | {b.held_out_coverage:.0%} | {b.figures} |" for name, b in
+          ((f"{n} (pooled with {', '.join(b.pooled_with)})" if b.pooled_with else n, b) for n, b in v.bands.items())),
         "",
         "## By engine", "", *_table(v.by_engine), "",
         "## By GPU", "", *_table(v.by_gpu), "",

@@ -12,7 +12,7 @@ from engine.errors import InputError
 from planner.cli import main
 from planner.costmodel.fitted import Band, FittedModel, pessimistic, prediction_interval
 from planner.hardware import get_hardware
-from planner.public.calibration import calibrate_public, write_fit
+from planner.public.calibration import HeldOutFigure, bands, calibrate_public, write_fit
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import PLAUSIBLE, SETTLED_X, Figures, Space, fit, fit_rounds, simulate_runs, surrogate, trace_run
 from planner.public.replay import ReplayRun, prepare
@@ -182,6 +182,32 @@ def test_band_quantiles_interval_and_bounds() -> None:
     assert p10.interval() == (0.8, 1.25)
     narrow = MODEL.model_copy(update={"bands": dict.fromkeys(MODEL.bands, p10)})
     assert pessimistic(SLO(ttft_p99_ms=500), 0.9, narrow).rate_factor == pytest.approx(1 / 0.8)
+
+
+def _figure(family: str, source: str, ratio: float, i: int) -> HeldOutFigure:
+    metric = {"e2e": "e2e_mean", "tpot_itl": "tpot_mean", "ttft": "ttft_mean"}[family]
+    return HeldOutFigure(id=f"{source}-{family}-{i}", run_key=source, source_key=source, metric=metric, family=family,
+                         measured=ratio, in_sample=1.0, held_out=1.0)
+
+
+def test_a_family_from_too_few_sources_takes_its_partners_band() -> None:
+    """End-to-end figures from two sources: each one's held-out band would come from the other
+    alone, so the band pools them with TPOT/ITL's (known answer: the pooled quantiles and the share
+    of each e2e source inside the band of everything else); a family with enough sources keeps its own."""
+    rng = np.random.default_rng(0)
+    tpot = [_figure("tpot_itl", f"s{k}", float(r), i) for k in range(4) for i, r in enumerate(rng.lognormal(0, 0.3, 50))]
+    ttft = [_figure("ttft", f"s{k}", float(r), i) for k in range(4) for i, r in enumerate(rng.lognormal(0, 0.5, 50))]
+    e2e = [_figure("e2e", "a", 1.1, i) for i in range(5)] + [_figure("e2e", "b", 0.5, i) for i in range(5)]
+    out = bands(tpot + ttft + e2e)
+    assert out["e2e"].pooled_with == ["tpot_itl"] and out["tpot_itl"].pooled_with == out["ttft"].pooled_with == []
+    pool = [f.measured for f in tpot + e2e]
+    assert out["e2e"].ratios == pytest.approx(list(np.quantile(pool, out["e2e"].probabilities)))
+    inside = []
+    for source in ("a", "b"):
+        lo, hi = np.quantile([f.measured for f in tpot + e2e if f.source_key != source], [0.1, 0.9])
+        inside += [lo <= f.measured <= hi for f in e2e if f.source_key == source]
+    assert out["e2e"].held_out_coverage == pytest.approx(np.mean(inside)) and out["e2e"].figures == 10
+    assert out["tpot_itl"].ratios == pytest.approx(list(np.quantile([f.measured for f in tpot], out["tpot_itl"].probabilities)))
 
 
 def test_pessimistic_sizing_tightens_targets_and_raises_the_rate() -> None:
