@@ -53,6 +53,10 @@ class CostParams:
     # What a chat request adds to api_request_s where the server renders its messages with the model's
     # Jinja chat template (CostModel.front_end_s decides whether a run's requests pay it).
     api_chat_template_s: float = 0.0
+    # Time each request spends between the client and the engine that does not occupy the API server:
+    # hand-offs to the engine's process and the first token's way back through the detokeniser and the
+    # stream. Requests overlap in it, so it adds to TTFT and E2E without limiting throughput.
+    api_latency_s: float = 0.0
     # Host time the API server takes from the step loop to stream a step's tokens: once per step
     # that delivers tokens (the hand-off of the step's outputs) plus once per delivered token (its
     # SSE event). Not zero where the server shares the engine's process and GIL (ServePlan's own).
@@ -98,8 +102,8 @@ class CostParams:
         if not 0.0 <= self.api_hold_share <= 1.0:
             raise InputError("api_hold_share", self.api_hold_share, "must be in [0, 1]")
         for name in ("step_overhead_s", "per_request_overhead_s", "layer_overhead_s", "gemm_half_size_tokens",
-                     "kernel_launch_s", "kernel_latency_s", "api_request_s", "api_chat_template_s", "api_step_s",
-                     "api_token_s"):
+                     "kernel_launch_s", "kernel_latency_s", "api_request_s", "api_chat_template_s", "api_latency_s",
+                     "api_step_s", "api_token_s"):
             value = getattr(self, name)
             if not 0.0 <= value < float("inf"):  # also rejects NaN
                 raise InputError(name, value, "must be a finite number >= 0")
@@ -130,14 +134,14 @@ class CostParams:
         o = engine.overheads
         return replace(params, step_overhead_s=o.step_us * 1e-6, per_request_overhead_s=o.per_request_us * 1e-6,
                        api_request_s=o.api_request_ms * 1e-3, api_chat_template_s=o.api_chat_template_ms * 1e-3,
-                       api_step_s=o.api_step_us * 1e-6,
+                       api_latency_s=o.api_latency_ms * 1e-3,                       api_step_s=o.api_step_us * 1e-6,
                        api_token_s=o.api_token_us * 1e-6, overlap_host=engine.execution.overlap_host,
                        api_hold_share=o.api_hold_share)
 
     def in_process(self) -> CostParams:
         """These figures for requests that do not pass the API server (the LLM class, `engine bench`)."""
-        return replace(self, api_request_s=0.0, api_chat_template_s=0.0, api_step_s=0.0, api_token_s=0.0,
-                       api_hold_share=0.0)
+        return replace(self, api_request_s=0.0, api_chat_template_s=0.0, api_latency_s=0.0, api_step_s=0.0,
+                       api_token_s=0.0, api_hold_share=0.0)
 
     @classmethod
     def fitted(cls, hw: HardwareProfile, engine: EngineProfile, model: FittedModel | None = None) -> CostParams:

@@ -228,6 +228,10 @@ class Overheads(_Spec):
         0.0, ge=0, description="API server time per chat request beyond api_request_ms: rendering the messages with the "
         "model's Jinja chat template (Hugging Face apply_chat_template) before tokenising; not paid by completions "
         "requests, nor by models in native_chat_model_types")
+    api_latency_ms: float = Field(
+        0.0, ge=0, description="Time each request spends between the client and the engine without occupying the API "
+        "server (hand-offs to the engine process, the first token's way back through the detokeniser and the stream): "
+        "requests overlap in it, so it adds to TTFT and E2E but does not limit throughput")
     native_chat_model_types: list[str] = Field(
         default_factory=list, description="Model types (config.json model_type) whose chat prompts this engine's server "
         "renders natively instead of with a Jinja template (gpt-oss's harmony format)")

@@ -45,7 +45,7 @@ HARDWARE_PARAMS: tuple[str, ...] = (
     "kernel_latency_s", "collective_time_scale", "grouped_gemm_efficiency",
 )
 ENGINE_PARAMS: tuple[str, ...] = ("step_overhead_s", "per_request_overhead_s", "api_request_s", "api_chat_template_s",
-                                  "moe_kernel_efficiency")
+                                  "api_latency_s", "moe_kernel_efficiency")
 _SHARES = frozenset({"compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
                      "attention_compute_efficiency"})
 # What a GPU family or an engine can physically be: a fit stays inside these, so that a term the
@@ -72,6 +72,8 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     "api_request_s": (1e-4, 2e-2),
     # Rendering a chat request's messages with a Jinja template in the server's Python: 0.1-50 ms.
     "api_chat_template_s": (1e-4, 5e-2),
+    # A request's latency between client and engine that it spends beside others: 0.1-100 ms.
+    "api_latency_s": (1e-4, 0.1),
     # A fused-MoE kernel at best matches dense GEMMs; tuned Triton/CUTLASS/Marlin kernels stay within
     # 5x of them even at a few rows per expert. Fitted in log space: the estimate, 1, is the edge.
     "moe_kernel_efficiency": (0.2, 1.0),
@@ -248,7 +250,8 @@ def surrogate(traced: Traced, figs: Figures) -> dict[str, float]:
     run = traced.run
     cost_model = CostModel(run.model, run.hw, run.dep, run.params(figs.params(run)))
     step_s = sum(cost_model.times(traced.trace.shapes)[0])
-    timeline = retime(traced.trace, np.asarray(step_s, dtype=float), cost_model.front_end_s, cost_model.api_hold_s)
+    timeline = retime(traced.trace, np.asarray(step_s, dtype=float), cost_model.front_end_s, cost_model.api_hold_s,
+                      cost_model.api_latency_s)
     values = figures(traced.trace, timeline, [f.metric for f in run.figures])
     return {f.id: values[f.metric] for f in run.figures}
 

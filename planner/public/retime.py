@@ -3,7 +3,8 @@
 The public fit moves cost-model parameters many times per second; simulating hundreds of runs
 for each move would take hours. A `RunTrace` keeps what the scheduler decided; here new step
 durations turn it into new timestamps with the same rules the simulator follows:
-- the API server handles requests one at a time, `api_s` each, in the order they were sent;
+- the API server handles requests one at a time, `api_s` each, in the order they were sent, and
+  each then reaches the engine `api_latency_s` later (a latency requests spend side by side);
 - a server in the engine's process also takes `api_hold_s` from the step loop per request that
   arrived while it ran: the replica's next step starts that much later (the traced counts);
 - a step starts when the previous step of its replica ends, and not before the requests it admits
@@ -51,7 +52,8 @@ class Timeline:
     send_s: np.ndarray  # per request: when the client sent it
 
 
-def retime(trace: RunTrace, step_s: np.ndarray, api_s: float, api_hold_s: float = 0.0) -> Timeline:
+def retime(trace: RunTrace, step_s: np.ndarray, api_s: float, api_hold_s: float = 0.0,
+           api_latency_s: float = 0.0) -> Timeline:
     """Timestamps of `trace`'s schedule when its steps take `step_s` seconds."""
     gated = trace.gate >= 0
     last = trace.last_delivery
@@ -61,7 +63,7 @@ def retime(trace: RunTrace, step_s: np.ndarray, api_s: float, api_hold_s: float 
     # one after another): the longest chain bounds the passes.
     for _ in range(trace.gate_depth + 1):
         admitted = np.full(trace.num_steps, -np.inf)
-        np.maximum.at(admitted, trace.first_step, _through_api(send, api_s))
+        np.maximum.at(admitted, trace.first_step, _through_api(send, api_s) + api_latency_s)
         end = _step_ends(step_s, trace.api_holds * api_hold_s, admitted, trace.replica_steps)
         if not gated.any():
             break

@@ -387,3 +387,26 @@ def test_the_api_server_renders_a_chat_template_only_for_chat_requests_to_templa
     dep = Deployment(hardware=hw.name, engine=engine.name, api_server=api_server, api_endpoint=endpoint)
     front_end_s = CostModel(model, hw, dep, params).front_end_s
     assert front_end_s == pytest.approx((3e-3 + (7e-3 if templated else 0.0)) if api_server else 0.0)
+
+
+def test_api_latency_delays_each_request_without_loading_the_server() -> None:
+    """Known answer, one replica: a request sent alone reaches its first token api_latency_s later
+    than without it; a burst of requests is not spread further apart by it (requests spend it side
+    by side), unlike api_request_s, which they take one after another."""
+    from planner.sim import simulate
+    from planner.workload import FixedLength, OfflineArrivals, Workload
+
+    model, hw = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
+    dep = Deployment(hardware=hw.name, engine="vllm-0.11", api_endpoint="completions")
+    base = CostParams.defaults(hw).with_values({"api_request_s": 1e-3, "api_latency_s": 0.0})
+
+    def ttfts_ms(requests: int, **values: float) -> list[float]:
+        w = Workload(name="burst", arrival=OfflineArrivals(), input_tokens=FixedLength(tokens=64),
+                     output_tokens=FixedLength(tokens=4), num_requests=requests)
+        result = simulate(model, hw, dep, w, calibration=base.with_values(values))
+        return sorted(r.ttft_s * 1e3 for r in result.record.requests)
+
+    alone, alone_late = ttfts_ms(1), ttfts_ms(1, api_latency_s=0.05)
+    assert alone_late[0] == pytest.approx(alone[0] + 50.0)
+    burst, burst_late = ttfts_ms(8), ttfts_ms(8, api_latency_s=0.05)
+    assert burst_late == pytest.approx([t + 50.0 for t in burst])
