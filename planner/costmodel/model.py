@@ -463,7 +463,9 @@ class CostModel:
         compute = flops * self._s_per_flop * self._compute_rows(per_expert) / _max(per_expert, 1e-9)
         compute += touched * e.dequant_ops_per_expert * self._s_per_dequant_op
         p = self.params
-        roofline = _max(compute, nbytes * self._s_per_byte) / (p.moe_kernel_efficiency * p.grouped_gemm_efficiency)
+        # The family's grouped-GEMM share is a tensor-core matter (wgmma, TMA pipelines): it slows the
+        # experts' math, not the streaming of their weights, which a decode step is bound by.
+        roofline = _max(compute / p.grouped_gemm_efficiency, nbytes * self._s_per_byte) / p.moe_kernel_efficiency
         return (e.kernels * p.kernel_latency_s + roofline) * _present(rows)
 
     def _attention(self, tokens: Number, pairs: Number, kv_tokens: Number, work: list[Number]) -> Number:

@@ -87,9 +87,12 @@ class CostParams:
     # Share of the dense-GEMM roofline a grouped GEMM (the routed experts' kernels) reaches on this GPU
     # family, whatever the engine: Hopper's peak needs wgmma, TMA and warp-specialised pipelines,
     # which cuBLAS's dense GEMMs have and Triton's fused-MoE kernels (vLLM's and SGLang's default
-    # for bf16 and fp8 experts) reach only in part; Ampere's mma path they reach. The routed experts
-    # run at grouped_gemm_efficiency x moe_kernel_efficiency of the dense roofline. The public fit
-    # learns it per GPU family; 1 (the profiles' estimate) prices them like dense matmuls.
+    # for bf16 and fp8 experts) reach only in part; Ampere's mma path they reach. It is a share of
+    # the experts' compute only: their weights stream at the dense rate (a decode step's fused-MoE
+    # kernel is bound by those reads, as a dense GEMV is). The routed experts' compute runs at
+    # grouped_gemm_efficiency x moe_kernel_efficiency of the dense roofline, their weight reads at
+    # moe_kernel_efficiency. The public fit learns it per GPU family; 1 (the profiles' estimate)
+    # prices them like dense matmuls.
     grouped_gemm_efficiency: float = 1.0
 
     def __post_init__(self) -> None:

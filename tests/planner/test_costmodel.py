@@ -211,20 +211,28 @@ def test_moe_decode_reads_k_experts_at_batch_one_and_all_at_large_batch() -> Non
 
 
 @pytest.mark.parametrize("batch", [1, 64, 512])
-@pytest.mark.parametrize("share", ["moe_kernel_efficiency", "grouped_gemm_efficiency"])
-def test_an_moe_efficiency_slows_the_routed_experts_alone(batch: int, share: str) -> None:
-    """At the engine's kernel efficiency or the family's grouped-GEMM efficiency e, the experts'
-    roofline takes 1/e as long, whatever bounds it (weights at batch 1, more FLOPs at 512); their
-    kernels' fixed latency and every other operator are unchanged. The two shares multiply."""
+def test_an_moe_efficiency_slows_the_routed_experts_alone(batch: int) -> None:
+    """At the engine's kernel efficiency e, the experts' roofline takes 1/e as long, whatever bounds
+    it (weights at batch 1, more FLOPs at 512). The family's grouped-GEMM efficiency g slows their
+    compute alone: a step bound by the experts' weight reads (batch 1) is unchanged by it, one bound
+    by their FLOPs (a 32,768-token prefill) takes 1/g as long. Their kernels' fixed latency and
+    every other operator are unchanged."""
     hw = get_hardware("h100-sxm")
     base = CostParams.defaults(hw, get_engine("vllm-0.11"))
-    full, half = (cost(model="qwen3-30b-a3b", calibration=replace(base, **{share: e})).decode_breakdown(batch, 2000)
-                  for e in (1.0, 0.5))
     kernels = 4 * resolve_model("qwen3-30b-a3b").num_moe_layers * base.kernel_latency_s
+
+    def experts(requests: list[tuple[int, int, bool]], **values: float) -> dict[str, float]:
+        return cost(model="qwen3-30b-a3b", calibration=replace(base, **values)).shape_breakdown(requests)
+
+    decode = [(1, 2000, False)] * batch
+    full, half = experts(decode), experts(decode, moe_kernel_efficiency=0.5)
     assert half["moe_experts"] - kernels == pytest.approx(2 * (full["moe_experts"] - kernels))
-    both = cost(model="qwen3-30b-a3b", calibration=replace(base, moe_kernel_efficiency=0.5, grouped_gemm_efficiency=0.5))
-    assert both.decode_breakdown(batch, 2000)["moe_experts"] - kernels == pytest.approx(4 * (full["moe_experts"] - kernels))
     assert {k: v for k, v in half.items() if k != "moe_experts"} == {k: v for k, v in full.items() if k != "moe_experts"}
+    if batch == 1:  # four experts' weights a layer: bound by reading them
+        assert experts(decode, grouped_gemm_efficiency=0.5) == full
+    prefill = [(8192, 0, True)] * 4
+    dense_rate, grouped = experts(prefill), experts(prefill, grouped_gemm_efficiency=0.5)
+    assert grouped["moe_experts"] - kernels == pytest.approx(2 * (dense_rate["moe_experts"] - kernels))
 
 
 def test_windowed_layers_cap_the_attended_context() -> None:
