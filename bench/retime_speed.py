@@ -58,7 +58,7 @@ def main() -> None:
     for t in traced:
         cost_model = CostModel(t.run.model, t.run.hw, t.run.dep, t.run.params(figs.params(t.run)))
         timelines.append(rt.retime(t.trace, np.asarray(sum(cost_model.times(t.trace.shapes)[0]), dtype=float),
-                                   cost_model.front_end_s, cost_model.api_hold_s, cost_model.api_latency_s))
+                                   cost_model.front_end_s, cost_model.api_hold_s, cost_model.params.api_latency_s))
     for t in traced:  # the schedule's facts are read once per trace, at its first re-timing: not timed
         t.trace.delivery_gaps, t.trace.first_delivery, t.trace.last_delivery  # noqa: B018
     seconds, results = {}, {}

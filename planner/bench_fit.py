@@ -37,8 +37,8 @@ from engine.files import load_json
 from hwprofiles import PROFILE_DIR
 from planner.costmodel.fitted import FittedModel
 from planner.endpoint_bench import BENCH_FILE_VERSION, BenchReport, BenchRun
-from planner.metrics import RunSummary
 from planner.engines import EngineProfile
+from planner.metrics import RunSummary
 from planner.playback import Replay
 from planner.public.calibration import HeldOutFigure, bands
 from planner.public.data import Figure, Metric, metric_family

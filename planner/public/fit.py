@@ -251,7 +251,7 @@ def surrogate(traced: Traced, figs: Figures) -> dict[str, float]:
     cost_model = CostModel(run.model, run.hw, run.dep, run.params(figs.params(run)))
     step_s = sum(cost_model.times(traced.trace.shapes)[0])
     timeline = retime(traced.trace, np.asarray(step_s, dtype=float), cost_model.front_end_s, cost_model.api_hold_s,
-                      cost_model.api_latency_s)
+                      cost_model.params.api_latency_s)
     values = figures(traced.trace, timeline, [f.metric for f in run.figures])
     return {f.id: values[f.metric] for f in run.figures}
 

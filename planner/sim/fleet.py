@@ -113,7 +113,7 @@ class Fleet:
         self._route = ROUTERS[self.router]()
         self._decode_token = self.template.decode_token(bulk_decodes=True)
         self._api_request_s = self.template.cost_model.front_end_s
-        self._api_latency_s = self.template.cost_model.api_latency_s
+        self._api_latency_s = self.template.cost_model.params.api_latency_s
 
     @property
     def num_ready(self) -> int:

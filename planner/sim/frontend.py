@@ -1,6 +1,6 @@
 """The engine's API server in front of the replicas: each request costs it `CostModel.front_end_s`
 (HTTP, tokeniser, and for chat requests the chat template), one request at a time, before the
-engine sees it; then `CostModel.api_latency_s`, which requests spend side by side (hand-offs
+engine sees it; then `CostParams.api_latency_s`, which requests spend side by side (hand-offs
 between processes, the first token's way back), so it adds to their latency but not to the
 server's load.
 

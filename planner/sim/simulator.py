@@ -178,7 +178,7 @@ def simulate(
     finished: list[RequestMetrics] = []  # each request as it finishes; the scheduler drops it
     playback = Playback(replay)
     recorder = TraceRecorder(cost_model.reader) if trace else None
-    api = FrontEnd(env, cost_model.front_end_s, cost_model.api_latency_s)
+    api = FrontEnd(env, cost_model.front_end_s, cost_model.params.api_latency_s)
 
     def send(sub: Submission, gate: str | None = None) -> None:
         """The client sends now; the engine sees the request once the API server has handled it."""
