@@ -15,9 +15,9 @@ HTTP overhead priced, in one run:
    so the fit separates the engine's step time from what the server adds (per request, the share
    of it that holds the step loop, per streaming step, per token).
 4. Agreement, on the later repeats (no fit saw them): bench --url against engine bench with that
-   HTTP price, i.e. the engine's measurement x the simulator's served / in-process ratio (same
-   deployment, api_server on and off, fitted figures), per figure, median |error|; and against the
-   raw engine figures. Each side's figure is its median over those repeats; each repeat's own
+   HTTP price (`_priced`: a latency gains the simulator's served - in-process difference, a
+   throughput is scaled by its served / in-process ratio; same deployment, api_server on and off,
+   fitted figures), per figure, median |error|; and against the raw engine figures. Each side's figure is its median over those repeats; each repeat's own
    pair is printed too.
 """
 

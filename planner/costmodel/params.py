@@ -137,7 +137,7 @@ class CostParams:
         o = engine.overheads
         return replace(params, step_overhead_s=o.step_us * 1e-6, per_request_overhead_s=o.per_request_us * 1e-6,
                        api_request_s=o.api_request_ms * 1e-3, api_chat_template_s=o.api_chat_template_ms * 1e-3,
-                       api_latency_s=o.api_latency_ms * 1e-3,                       api_step_s=o.api_step_us * 1e-6,
+                       api_latency_s=o.api_latency_ms * 1e-3, api_step_s=o.api_step_us * 1e-6,
                        api_token_s=o.api_token_us * 1e-6, overlap_host=engine.execution.overlap_host,
                        api_hold_share=o.api_hold_share)
 

@@ -112,7 +112,7 @@ class Fleet:
     def __post_init__(self) -> None:
         self._route = ROUTERS[self.router]()
         self._decode_token = self.template.decode_token(bulk_decodes=True)
-        self._api_request_s = self.template.cost_model.front_end_s
+        self._front_end_s = self.template.cost_model.front_end_s
         self._api_latency_s = self.template.cost_model.params.api_latency_s
 
     @property
@@ -163,7 +163,7 @@ class Fleet:
     def _ready_one(self) -> None:
         replica, _ = self.template.replica(self.env, self._made, self.on_finished, None, None, self._decode_token, self.seed)
         self._made += 1
-        self.ready.append(_Member(replica, FrontEnd(self.env, self._api_request_s, self._api_latency_s)))
+        self.ready.append(_Member(replica, FrontEnd(self.env, self._front_end_s, self._api_latency_s)))
         self._replicas.append(replica)
         tally = self.billing.hours[min(int(self.env.now // HOUR_S), len(self.billing.hours) - 1)]
         tally.most_ready = max(tally.most_ready, len(self.ready))
