@@ -30,6 +30,7 @@ pytestmark = pytest.mark.skipif(
     reason="the browser test needs chromium and chromium-driver (apt-get install -y chromium chromium-driver)",
 )
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the dev extra: pip install -e '.[dev]'")
+from selenium.common.exceptions import ElementClickInterceptedException, StaleElementReferenceException  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402 (after the skip checks)
 from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
@@ -194,13 +195,26 @@ def _cli_plan(tmp_path: Path) -> dict:
     return json.loads(out.stdout)
 
 
+def _click(driver: webdriver.Chrome, locator: tuple[str, str]) -> None:
+    """Clicks the element once nothing covers it. The sidebar form is taller than the window, so the
+    element is brought to the middle first; and Streamlit may still be laying the sidebar out when the
+    element first shows (a widget above it grows and another lands where it was), so a click that
+    lands on something else is tried again, on the element as it now stands."""
+    def clicked(d: webdriver.Chrome) -> bool:
+        element = d.find_element(*locator)
+        d.execute_script("arguments[0].scrollIntoView({block: 'center'});", element)
+        try:
+            element.click()
+        except (ElementClickInterceptedException, StaleElementReferenceException):
+            return False
+        return True
+
+    WebDriverWait(driver, PAGE_TIMEOUT_S).until(clicked)
+
+
 def test_plan_in_the_browser(server: str, browser: webdriver.Chrome, screenshots: Path, tmp_path: Path) -> None:
     browser.get(f"{server}/?" + "&".join(f"{k}={v}" for k, v in PLAN_QUESTION.items()))
-    button = WebDriverWait(browser, PAGE_TIMEOUT_S).until(
-        ec.element_to_be_clickable((By.XPATH, "//button[.//*[contains(text(), 'Run plan')]]")))
-    # The sidebar form is taller than the window: bring the button to the middle before clicking it.
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'});", button)
-    button.click()
+    _click(browser, (By.XPATH, "//button[.//*[contains(text(), 'Run plan')]]"))
     _wait_drawn(browser, "Recommended:")
     assert "Why not: rejected candidates" in browser.page_source
     _assert_readable(browser)
