@@ -18,10 +18,9 @@ HTTP overhead priced, in one run:
    as the check below (fitted on the first repeat alone, it missed by 13-19 % on every later
    repeat of a run whose machine slowed as it went: docs/serving.md).
 4. Agreement, on the even repeats (2nd, 4th, ...; no fit saw them): bench --url against engine
-   bench with that HTTP price (`_priced`: a latency gains the simulator's served - in-process
-   difference, a throughput is scaled by its served / in-process ratio; same deployment,
-   api_server on and off, fitted figures), per figure, median |error|; and against the raw engine
-   figures. Each side's figure is its median over those repeats; each repeat's own pair is
+   bench with that HTTP price (`_priced`: a latency, and a throughput's reciprocal, gains the
+   simulator's served - in-process difference; same deployment, api_server on and off, fitted
+   figures), per figure, median |error|; and against the raw engine figures. Each side's figure is its median over those repeats; each repeat's own pair is
    printed too.
 """
 
@@ -140,18 +139,26 @@ def main() -> None:
           f"loop), {params.api_step_s * 1e6:.0f} us per streaming step + {params.api_token_s * 1e6:.0f} us per token")
     prices = {name: _http_price(model, hw, dep, w, params) for name, w in workloads.items()}
     for repeat in checked:
-        priced, _ = _agreement({n: [r[repeat]] for n, r in remote.items()}, {n: [r[repeat]] for n, r in local.items()},
+        priced, _, _ = _agreement({n: [r[repeat]] for n, r in remote.items()}, {n: [r[repeat]] for n, r in local.items()},
                                prices)
         print(f"  repeat {repeat + 1}: HTTP priced median |error| {priced:.1f} %")
     for name in workloads:
         print(f"  {name:10} bench --url TPOT P50 " + "/".join(f"{s.tpot_ms.p50:.2f}" for s in remote[name])
               + " ms, engine bench " + "/".join(f"{s.tpot_ms.p50:.2f}" for s in local[name])
               + " ms, HTTP priced at +{:.2f} ms".format(prices[name]["tpot_median"][0] - prices[name]["tpot_median"][1]))
-    priced, raw = _agreement({n: [r[i] for i in checked] for n, r in remote.items()},
-                             {n: [r[i] for i in checked] for n, r in local.items()}, prices)
+    priced, raw, signed = _agreement({n: [r[i] for i in checked] for n, r in remote.items()},
+                                     {n: [r[i] for i in checked] for n, r in local.items()}, prices)
+    for name, errors in signed.items():
+        print(f"  {name:10} HTTP priced, medians: " + ", ".join(f"{m} {e:+.0f}%" for m, e in zip(FIT_METRICS, errors)))
     print(f"bench --url vs engine bench with HTTP priced, repeats {', '.join(str(r + 1) for r in checked)} (each side's "
           f"median): median |error| "
           f"{priced:.1f} % over {len(workloads) * len(FIT_METRICS)} figures (raw engine bench: {raw:.1f} %)")
+    # The same check priced by the engine profile's own figures (planner/engines/serveplan.yaml,
+    # measured by bench/serve_overhead.py), nothing fitted.
+    profile = {name: _http_price(model, hw, dep, w, CostParams.defaults(hw, engine)) for name, w in workloads.items()}
+    by_profile, _, _ = _agreement({n: [r[i] for i in checked] for n, r in remote.items()},
+                                  {n: [r[i] for i in checked] for n, r in local.items()}, profile)
+    print(f"  the same with the HTTP price of the {engine.name!r} profile's own figures: median |error| {by_profile:.1f} %")
 
 
 def _print_runs(fit: BenchFit) -> None:
@@ -169,28 +176,31 @@ def _http_price(model: ModelConfig, hw: HardwareProfile, dep: Deployment, w: Wor
 
 
 def _priced(metric: Metric, engine_value: float, price: tuple[float, float]) -> float:
-    """An engine bench figure with the HTTP price added: a latency gains what the server adds to it
-    (an additive cost, so an error of the simulator's own engine time does not scale it), a
-    throughput is scaled by the served / in-process ratio."""
+    """An engine bench figure with the HTTP price added: what the server adds, by the simulator
+    (served - in process), is added to a latency, and to a throughput's reciprocal (time per request
+    or per token). HTTP is an additive cost: a served / in-process ratio would multiply the
+    simulator's own error on the engine's time (at 20 requests/s the simulated in-process TTFT was
+    half the measured one, and the ratio doubled the HTTP price)."""
     served, in_process = price
     if metric.endswith("_throughput"):
-        return engine_value * served / in_process
+        return 1.0 / (1.0 / engine_value + 1.0 / served - 1.0 / in_process)
     return engine_value + served - in_process
 
 
 def _agreement(remote: dict[str, list[RunSummary]], local: dict[str, list[RunSummary]],
-               prices: dict[str, dict[Metric, tuple[float, float]]]) -> tuple[float, float]:
-    """Median |error| of bench --url against engine bench, priced and raw; each side's figure is its
-    median over the runs given."""
-    priced, raw = [], []
+               prices: dict[str, dict[Metric, tuple[float, float]]]) -> tuple[float, float, dict[str, list[float]]]:
+    """Median |error| of bench --url against engine bench, priced and raw, and the priced signed
+    errors (%) per workload in FIT_METRICS' order; each side's figure is its median over the runs given."""
+    signed: dict[str, list[float]] = {}
+    raw = []
     for name, price in prices.items():
+        signed[name] = []
         for metric in FIT_METRICS:
             measured_url = statistics.median(summary_value(s, metric) for s in remote[name])
             measured_engine = statistics.median(summary_value(s, metric) for s in local[name])
-            priced.append(abs(_priced(metric, measured_engine, price[metric]) / measured_url - 1) * 100)
+            signed[name].append((_priced(metric, measured_engine, price[metric]) / measured_url - 1) * 100)
             raw.append(abs(measured_engine / measured_url - 1) * 100)
-    return statistics.median(priced), statistics.median(raw)
-
+    return statistics.median(abs(e) for row in signed.values() for e in row), statistics.median(raw), signed
 
 if __name__ == "__main__":
     main()
