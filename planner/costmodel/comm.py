@@ -15,6 +15,12 @@ Without a curve, the ring algorithm on the link's datasheet figures: steps x lat
 bytes / (bandwidth_gb_s x interconnect_efficiency). Either way the time is multiplied by
 `CostParams.collective_time_scale`, the public fit's figure for how a GPU family's engines
 communicate against nccl-tests (1 until fitted).
+
+Serving engines do not send small all-reduces through NCCL. vLLM's custom all-reduce (which SGLang
+ships too) reads the peers' buffers directly over a fully connected scale-up link for payloads
+under its buffer size (8 MiB), in one stage or two (csrc/custom_all_reduce.cuh): its cost is a few
+link latencies for the barriers plus the bytes over the link, where NCCL's measured curve floors at
+tens of microseconds. A decode step's all-reduces (rows x hidden x 2 bytes) are all that small.
 """
 
 from __future__ import annotations
@@ -32,6 +38,18 @@ def bus_factor(kind: Collective, ranks: int) -> float:
     return (2.0 if kind == "all_reduce" else 1.0) * (ranks - 1) / ranks
 
 
+# vLLM's custom all-reduce runs on these group sizes only (CustomAllreduce._SUPPORTED_WORLD_SIZES).
+CUSTOM_ALL_REDUCE_RANKS = frozenset({2, 4, 6, 8})
+
+
+def custom_all_reduce_stages(ranks: int, payload_bytes: Number) -> Number:
+    """1 or 2: vLLM's choice between its one-stage kernel (every rank reads every peer's whole
+    buffer) and its two-stage one (reduce-scatter, then all-gather), csrc/custom_all_reduce.cuh."""
+    one = (ranks == 2) | ((ranks <= 4) & (np.asarray(payload_bytes) < 512 * 1024)) \
+        | ((ranks <= 8) & (np.asarray(payload_bytes) < 256 * 1024))
+    return np.where(one, 1, 2) if isinstance(payload_bytes, np.ndarray) else (1 if bool(one) else 2)
+
+
 def ring_steps(kind: Collective, ranks: int) -> int:
     """Latency-bound hops of the ring algorithm: reduce-scatter then all-gather for an all-reduce."""
     return (2 if kind == "all_reduce" else 1) * (ranks - 1)
@@ -46,6 +64,8 @@ class CollectiveCost:
     link: Link
     interconnect_efficiency: float
     time_scale: float = 1.0  # CostParams.collective_time_scale
+    # Payloads under this many bytes take the engine's custom all-reduce (0: none, every call is NCCL's).
+    custom_max_bytes: int = 0
 
     @property
     def curve(self) -> CollectiveCurve | None:
@@ -53,6 +73,27 @@ class CollectiveCost:
 
     def seconds(self, payload_bytes: Number) -> Number:
         """Seconds of one call moving `payload_bytes` (nccl-tests' size); arrays price many at once."""
+        nccl = self._nccl_seconds(payload_bytes)
+        if not self.custom_max_bytes:
+            return nccl
+        custom = self._custom_seconds(payload_bytes)
+        if isinstance(payload_bytes, np.ndarray):
+            return np.where(payload_bytes < self.custom_max_bytes, custom, nccl)
+        return custom if payload_bytes < self.custom_max_bytes else nccl
+
+    def _custom_seconds(self, payload_bytes: Number) -> Number:
+        """The custom all-reduce: a barrier before and after each stage's reads (one link latency
+        each), and the bytes each rank reads from its peers at the link's bandwidth. One stage reads
+        every peer's whole buffer, (p - 1) x payload; two stages read a 1/p slice from each peer
+        twice, 2 (p - 1) / p x payload, with a barrier between them."""
+        stages = custom_all_reduce_stages(self.ranks, payload_bytes)
+        p = self.ranks
+        read_bytes = np.where(stages == 1, p - 1, 2 * (p - 1) / p) * payload_bytes
+        bandwidth = self.link.bandwidth_gb_s * 1e9 * self.interconnect_efficiency
+        seconds = self.time_scale * ((stages + 1) * self.link.latency_us * 1e-6 + read_bytes / bandwidth)
+        return seconds if isinstance(payload_bytes, np.ndarray) else float(seconds)
+
+    def _nccl_seconds(self, payload_bytes: Number) -> Number:
         curve = self.curve
         if curve is None:
             bandwidth = self.link.bandwidth_gb_s * 1e9 * self.interconnect_efficiency
@@ -70,6 +111,13 @@ class CollectiveCost:
         """How this collective is priced, for reports and the simulate JSON."""
         curve = self.curve
         base: dict[str, object] = {"collective": self.kind, "ranks": self.ranks, "link": self.link.name}
+        if self.custom_max_bytes:
+            base["custom_all_reduce"] = {
+                "below_payload_bytes": self.custom_max_bytes,
+                "model": "vLLM's custom all-reduce: (stages + 1) x link latency + bytes read from peers / (bandwidth x "
+                         "efficiency); 1 stage reads (ranks - 1) x payload, 2 stages 2 (ranks - 1) / ranks x payload",
+                "latency_us": self.link.latency_us, "bandwidth_gb_s": self.link.bandwidth_gb_s,
+                "interconnect_efficiency": self.interconnect_efficiency, "time_scale": self.time_scale}
         if curve is None:
             return {**base, "model": "ring on datasheet figures: steps x latency + bus bytes / (bandwidth x efficiency)",
                     "latency_us_per_step": self.link.latency_us, "steps": ring_steps(self.kind, self.ranks),

@@ -34,7 +34,7 @@ import numpy as np
 from engine.config import ModelConfig
 from engine.core.scheduler import SchedulerOutput
 from engine.errors import InputError
-from planner.costmodel.comm import CollectiveCost
+from planner.costmodel.comm import CUSTOM_ALL_REDUCE_RANKS, CollectiveCost
 from planner.costmodel.operators import (
     DEQUANT_OPS_PER_WEIGHT,
     NORM_TRAFFIC,
@@ -195,9 +195,9 @@ class CostModel:
         self.pp_link = _pick_link(hw, dep.gpus_per_replica, "pipeline_parallel", peers) if dep.pipeline_parallel > 1 else None
         # Each collective on the link its group reaches (a context-parallel group spans its TP groups).
         self.comms: tuple[tuple[Comm, CollectiveCost], ...] = tuple(
-            (c, CollectiveCost(c.collective, c.ranks, _pick_link(hw, c.ranks * (dep.tensor_parallel if c.operator ==
-                               "cp_transfer" else 1), _GROUP_FIELD[c.operator], peers),
-                               p.interconnect_efficiency, p.collective_time_scale)) for c in self.ops.comms)
+            (c, _collective_cost(hw, c, _pick_link(hw, c.ranks * (dep.tensor_parallel if c.operator == "cp_transfer"
+                                                                       else 1), _GROUP_FIELD[c.operator], peers), p))
+            for c in self.ops.comms)
         self._draft = self._draft_model(model, hw, dep)
         self._row_memo: dict[tuple[float, float], _RowTerms] = {}
         # One KV block on one GPU: its KV heads, its pipeline stage's layers (the largest stage).
@@ -554,6 +554,15 @@ def _graph_policy(hw: HardwareProfile, dep: Deployment, engine: EngineProfile) -
     assert knobs.max_graph_batch_size is not None and knobs.max_num_seqs is not None  # resolved above
     return GraphPolicy(min(knobs.max_graph_batch_size, knobs.max_num_seqs), execution.graph_batch_sizes,
                        execution.graph_padding, execution.graph_max_context_len)
+
+
+def _collective_cost(hw: HardwareProfile, c: Comm, link: Link, p: CostParams) -> CollectiveCost:
+    """How one collective is priced on its link. The engine's custom all-reduce applies to an
+    all-reduce of 2, 4, 6 or 8 ranks over the scale-up link, whose switch connects every pair
+    (vLLM's `fully_connected`); elsewhere NCCL's curve does."""
+    custom = c.collective == "all_reduce" and c.ranks in CUSTOM_ALL_REDUCE_RANKS and link is hw.scale_up
+    return CollectiveCost(c.collective, c.ranks, link, p.interconnect_efficiency, p.collective_time_scale,
+                          p.custom_all_reduce_max_bytes if custom else 0)
 
 
 def _pick_link(hw: HardwareProfile, devices: int, field: str, peer_access: bool) -> Link:

@@ -70,10 +70,13 @@ class CostParams:
     # and pads a decode batch to its longest context (the engine's torch reference path on CPU).
     attention_pairs: Literal["causal", "dense"] = "causal"
     # Every collective and pipeline hand-off takes this multiple of its priced time (a link's measured
-    # curve, or the ring on its datasheet figures): engines' own kernels differ from nccl-tests' NCCL
-    # (vLLM's custom all-reduce beats it on small messages). The public fit learns it per GPU family;
+    # curve, the ring on its datasheet figures, or the engine's custom all-reduce): engines' builds
+    # and overlaps differ from the benchmarks'. The public fit learns it per GPU family;
     # interconnect_efficiency stays the profile's datasheet-to-achieved estimate for links without a curve.
     collective_time_scale: float = 1.0
+    # All-reduces under this many bytes on a fully connected scale-up link take the engine's own
+    # kernel (comm.CollectiveCost); 0: the engine sends every all-reduce through NCCL.
+    custom_all_reduce_max_bytes: int = 0
     # Every rank's kernels take this multiple of their roofline time when a step runs on several
     # ranks that share one host: CPU engine processes, whose cores share caches and memory bandwidth
     # (and, on a virtual machine, possibly physical cores). 1 on one process; `calibrate --tp/--ep`
@@ -139,6 +142,7 @@ class CostParams:
                        api_request_s=o.api_request_ms * 1e-3, api_chat_template_s=o.api_chat_template_ms * 1e-3,
                        api_latency_s=o.api_latency_ms * 1e-3, api_step_s=o.api_step_us * 1e-6,
                        api_token_s=o.api_token_us * 1e-6, overlap_host=engine.execution.overlap_host,
+                       custom_all_reduce_max_bytes=engine.execution.custom_all_reduce_max_bytes,
                        api_hold_share=o.api_hold_share)
 
     def in_process(self) -> CostParams:

@@ -200,6 +200,11 @@ class Execution(_Sourced):
     kv_scale_format: Literal["per_tensor", "per_token_head"] = Field(
         description="FP8 KV-cache scales: one per tensor (no extra bytes) or one per (token, head) (ServePlan's engine)"
     )
+    custom_all_reduce_max_bytes: int = Field(
+        0, ge=0, le=1 << 30, description="Tensor-parallel all-reduces smaller than this, on a fully connected scale-up "
+        "link (NVLink/NVSwitch) and 2, 4, 6 or 8 ranks, run the engine's own one- or two-stage kernel instead of NCCL "
+        "(vLLM's custom all-reduce, 8 MiB); 0: always NCCL"
+    )
     expert_dispatch: Literal["all_reduce", "all_to_all"] = Field(
         "all_reduce", description="Expert parallelism beside tensor-parallel attention: every rank runs its own experts on "
         "the replicated tokens and the layer's all-reduce sums them (vLLM's FusedMoE, SGLang's EP MoE), or each rank "

@@ -9,7 +9,7 @@ import pytest
 
 from engine.catalog import resolve_model
 from planner.costmodel import OPERATORS, CostModel, CostParams
-from planner.costmodel.comm import CollectiveCost, bus_factor
+from planner.costmodel.comm import CollectiveCost, bus_factor, custom_all_reduce_stages
 from planner.costmodel.model import COMM_OPERATORS
 from planner.engines import get_engine
 from planner.hardware import get_hardware
@@ -41,6 +41,41 @@ def test_a_curve_of_8_ranks_is_used_on_2_through_the_bus_bandwidth_factors() -> 
     a2a = CollectiveCost("all_to_all", 4, LINK, 0.5)
     assert a2a.seconds(1e6) == pytest.approx(3 * 2e-6 + 0.75 * 1e6 / (100e9 * 0.5))
     assert "measured" in eight.describe()["model"] and "ring" in a2a.describe()["model"]
+
+
+def test_the_custom_all_reduce_prices_small_payloads_by_vllms_stages_and_nccl_above_its_buffer() -> None:
+    """Known answers on a 100 GB/s, 2 us link (efficiency 0.8): one stage below 256 KiB on 8 ranks,
+    two stages up to the 8 MiB buffer, NCCL's curve from there; the fitted time scale applies."""
+    eight = CollectiveCost("all_reduce", 8, LINK, 0.8, time_scale=1.5, custom_max_bytes=8 << 20)
+    bandwidth = 100e9 * 0.8
+    assert eight.seconds(64 << 10) == pytest.approx(1.5 * (2 * 2e-6 + 7 * (64 << 10) / bandwidth))
+    assert eight.seconds(1 << 20) == pytest.approx(1.5 * (3 * 2e-6 + 2 * 7 / 8 * (1 << 20) / bandwidth))
+    nccl = CollectiveCost("all_reduce", 8, LINK, 0.8, time_scale=1.5)
+    assert eight.seconds(8 << 20) == nccl.seconds(8 << 20)  # the buffer's size itself goes to NCCL
+    sizes = np.array([64 << 10, 1 << 20, 8 << 20], dtype=float)
+    assert eight.seconds(sizes) == pytest.approx([eight.seconds(float(b)) for b in sizes])
+    # vLLM's switch: 2 ranks always one stage; 4 ranks below 512 KiB; 8 ranks below 256 KiB.
+    assert [custom_all_reduce_stages(r, 300 << 10) for r in (2, 4, 8)] == [1, 1, 2]
+    assert [custom_all_reduce_stages(r, 600 << 10) for r in (2, 4, 8)] == [1, 2, 2]
+    assert eight.describe()["custom_all_reduce"]["below_payload_bytes"] == 8 << 20
+
+
+def test_engines_custom_all_reduce_reaches_tensor_parallel_decode_on_the_switch_only() -> None:
+    """vLLM's decode all-reduce on 8 x H100 (NVSwitch) takes its custom kernel, far under NCCL's
+    ~40 us floor; ServePlan's own engine (gloo/NCCL only) and an A100 PCIe card without a
+    switch keep NCCL's or the ring's pricing."""
+    model, hw = resolve_model("llama-3.1-70b"), get_hardware("h100-sxm")
+    vllm = CostModel(model, hw, dep(tensor_parallel=8, engine="vllm-0.11"), CostParams.defaults(hw, get_engine("vllm-0.11")))
+    [(_, allreduce)] = [(c, cost) for c, cost in vllm.comms if c.operator == "tp_allreduce"]
+    assert allreduce.custom_max_bytes == 8 << 20
+    decode_payload = 64 * model.hidden_size * 2  # 64 rows of bf16 activations
+    assert allreduce.seconds(decode_payload) < 0.5 * allreduce._nccl_seconds(decode_payload)
+    own = CostModel(model, hw, dep(tensor_parallel=8, engine="serveplan"), CostParams.defaults(hw, get_engine("serveplan")))
+    assert all(cost.custom_max_bytes == 0 for _, cost in own.comms)
+    pcie = get_hardware("a100-80gb-pcie")
+    on_pcie = CostModel(model, pcie, dep(hardware=pcie.name, tensor_parallel=4, engine="vllm-0.11"),
+                        CostParams.defaults(pcie, get_engine("vllm-0.11")))
+    assert all(cost.custom_max_bytes == 0 for _, cost in on_pcie.comms)
 
 
 def test_curves_must_ascend_in_size() -> None:
