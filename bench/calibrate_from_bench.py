@@ -20,8 +20,8 @@ HTTP overhead priced, in one run:
 4. Agreement, on the even repeats (2nd, 4th, ...; no fit saw them): bench --url against engine
    bench with that HTTP price (`_priced`: a latency, and a throughput's reciprocal, gains the
    simulator's served - in-process difference; same deployment, api_server on and off, fitted
-   figures), per figure, median |error|; and against the raw engine figures. Each side's figure is its median over those repeats; each repeat's own pair is
-   printed too.
+   figures), per figure, median |error|; and against the raw engine figures. Each side's figure is
+   its median over those repeats; each repeat's own pair is printed too.
 """
 
 from __future__ import annotations
@@ -146,8 +146,9 @@ def main() -> None:
         print(f"  {name:10} bench --url TPOT P50 " + "/".join(f"{s.tpot_ms.p50:.2f}" for s in remote[name])
               + " ms, engine bench " + "/".join(f"{s.tpot_ms.p50:.2f}" for s in local[name])
               + " ms, HTTP priced at +{:.2f} ms".format(prices[name]["tpot_median"][0] - prices[name]["tpot_median"][1]))
-    priced, raw, signed = _agreement({n: [r[i] for i in checked] for n, r in remote.items()},
-                                     {n: [r[i] for i in checked] for n, r in local.items()}, prices)
+    remote_checked = {n: [r[i] for i in checked] for n, r in remote.items()}
+    local_checked = {n: [r[i] for i in checked] for n, r in local.items()}
+    priced, raw, signed = _agreement(remote_checked, local_checked, prices)
     for name, errors in signed.items():
         print(f"  {name:10} HTTP priced, medians: " + ", ".join(f"{m} {e:+.0f}%" for m, e in zip(FIT_METRICS, errors)))
     print(f"bench --url vs engine bench with HTTP priced, repeats {', '.join(str(r + 1) for r in checked)} (each side's "
@@ -156,8 +157,7 @@ def main() -> None:
     # The same check priced by the engine profile's own figures (planner/engines/serveplan.yaml,
     # measured by bench/serve_overhead.py), nothing fitted.
     profile = {name: _http_price(model, hw, dep, w, CostParams.defaults(hw, engine)) for name, w in workloads.items()}
-    by_profile, _, _ = _agreement({n: [r[i] for i in checked] for n, r in remote.items()},
-                                  {n: [r[i] for i in checked] for n, r in local.items()}, profile)
+    by_profile, _, _ = _agreement(remote_checked, local_checked, profile)
     print(f"  the same with the HTTP price of the {engine.name!r} profile's own figures: median |error| {by_profile:.1f} %")
 
 
@@ -201,6 +201,7 @@ def _agreement(remote: dict[str, list[RunSummary]], local: dict[str, list[RunSum
             signed[name].append((_priced(metric, measured_engine, price[metric]) / measured_url - 1) * 100)
             raw.append(abs(measured_engine / measured_url - 1) * 100)
     return statistics.median(abs(e) for row in signed.values() for e in row), statistics.median(raw), signed
+
 
 if __name__ == "__main__":
     main()
