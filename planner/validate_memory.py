@@ -16,19 +16,14 @@ import statistics
 from pydantic import Field
 
 from engine.catalog import resolve_model
-from planner.engines import engine_for_release
+from planner.engines import engine_for_release, knobs_from_flags
 from planner.hardware import get_hardware
 from planner.memory.plan import MemoryPlan, Report, plan_memory
 from planner.public.data import StartupLog, startup_logs
-from planner.specs import Deployment, EngineKnobs
+from planner.specs import Deployment
 
 COMMAND = "serveplan validate --memory"
 DOC = Path(__file__).resolve().parents[1] / "docs" / "memory.md"
-# Launch flags that set an EngineKnobs field, by the engine's own name.
-KNOB_ARGS = {"gpu_memory_utilization": "gpu_memory_utilization", "mem_fraction_static": "gpu_memory_utilization",
-             "free_gpu_memory_fraction": "gpu_memory_utilization", "max_num_seqs": "max_num_seqs",
-             "max_num_batched_tokens": "max_num_batched_tokens", "block_size": "block_size_tokens",
-             "enforce_eager": "enforce_eager"}
 
 
 class LogCheck(Report):
@@ -89,7 +84,7 @@ def check_log(log: StartupLog) -> LogCheck:
     d, args, reported = log.deployment, log.engine.args, log.reported
     profile, note = engine_for_release(log.engine.engine, log.engine.version)
     model = resolve_model(d.model)
-    knobs = EngineKnobs(**{KNOB_ARGS[k]: v for k, v in args.items() if k in KNOB_ARGS})
+    knobs = knobs_from_flags(args)
     sampler = log.engine.profile_sampler
     dep = Deployment(hardware=d.hardware, tensor_parallel=d.tensor_parallel, pipeline_parallel=d.pipeline_parallel,
                      weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype, engine=profile.name, knobs=knobs,

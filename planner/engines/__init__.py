@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from functools import cache
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Literal
 
 from packaging.version import InvalidVersion, Version
@@ -22,7 +23,7 @@ import yaml
 from engine.core.scheduler import Batching, OutputReservation
 from engine.errors import InputError, unknown_name_error
 from engine.files import profile_folder
-from planner.specs import DEFAULT_ENGINE, Deployment, HardwareProfile, ProfileSampler
+from planner.specs import DEFAULT_ENGINE, Deployment, EngineKnobs, HardwareProfile, ProfileSampler
 
 PROFILE_DIR = Path(__file__).parent
 EngineName = Literal["vllm", "sglang", "trtllm", "serveplan"]
@@ -495,6 +496,31 @@ def engine_for_release(engine: EngineName, version: str) -> tuple[EngineProfile,
             return profile, None
     nearest = lines[0] if wanted < Version(lines[0].releases[0]) else lines[-1]  # type: ignore[index]
     return nearest, f"{engine} {version} is outside every profile: {nearest.name} (the nearest line) assumed"
+
+
+# Launch flags of vLLM, SGLang and TensorRT-LLM, by the engine's own names, that set an EngineKnobs field.
+ENGINE_FLAG_KNOBS: dict[str, str] = {
+    "max_num_seqs": "max_num_seqs",
+    "max_running_requests": "max_num_seqs",
+    "max_batch_size": "max_num_seqs",
+    "max_num_batched_tokens": "max_num_batched_tokens",
+    "chunked_prefill_size": "max_num_batched_tokens",
+    "max_num_tokens": "max_num_batched_tokens",
+    "enable_chunked_prefill": "enable_chunked_prefill",
+    "enable_prefix_caching": "enable_prefix_caching",
+    "num_scheduler_steps": "num_scheduler_steps",
+    "gpu_memory_utilization": "gpu_memory_utilization",
+    "mem_fraction_static": "gpu_memory_utilization",
+    "free_gpu_memory_fraction": "gpu_memory_utilization",
+    "block_size": "block_size_tokens",
+    "enforce_eager": "enforce_eager",
+    "cuda_graph_max_bs": "max_graph_batch_size",
+}
+
+
+def knobs_from_flags(flags: Mapping[str, object]) -> EngineKnobs:
+    """The knobs an engine launched with `flags` runs with; flags that set no knob are left out."""
+    return EngineKnobs(**{ENGINE_FLAG_KNOBS[name]: value for name, value in flags.items() if name in ENGINE_FLAG_KNOBS})
 
 
 def get_engine(name: str) -> EngineProfile:

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from typing import Literal, Protocol
 
 from engine.catalog import resolve_model
-from engine.config import EngineKnobs, ModelConfig
+from engine.config import ModelConfig
 from planner.costmodel import CostParams
 from planner.costmodel.operators import dispatches_by_all_to_all
-from planner.engines import EngineProfile, engine_for_release
+from planner.engines import ENGINE_FLAG_KNOBS, EngineProfile, engine_for_release, knobs_from_flags
 from planner.hardware import get_hardware
 from planner.metrics import RunSummary
 from planner.playback import Replay
@@ -33,28 +33,12 @@ from planner.workload import (
     sharegpt_lengths,
 )
 
-# Engine flags (by the engine's own names) that map onto ServePlan's knobs, and how.
-_KNOB_ARGS: dict[str, str] = {
-    "max_num_seqs": "max_num_seqs",
-    "max_running_requests": "max_num_seqs",
-    "max_batch_size": "max_num_seqs",
-    "max_num_batched_tokens": "max_num_batched_tokens",
-    "chunked_prefill_size": "max_num_batched_tokens",
-    "max_num_tokens": "max_num_batched_tokens",
-    "enable_chunked_prefill": "enable_chunked_prefill",
-    "enable_prefix_caching": "enable_prefix_caching",
-    "num_scheduler_steps": "num_scheduler_steps",
-    "gpu_memory_utilization": "gpu_memory_utilization",
-    "mem_fraction_static": "gpu_memory_utilization",
-    "enforce_eager": "enforce_eager",
-    "cuda_graph_max_bs": "max_graph_batch_size",
-}
 # Flags that change nothing the simulator models (kernels and backends are inside the fitted
 # efficiencies of the engine; the rest is bookkeeping of the run).
 _NEUTRAL_ARGS = frozenset({
     "attention_backend", "enable_torch_compile", "dtype", "quantization", "VLLM_USE_TRITON_FLASH_ATTN",
     "kv_cache_dtype", "kv_cache_dtype_skip_layers", "max_seq_len_to_capture", "max_model_len", "max_seq_len",
-    "block_size", "kv_transfer_config", "async_scheduling", "enable_expert_parallel", "disable_radix_cache",
+    "kv_transfer_config", "async_scheduling", "enable_expert_parallel", "disable_radix_cache",
 })
 # Flags that shape the Deployment (read in `prepare`).
 _DEPLOYMENT_ARGS = frozenset({"enable_dp_attention"})
@@ -116,7 +100,7 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     for name, reason in _UNSUPPORTED_ARGS.items():
         if name in args:
             return reason
-    unknown = sorted(set(args) - set(_KNOB_ARGS) - _NEUTRAL_ARGS - _DEPLOYMENT_ARGS)
+    unknown = sorted(set(args) - set(ENGINE_FLAG_KNOBS) - _NEUTRAL_ARGS - _DEPLOYMENT_ARGS)
     if unknown:
         return f"engine flags not modelled: {', '.join(unknown)}"
     d = run.deployment
@@ -135,7 +119,7 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     model, hw = resolve_model(d.model), get_hardware(d.hardware)
     max_model_len = int(args.get("max_model_len") or args.get("max_seq_len") or model.max_position_embeddings)
     max_model_len = min(max_model_len, model.max_position_embeddings)
-    knobs = EngineKnobs(**{knob: args[name] for name, knob in _KNOB_ARGS.items() if name in args})
+    knobs = knobs_from_flags(args)
     if run.engine.engine == "sglang" and args.get("disable_radix_cache"):
         knobs = knobs.model_copy(update={"enable_prefix_caching": False})
     if run.engine.kv_cache_gib_reported is not None:
