@@ -11,9 +11,9 @@ each engine's behaviour; its tables are generated from these files (planner/engi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from pathlib import Path
-from collections.abc import Mapping
 from typing import Literal
 
 from packaging.version import InvalidVersion, Version
