@@ -8,7 +8,7 @@ import yaml
 
 from engine.config import ENGINE_DEFAULTS, EngineKnobs, graph_capture_sizes
 from engine.errors import InputError
-from planner.engines import PROFILE_DIR, engine_catalog, get_engine, load_engine_profile
+from planner.engines import ENGINE_FLAG_KNOBS, PROFILE_DIR, engine_catalog, get_engine, knobs_from_flags, load_engine_profile
 from planner.engines.docs import DOC, regenerate
 from planner.hardware import get_hardware
 
@@ -159,3 +159,16 @@ def test_the_docs_tables_are_generated_from_the_profiles() -> None:
     assert regenerate(text) == text, "run: python -m planner.engines.docs"
     for name in PROFILES:
         assert f"<!-- profile: {name} -->" in text
+
+
+def test_each_engines_launch_flags_set_the_knob_they_name() -> None:
+    """vLLM's, SGLang's and TensorRT-LLM's names for one knob land on it; flags that set no knob
+    (a backend, a dtype) are left out; every mapped name is a knob."""
+    assert knobs_from_flags({"gpu_memory_utilization": 0.25, "max_num_seqs": 64, "block_size": 32}) == EngineKnobs(
+        gpu_memory_utilization=0.25, max_num_seqs=64, block_size_tokens=32)
+    assert knobs_from_flags({"mem_fraction_static": 0.8, "chunked_prefill_size": 4096, "max_running_requests": 128,
+                             "cuda_graph_max_bs": 8, "attention_backend": "fa3"}) == EngineKnobs(
+        gpu_memory_utilization=0.8, max_num_batched_tokens=4096, max_num_seqs=128, max_graph_batch_size=8)
+    assert knobs_from_flags({"free_gpu_memory_fraction": 0.9, "max_num_tokens": 8192, "max_batch_size": 256}) == EngineKnobs(
+        gpu_memory_utilization=0.9, max_num_batched_tokens=8192, max_num_seqs=256)
+    assert set(ENGINE_FLAG_KNOBS.values()) <= set(EngineKnobs.model_fields)
