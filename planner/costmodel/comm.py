@@ -74,13 +74,13 @@ class CollectiveCost:
 
     def seconds(self, payload_bytes: Number) -> Number:
         """Seconds of one call moving `payload_bytes` (nccl-tests' size); arrays price many at once."""
-        nccl = self._nccl_seconds(payload_bytes)
         if not self.custom_max_bytes:
-            return nccl
-        custom = self._custom_seconds(payload_bytes)
+            return self._nccl_seconds(payload_bytes)
         if isinstance(payload_bytes, np.ndarray):
-            return np.where(payload_bytes < self.custom_max_bytes, custom, nccl)
-        return custom if payload_bytes < self.custom_max_bytes else nccl
+            return np.where(payload_bytes < self.custom_max_bytes, self._custom_seconds(payload_bytes),
+                            self._nccl_seconds(payload_bytes))
+        # One payload: price it by the kernel that carries it only (the cost model's per-step path).
+        return self._custom_seconds(payload_bytes) if payload_bytes < self.custom_max_bytes else self._nccl_seconds(payload_bytes)
 
     def _custom_seconds(self, payload_bytes: Number) -> Number:
         """The custom all-reduce: a barrier before and after each stage's reads (one link latency
