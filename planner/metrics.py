@@ -65,6 +65,32 @@ class RunRecord:
     comm_s: float | None = None
     offload: TierStats | None = None  # summed over replicas; None without offload tiers
     transfers: list[KVTransferRecord] | None = None  # None without disaggregation
+    stopped: EarlyStop | None = None  # the run stopped once it could no longer meet its SLO
+
+
+class SLOWatch:
+    """Counts the finished requests that miss their per-request limits, and says when so many have
+    that the run's goodput share can no longer reach the SLO's, whatever the others do: with m of N
+    missed, at most (N - m) / N are good. The same test `_goodput` applies at the end, so a run
+    stopped here would have missed the SLO had it gone on."""
+
+    def __init__(self, slo: SLO, num_requests: int) -> None:
+        self.limits_ms = slo.request_limits_ms()
+        self.required_share = slo.goodput_share
+        self.num_requests = num_requests
+        self.missed = 0
+
+    def finished(self, r: RequestMetrics) -> bool:
+        """Count `r`; True once the SLO is missed for certain."""
+        if not meets_limits(r, self.limits_ms):
+            self.missed += 1
+        return (self.num_requests - self.missed) / self.num_requests < self.required_share
+
+
+def meets_limits(r: RequestMetrics, limits_ms: dict[str, float]) -> bool:
+    """Whether one request is good: its TTFT, TPOT and E2E each within its limit (SLO.request_limits_ms)."""
+    observed_ms = {"ttft": r.ttft_s * 1e3, "tpot": r.tpot_s * 1e3, "e2e": r.e2e_s * 1e3}
+    return all(observed_ms[m] <= limit for m, limit in limits_ms.items())
 
 
 @dataclass(frozen=True)
@@ -140,6 +166,14 @@ class Goodput(_Out):
     checks: list[SLOCheck] = Field(description="Each percentile target against the observed distribution")
     required_share: float | None
     slo_met: bool | None = Field(description="Every target and the goodput share met; None without an SLO")
+
+
+class EarlyStop(_Out):
+    """Why and when a run stopped before every request finished (a plan's capacity probe)."""
+
+    at_s: float = Field(description="Simulated seconds after the first arrival")
+    missed_requests: int = Field(description="Finished requests over a per-request limit by then")
+    basis: str
 
 
 class Cost(_Out):
@@ -242,6 +276,9 @@ class RunSummary(_Out):
     kv_transfer: TransferStats | None = Field(None, description="Prefill-to-decode KV transfers; None without disaggregation")
     prediction_interval: PredictionInterval | None = Field(
         None, description="Simulated GPU runs with a public fit: the likely range of each figure if measured")
+    stopped_early: EarlyStop | None = Field(
+        None, description="The run stopped once it had missed its SLO for certain (a plan's capacity probe): every "
+                          "figure covers only the requests finished by then, the slow ones still running left out")
 
     def figure(self, path: str) -> float | None:
         """The figure at a dotted path, e.g. 'ttft_ms.p99', 'throughput.output_tokens_per_s',
@@ -314,7 +351,7 @@ def summarize(
         throughput=throughput,
         steady_state=steady_state(reqs, record.samples, pricing),
         mean_batch_requests=float(np.mean([s.num_running for s in record.samples])) if record.samples else None,
-        goodput=_goodput(reqs, stats, slo, duration),
+        goodput=_goodput(reqs, stats, slo, duration, stopped=record.stopped is not None),
         prefix_cache_hit_rate=record.prefix_cache.hit_rate,
         prefix_cache_hit_tokens=record.prefix_cache.all_hit_tokens,
         preemptions=record.num_preemptions,
@@ -326,6 +363,7 @@ def summarize(
         assumptions=assumptions,
         offload=_offload(record.offload, record.prefix_cache),
         kv_transfer=_transfers(record.transfers),
+        stopped_early=record.stopped,
     )
 
 
@@ -405,15 +443,14 @@ def steady_state(reqs: Sequence[RequestMetrics], samples: Sequence[StepSample], 
     )
 
 
-def _goodput(reqs: list[RequestMetrics], stats: dict[str, LatencyStats], slo: SLO | None, duration: float) -> Goodput:
+def _goodput(reqs: list[RequestMetrics], stats: dict[str, LatencyStats], slo: SLO | None, duration: float, *,
+             stopped: bool = False) -> Goodput:
+    """Goodput of the finished requests; a run stopped by its SLOWatch missed the SLO whatever they show."""
     if slo is None:
         return Goodput(requests_per_s=len(reqs) / duration, share=1.0, request_limits_ms={}, checks=[],
                        required_share=None, slo_met=None)
     limits = slo.request_limits_ms()
-    good = 0
-    for r in reqs:
-        observed = {"ttft": r.ttft_s * 1e3, "tpot": r.tpot_s * 1e3, "e2e": r.e2e_s * 1e3}
-        good += all(observed[m] <= limit for m, limit in limits.items())
+    good = sum(meets_limits(r, limits) for r in reqs)
     checks = []
     for target, limit in slo.targets.items():
         metric, quantile, _ = target.split("_")
@@ -426,7 +463,7 @@ def _goodput(reqs: list[RequestMetrics], stats: dict[str, LatencyStats], slo: SL
         request_limits_ms=limits,
         checks=checks,
         required_share=slo.goodput_share,
-        slo_met=share >= slo.goodput_share and all(c.met for c in checks),
+        slo_met=not stopped and share >= slo.goodput_share and all(c.met for c in checks),
     )
 
 

@@ -85,6 +85,7 @@ def plan(
     cache_dir: str | Path | None = DEFAULT_CACHE_DIR,
     progress: bool = True,
     on_progress: Callable[[int, int], None] | None = None,
+    stop_missed_probes: bool = True,
 ) -> PlanResult:
     """The cheapest deployment of `model` serving `workload` at `rate_per_s` within `slo`.
 
@@ -101,7 +102,9 @@ def plan(
     engine profile's default). `fit` (a team's own, from `serveplan calibrate --from-bench`) prices
     every candidate and gives the bands in place of the public GPU fit.
     `on_progress(done, total)` is called as each candidate is settled (simulated or
-    pruned), for front ends that draw their own progress bar (the dashboard). Every input and
+    pruned), for front ends that draw their own progress bar (the dashboard). Capacity probes stop
+    once they have missed the SLO for certain (`stop_missed_probes`; the same answer, and a miss's
+    figures then cover the requests finished by then); False runs each to its end (a benchmark's peer). Every input and
     limit is checked before any work; bad input raises InputError naming the field as front ends
     declare it (rate, hw, max_gpus, requests_per_probe, ...), for them to map to a flag or widget.
     Ctrl-C raises KeyboardInterrupt after ending the workers; the cache stays whole.
@@ -144,7 +147,8 @@ def plan(
     # A request beyond the model's context is refused before its token ids are drawn.
     shape = Shape.of(Replay.of(probe_workload(base, rate_per_s, requests_per_probe), vocab_size=cfg.vocab_size,
                                max_model_len=cfg.max_position_embeddings), base)
-    q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs, margin, fit)
+    q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs, margin, fit,
+                 stop_missed_probes)
     tried = knobs if prefix_caching is None else [k.model_copy(update={"enable_prefix_caching": prefix_caching})
                                                   for k in knobs]
     candidates = enumerate_candidates(cfg, profiles, max_gpus_per_replica, weights, kvs, tried, shape.longest_tokens, engine,
@@ -173,7 +177,7 @@ def plan(
         one = p.deployment.model_copy(update={"replicas": 1})
         assert p.sustained_rate_per_s is not None and p.replicas is not None
         c = slo_capacity(cfg, hw, one, base, slo, start_rate_per_s=p.sustained_rate_per_s,
-                         requests_per_probe=requests_per_probe, runs=runs, fit=fit)
+                         requests_per_probe=requests_per_probe, runs=runs, fit=fit, stop_once_missed=stop_missed_probes)
         k = p.replicas
         return c.model_copy(update={
             "rate_per_s": None if c.rate_per_s is None else c.rate_per_s * k,
@@ -193,7 +197,7 @@ def plan(
                      budget_usd_per_hour=budget_usd_per_hour, engine=engine, headroom=headroom, confidence=confidence,
                      max_quality_loss_pct=max_quality_loss_pct, prefix_caching=prefix_caching, fit=fit, widen=False,
                      requests_per_probe=requests_per_probe, executor=executor, workers=workers, cache_dir=cache_dir,
-                     progress=progress, on_progress=on_progress)
+                     progress=progress, on_progress=on_progress, stop_missed_probes=stop_missed_probes)
         result = result.model_copy(update={"widening": what_to_widen(wider, space)})
     return result
 

@@ -49,9 +49,10 @@ def code_version() -> str:
 
 
 def cache_key(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workload: Workload, slo: SLO,
-              fit: FittedModel | None = None) -> str:
+              fit: FittedModel | None = None, stop_once_missed: bool = False) -> str:
     """SHA-256 of the canonical JSON of everything a simulation's result depends on (the public fit
-    through code_version, a fit given instead by its content)."""
+    through code_version, a fit given instead by its content; a run that may stop once it misses the
+    SLO apart from a whole one)."""
     payload = {
         "model": asdict(model),
         "hardware": hw.model_dump(mode="json"),
@@ -61,6 +62,7 @@ def cache_key(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workload
         "router": "round_robin",
         "code": code_version(),
         **({"fit": fit.model_dump(mode="json")} if fit is not None else {}),
+        **({"stop_once_missed": True} if stop_once_missed else {}),
     }
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()
@@ -128,15 +130,20 @@ def _checksum(key: str, text: bytes) -> str:
 
 
 def simulate_cached(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workload: Workload, slo: SLO,
-                    runs: RunCache | None, fit: FittedModel | None = None) -> tuple[RunSummary, list[str]]:
+                    runs: RunCache | None, fit: FittedModel | None = None, *,
+                    stop_once_missed: bool = False) -> tuple[RunSummary, list[str]]:
     """simulate(...).summary, from / into `runs` (None: no cache), with a line for each bad entry met."""
+    def run() -> RunSummary:
+        return simulate(model, hw, dep, workload, slo=slo, router="round_robin", fit=fit,
+                        stop_once_missed=stop_once_missed).summary
+
     if runs is None:
-        return simulate(model, hw, dep, workload, slo=slo, router="round_robin", fit=fit).summary, []
-    key = cache_key(model, hw, dep, workload, slo, fit)
+        return run(), []
+    key = cache_key(model, hw, dep, workload, slo, fit, stop_once_missed)
     summary, bad = runs.get(key)
     if summary is not None:
         return summary, []
-    summary = simulate(model, hw, dep, workload, slo=slo, router="round_robin", fit=fit).summary
+    summary = run()
     not_stored, where = runs.put(key, summary), runs.path(key)
     notes = [f"ignored the bad plan cache entry {where} ({bad})"] if bad else []
     if not_stored:

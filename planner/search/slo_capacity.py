@@ -54,8 +54,11 @@ class SLOCapacity(BaseModel):
 
 def slo_capacity(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workload: Workload, slo: SLO, *,
                  start_rate_per_s: float, requests_per_probe: int, tolerance: float = 0.1,
-                 runs: RunCache | None = None, fit: FittedModel | None = None) -> SLOCapacity:
-    """The capacity of `dep` (all its replicas, round robin) on `workload`'s requests within `slo`."""
+                 runs: RunCache | None = None, fit: FittedModel | None = None,
+                 stop_once_missed: bool = True) -> SLOCapacity:
+    """The capacity of `dep` (all its replicas, round robin) on `workload`'s requests within `slo`.
+    `stop_once_missed`: a probe stops once it has missed the SLO for certain (same verdicts; only the
+    passing probes' figures are used); False runs every probe to its end."""
     if not 0.01 <= tolerance <= 1:
         raise InputError("tolerance", tolerance, "must be between 0.01 and 1")
     if not MIN_RATE_PER_S <= start_rate_per_s <= MAX_RATE_PER_S:
@@ -70,7 +73,8 @@ def slo_capacity(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workl
     failed: set[float] = set()
 
     def probe(rate: float) -> bool:
-        summary, notes = simulate_cached(model, hw, dep, probe_workload(workload, rate, n), slo, runs, fit)
+        summary, notes = simulate_cached(model, hw, dep, probe_workload(workload, rate, n), slo, runs, fit,
+                                         stop_once_missed=stop_once_missed)
         for note in notes:  # a bad cache entry met here is named like the search's own
             _log.warning(note)
         if summary.goodput.slo_met:

@@ -26,7 +26,7 @@ from planner.costmodel import CostModel, CostParams
 from planner.costmodel.fitted import FittedModel, prediction_interval
 from planner.engines import EngineProfile, get_engine, resolve_deployment
 from planner.memory import MemoryPlan, plan_memory
-from planner.metrics import PricingBasis, RunRecord, RunSummary, StepSample, summarize
+from planner.metrics import EarlyStop, PricingBasis, RunRecord, RunSummary, SLOWatch, StepSample, summarize
 from planner.playback import Playback, Replay, Submission, check_lengths
 from planner.sim.disagg import Disaggregated
 from planner.sim.executor import SYNTHETIC_TOKEN_ID, CostModelExecutor
@@ -46,6 +46,10 @@ class SimulationResult:
     record: RunRecord  # per request and per step, for CDFs and full-resolution time series
     memory: MemoryPlan
     trace: RunTrace | None = None  # the schedule, when asked for (trace=True): what a fit re-times
+
+
+class _SLOMissed(Exception):
+    """Raised from a finishing request once the run can no longer meet its SLO (simulate's stop_once_missed)."""
 
 
 def context_length(model: ModelConfig, max_model_len: int | None) -> int:
@@ -151,6 +155,7 @@ def simulate(
     seed: int = 0,
     trace: bool = False,
     bulk_decodes: bool = True,
+    stop_once_missed: bool = False,
 ) -> SimulationResult:
     """Play `workload` (a spec to draw, or a trace / already drawn Replay) against `dep` until
     every request finishes. `kv_cache_blocks` replaces the memory plan's count per replica (to
@@ -162,7 +167,11 @@ def simulate(
     benchmark client's do.
     `bulk_decodes`: the schedulers apply decodes where nothing happens in bulk (engine/core/
     bulk_decodes.py; same results); False handles every request in every step one by one, as the
-    engine does. A traced run is always one by one: its trace records every request's steps."""
+    engine does. A traced run is always one by one: its trace records every request's steps.
+    `stop_once_missed`: stop as soon as so many requests have missed their `slo` limits that the run
+    can no longer meet it (metrics.SLOWatch); the summary then covers the requests finished by then,
+    says so (`stopped_early`), and misses the SLO, as the whole run would have. A plan's capacity
+    probes need no more than that verdict."""
     if router not in ROUTERS:
         raise unknown_name_error("router", router, ROUTERS)
     build = ReplicaTemplate.resolve(model, hw, dep, calibration, max_model_len, kv_cache_blocks, fit)
@@ -196,8 +205,12 @@ def simulate(
         yield env.timeout(sub.due_s - env.now)
         send(sub, gate)
 
+    watch = SLOWatch(slo, playback.num_requests) if stop_once_missed and slo is not None else None
+
     def on_finished(request: Request) -> None:
         finished.append(RequestMetrics.from_request(request))
+        if watch is not None and watch.finished(finished[-1]) and len(finished) < playback.num_requests:
+            raise _SLOMissed
         for sub in playback.finished(request.request_id, request.output_token_ids, env.now):
             if sub.due_s > env.now:
                 env.process(send_later(sub, request.request_id))
@@ -231,8 +244,16 @@ def simulate(
         cluster = Disaggregated(env, prefilling, replicas[n_prefill:], ROUTERS[router](), ROUTERS[router](),
                                 cost_model.copies, sched_config.block_size, on_finished)
     env.process(arrivals())
-    env.run()  # the replicas idle on an event once everything is done, so the queue drains
-    if len(finished) != playback.num_requests:
+    stopped = None
+    try:
+        env.run()  # the replicas idle on an event once everything is done, so the queue drains
+    except _SLOMissed:
+        assert watch is not None
+        stopped = EarlyStop(at_s=env.now - min(r.arrival_time for r in finished), missed_requests=watch.missed,
+                            basis=f"{watch.missed:,} of the {len(finished):,} requests finished by then missed a limit "
+                                  f"of {watch.limits_ms} ms; the goodput share could no longer reach "
+                                  f"{watch.required_share:g} of {watch.num_requests:,}")
+    if stopped is None and len(finished) != playback.num_requests:
         raise RuntimeError(f"{playback.num_requests - len(finished)} requests never finished: simulator bug")
 
     stats = [r.scheduler.stats() for r in replicas]
@@ -256,6 +277,7 @@ def simulate(
         finish_reasons=reasons,
         offload=sum_tier_stats(s.offload for s in stats),
         transfers=cluster.transfers if cluster is not None else None,
+        stopped=stopped,
     )
     peak, peak_dtype = hw.peak_flops(cost_model.gemm_dtype)
     pricing = PricingBasis(

@@ -95,6 +95,28 @@ def probe_workload_requests(workload):
     return Replay.of(probe_workload(workload, RATE_PER_S, 100), vocab_size=resolve_model(MODEL).vocab_size).requests
 
 
+def test_probes_stopped_once_they_miss_give_the_answer_of_whole_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Probes that stop as soon as they have missed the SLO for certain change nothing in the plan,
+    figures of rejected candidates included (a never-passing candidate's lightest miss runs whole);
+    some probes did stop, and every one that stopped had missed."""
+    from planner.search import cache
+
+    stopped: list[bool] = []
+
+    def recorded(*args: object, **kwargs: object):  # noqa: ANN202
+        out = simulate(*args, **kwargs)
+        if out.summary.stopped_early is not None:
+            stopped.append(out.summary.goodput.slo_met is False)
+        return out
+
+    monkeypatch.setattr(cache, "simulate", recorded)
+    whole = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=None, stop_missed_probes=False, **SPACE)
+    assert not stopped
+    early = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=None, **SPACE)
+    assert stopped and all(stopped)
+    assert early == whole
+
+
 def test_second_ask_comes_from_the_cache(result: PlanResult, cache_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_simulation(*args: object, **kwargs: object) -> None:
         raise AssertionError("simulate() called although every result is cached")

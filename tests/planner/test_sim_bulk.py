@@ -1,5 +1,6 @@
-"""The simulator's fast path: decodes applied in bulk give exactly what stepping every request one by
-one gives, over random deployments and workloads (engine/core/bulk_decodes.py).
+"""The simulator's fast paths: decodes applied in bulk give exactly what stepping every request one by
+one gives, over random deployments and workloads (engine/core/bulk_decodes.py); a run stopped once it
+has missed its SLO would have missed it whole.
 
 Identical means identical: every request's timestamps, every step sample and the whole summary,
 compared with ==, no tolerance."""
@@ -20,7 +21,7 @@ from planner.hardware import get_hardware
 from planner.playback import Replay
 from planner.sim import simulate
 from planner.sim.replica import _catch_up
-from planner.specs import Deployment, EngineKnobs
+from planner.specs import SLO, Deployment, EngineKnobs
 from planner.workload import (ClosedLoopArrivals, Conversation, GammaArrivals, LognormalLength, OfflineArrivals,
                               PoissonArrivals, SharedPrefix, Workload)
 
@@ -75,6 +76,30 @@ def test_bulk_decodes_simulate_exactly_what_one_by_one_simulates(run: dict[str, 
     assert bulk.record.requests == one.record.requests
     assert bulk.record.samples == one.record.samples
     assert bulk.summary == one.summary
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs(), st.sampled_from(["ttft_p99_ms<=60", "tpot_p99_ms<=12,goodput_share>=0.9", "e2e_p99_ms<=1500",
+                                "ttft_p50_ms<=100,tpot_p50_ms<=30,goodput_share>=0.5", "itl_p99_ms<=20"]))
+def test_a_run_stopped_once_it_misses_its_slo_would_have_missed_it(run: dict[str, object], slo_text: str) -> None:
+    """A run may stop once so many requests have missed their limits that the SLO is out of reach
+    (planner.metrics.SLOWatch): it stops only where the whole run misses, and a run it does not stop
+    is the whole run, summary and all."""
+    model, dep, workload = run.pop("model"), run.pop("dep"), run.pop("workload")
+    slo = SLO.parse(slo_text)
+    try:
+        whole = simulate(model, H100, dep, workload, slo=slo, **run)
+    except InputError:
+        event("refused")
+        return
+    early = simulate(model, H100, dep, workload, slo=slo, stop_once_missed=True, **run)
+    if early.summary.stopped_early is not None:
+        event("stopped")
+        assert whole.summary.goodput.slo_met is False and early.summary.goodput.slo_met is False
+        assert early.summary.num_finished < whole.summary.num_finished
+        assert early.record.requests == whole.record.requests[:early.summary.num_finished]
+    else:
+        assert early.summary == whole.summary
 
 
 _SHORT_POOL_BLOCKS = 200  # 3,200 tokens: two or three conversations at their longest
