@@ -120,16 +120,14 @@ def capacity_search(task: Task) -> Outcome:
     probes: list[Probe] = []
     notes: list[str] = []
 
-    def run(k: int, stop_once_missed: bool) -> RunSummary:
-        w = probe_workload(q.workload, q.sized_rate_per_s / k, probe_requests(q.requests_per_probe, task.dep, q.workload))
-        summary, bad = simulate_cached(q.model, task.hw, task.dep, w, q.sizing_slo, q.runs, q.fit,
-                                       stop_once_missed=stop_once_missed)
-        notes.extend(bad)
-        return summary
-
     def probe(k: int) -> bool:
-        summary = run(k, q.stop_once_missed)
-        probes.append(Probe(k, q.sized_rate_per_s / k, bool(summary.goodput.slo_met), summary))
+        rate = q.sized_rate_per_s / k
+        w = probe_workload(q.workload, rate, probe_requests(q.requests_per_probe, task.dep, q.workload))
+        # A search that never passes reports its probe at max_replicas, the lightest miss: that one runs whole.
+        summary, bad = simulate_cached(q.model, task.hw, task.dep, w, q.sizing_slo, q.runs, q.fit,
+                                       stop_once_missed=q.stop_once_missed and k < task.max_replicas)
+        notes.extend(bad)
+        probes.append(Probe(k, rate, bool(summary.goodput.slo_met), summary))
         return probes[-1].passed
 
     failed, passed, k, error = None, None, task.min_replicas, None
@@ -145,10 +143,6 @@ def capacity_search(task: Task) -> Outcome:
                 passed = mid
             else:
                 failed = mid
-        lightest = max(range(len(probes)), key=lambda i: (not probes[i].passed, probes[i].replicas))
-        if passed is None and probes[lightest].summary.stopped_early is not None:
-            # Without a pass, the report shows the lightest miss's figures: those of its whole run.
-            probes[lightest] = replace(probes[lightest], summary=run(probes[lightest].replicas, False))
     except InputError as exc:  # e.g. a request that needs more KV blocks than a replica holds
         passed, error = None, str(exc)
     return Outcome(tuple(probes), passed, task.cost_capped, error, tuple(notes))
