@@ -190,6 +190,11 @@ class CostModel:
         self._s_per_kv_byte = slow / (bw * p.attention_memory_efficiency)
         self._s_per_attn_flop = slow / (high_peak * p.attention_compute_efficiency)
         self._s_per_dequant_op = slow / (self._vector_peak * p.compute_efficiency) if self.dequant else 0.0
+        # The weight matmuls (not the unquantised LM head and router): scaled low-precision formats reach
+        # their shares of the format's rates.
+        scaled = self.gemm_dtype in ("fp8", "fp4") and not self.dequant
+        self._s_per_gemm_flop = self._s_per_flop / (p.scaled_gemm_efficiency if scaled else 1.0)
+        self._s_per_gemm_byte = self._s_per_byte / (p.scaled_gemm_memory_efficiency if scaled else 1.0)
         peers = dep.peer_access
         self.tp_link = _pick_link(hw, dep.tensor_parallel, "tensor_parallel", peers) if dep.tensor_parallel > 1 else None
         self.pp_link = _pick_link(hw, dep.gpus_per_replica, "pipeline_parallel", peers) if dep.pipeline_parallel > 1 else None
@@ -326,7 +331,9 @@ class CostModel:
             "weights read once per step per layer; activations in "
             + ("fp32" if self._act == 4.0 else "bf16") + "; embedding and LM head unquantised",
             "fp8/fp4 weights compute natively when the hardware lists a peak for the format (W8A8/W4A4); otherwise, "
-            f"and for int8/int4, weight-only: bf16 math plus {DEQUANT_OPS_PER_WEIGHT:g} vector ops per weight read",
+            f"and for int8/int4, weight-only: bf16 math plus {DEQUANT_OPS_PER_WEIGHT:g} vector ops per weight read; "
+            "native ones reach scaled_gemm_efficiency of the format's FLOP rate and scaled_gemm_memory_efficiency "
+            "of its weight-read rate",
             "attention: causal pairs q x (cached + (q+1)/2) per request and layer, capped by sliding windows; "
             "K/V of the context read once per request and layer at attention_memory efficiency, FLOPs at "
             "attention_compute efficiency; decode and prefill requests are separate rooflines",
@@ -443,10 +450,12 @@ class CostModel:
         flops, nbytes = g.flops_per_row * rows, g.weight_bytes + g.act_bytes_per_row * rows
         work[0] += flops
         work[1] += nbytes
-        s_per_flop = self._s_per_high_flop if g.high_precision else self._s_per_flop
-        dequant = 0.0 if g.high_precision else g.dequant_ops * self._s_per_dequant_op
+        if g.high_precision:
+            s_per_flop, s_per_byte, dequant = self._s_per_high_flop, self._s_per_byte, 0.0
+        else:
+            s_per_flop, s_per_byte, dequant = self._s_per_gemm_flop, self._s_per_gemm_byte, g.dequant_ops * self._s_per_dequant_op
         compute = g.flops_per_row * self._compute_rows(rows) * s_per_flop + dequant
-        device = g.kernels * self.params.kernel_latency_s + _max(compute, nbytes * self._s_per_byte)
+        device = g.kernels * self.params.kernel_latency_s + _max(compute, nbytes * s_per_byte)
         return device * _present(rows)
 
     def _experts(self, rows: Number, work: list[Number]) -> Number:

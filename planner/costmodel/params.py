@@ -97,11 +97,21 @@ class CostParams:
     # moe_kernel_efficiency. The public fit learns it per GPU family; 1 (the profiles' estimate)
     # prices them like dense matmuls.
     grouped_gemm_efficiency: float = 1.0
+    # Shares of their format's roofline that scaled low-precision weight matmuls (W8A8 fp8, W4A4 fp4
+    # on tensor cores that have the format) reach on this GPU family, of its math and of its weight
+    # reads: each GEMM first quantises its activations (a kernel of its own), reads the scales and
+    # applies them in its epilogue, and fp8 checkpoints scaled per 128 x 128 block (Qwen3's and
+    # DeepSeek's) run block-scaled kernels (Triton, DeepGEMM) that do not match cuBLAS's bf16 GEMMs.
+    # 1 prices them at the format's datasheet rates (fp8 math and weight reads twice bf16's), the
+    # profiles' estimate; the public fit learns both per family. Weight-only formats, which
+    # dequantise to bf16 math, are priced by their dequantisation instead.
+    scaled_gemm_efficiency: float = 1.0
+    scaled_gemm_memory_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
                      "attention_compute_efficiency", "interconnect_efficiency", "moe_kernel_efficiency",
-                     "grouped_gemm_efficiency"):
+                     "grouped_gemm_efficiency", "scaled_gemm_efficiency", "scaled_gemm_memory_efficiency"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
                 raise InputError(name, value, "must be in (0, 1]")

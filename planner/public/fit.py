@@ -42,7 +42,8 @@ from planner.sim.trace import RunTrace
 # log-space fit cannot move a figure away from 0.
 HARDWARE_PARAMS: tuple[str, ...] = (
     "compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "attention_compute_efficiency",
-    "kernel_latency_s", "collective_time_scale", "grouped_gemm_efficiency",
+    "kernel_latency_s", "collective_time_scale", "grouped_gemm_efficiency", "scaled_gemm_efficiency",
+    "scaled_gemm_memory_efficiency",
 )
 ENGINE_PARAMS: tuple[str, ...] = ("step_overhead_s", "per_request_overhead_s", "api_request_s", "api_chat_template_s",
                                   "api_latency_s", "moe_kernel_efficiency")
@@ -81,6 +82,10 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     # Hopper's wgmma/TMA pipelines as cuBLAS's dense GEMMs do): an estimate of the floor, in log space
     # for the same reason.
     "grouped_gemm_efficiency": (0.3, 1.0),
+    # Scaled fp8/fp4 matmuls against their format's datasheet rates (activation quantisation, scales,
+    # block-scaled kernels); at 0.5 an fp8 GEMM runs at bf16's rate. Log space, the estimate 1 the edge.
+    "scaled_gemm_efficiency": (0.3, 1.0),
+    "scaled_gemm_memory_efficiency": (0.3, 1.0),
     # An in-process API server's work on a request that holds the engine's GIL (fitted only where the
     # engine profile says the server shares the engine's process: `calibrate --from-bench`). In log
     # space like the MoE share, so that the whole of it, 1, can be reached.

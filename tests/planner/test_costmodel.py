@@ -235,6 +235,26 @@ def test_an_moe_efficiency_slows_the_routed_experts_alone(batch: int) -> None:
     assert grouped["moe_experts"] - kernels == pytest.approx(2 * (dense_rate["moe_experts"] - kernels))
 
 
+def test_scaled_matmuls_reach_their_share_of_the_formats_rates() -> None:
+    """fp8 weights (W8A8 on H100) are half bf16's bytes and FLOPs at twice the rate: at shares of 0.5
+    the weight matmuls of an fp8 step cost what bf16's do, bound by their weight reads in a batch-1
+    decode and by their FLOPs in a 32,768-token prefill. The shares leave the unquantised LM head,
+    every other operator, and bf16 weights alone."""
+    hw = get_hardware("h100-sxm")
+    base = CostParams.defaults(hw, get_engine("vllm-0.11"))
+    halved = replace(base, scaled_gemm_efficiency=0.5, scaled_gemm_memory_efficiency=0.5)
+    matmuls = ("qkv_proj", "o_proj", "mlp")
+    for shape in ([(1, 1000, False)], [(8192, 0, True)] * 4):
+        bf16 = cost(calibration=halved).shape_breakdown(shape)
+        fp8, fp8_at_rates = (cost(calibration=c, weight_dtype="fp8").shape_breakdown(shape) for c in (halved, base))
+        assert cost(calibration=base).shape_breakdown(shape) == bf16
+        for op in matmuls:
+            assert fp8[op] == pytest.approx(bf16[op], rel=0.02), op  # activations are bf16 in both
+            assert fp8_at_rates[op] < 0.6 * fp8[op], op
+        assert {k: v for k, v in fp8.items() if k not in matmuls} == {
+            k: v for k, v in fp8_at_rates.items() if k not in matmuls}
+
+
 def test_windowed_layers_cap_the_attended_context() -> None:
     cm = cost(model="mistral-7b")  # Mistral-7B-v0.1: every layer windowed to 4096 tokens
     window = resolve_model("mistral-7b").layer_windows[0]
