@@ -103,8 +103,8 @@ def plan(
     every candidate and gives the bands in place of the public GPU fit.
     `on_progress(done, total)` is called as each candidate is settled (simulated or
     pruned), for front ends that draw their own progress bar (the dashboard). Capacity probes stop
-    once they have missed the SLO for certain (`stop_missed_probes`; the same answer, and a miss's
-    figures then cover the requests finished by then); False runs each to its end (a benchmark's peer). Every input and
+    once they have missed the SLO for certain (`stop_missed_probes`): the same answer and report in
+    less time; False runs each to its end (a benchmark's peer). Every input and
     limit is checked before any work; bad input raises InputError naming the field as front ends
     declare it (rate, hw, max_gpus, requests_per_probe, ...), for them to map to a flag or widget.
     Ctrl-C raises KeyboardInterrupt after ending the workers; the cache stays whole.

@@ -64,8 +64,8 @@ class Question:
     runs: RunCache | None
     pessimism: Pessimism | None = None  # sizing at a confidence
     fit: FittedModel | None = None  # None: the public GPU fit, if made
-    # Probes stop once they have missed the SLO for certain (same verdicts; a miss's figures then
-    # cover the requests finished by then). False runs every probe to its end.
+    # Probes stop once they have missed the SLO for certain (same verdicts; the probe a never-passing
+    # search reports runs whole). False runs every probe to its end.
     stop_once_missed: bool = True
 
     @property
