@@ -80,7 +80,9 @@ class CollectiveCost:
             return np.where(payload_bytes < self.custom_max_bytes, self._custom_seconds(payload_bytes),
                             self._nccl_seconds(payload_bytes))
         # One payload: price it by the kernel that carries it only (the cost model's per-step path).
-        return self._custom_seconds(payload_bytes) if payload_bytes < self.custom_max_bytes else self._nccl_seconds(payload_bytes)
+        if payload_bytes < self.custom_max_bytes:
+            return self._custom_seconds(payload_bytes)
+        return self._nccl_seconds(payload_bytes)
 
     def _custom_seconds(self, payload_bytes: Number) -> Number:
         """The custom all-reduce: a barrier before and after each stage's reads (one link latency

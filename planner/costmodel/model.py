@@ -450,10 +450,9 @@ class CostModel:
         flops, nbytes = g.flops_per_row * rows, g.weight_bytes + g.act_bytes_per_row * rows
         work[0] += flops
         work[1] += nbytes
-        if g.high_precision:
-            s_per_flop, s_per_byte, dequant = self._s_per_high_flop, self._s_per_byte, 0.0
-        else:
-            s_per_flop, s_per_byte, dequant = self._s_per_gemm_flop, self._s_per_gemm_byte, g.dequant_ops * self._s_per_dequant_op
+        s_per_flop = self._s_per_high_flop if g.high_precision else self._s_per_gemm_flop
+        s_per_byte = self._s_per_byte if g.high_precision else self._s_per_gemm_byte
+        dequant = 0.0 if g.high_precision else g.dequant_ops * self._s_per_dequant_op
         compute = g.flops_per_row * self._compute_rows(rows) * s_per_flop + dequant
         device = g.kernels * self.params.kernel_latency_s + _max(compute, nbytes * s_per_byte)
         return device * _present(rows)
