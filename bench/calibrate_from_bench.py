@@ -130,7 +130,8 @@ def main() -> None:
         in_process_run(f"{name}.in-process.r{repeat + 1}", local[name][repeat], Replay.of(w, TINY["vocab_size"]), model,
                        hw, engine, dep, model.max_position_embeddings)
         for repeat in fitted for name, w in workloads.items()]
-    figs, _, refused = fit_rounds(paired, Space.of(paired, fitted_engine_params(paired)), rounds=BENCH_ROUNDS)
+    done = fit_rounds(paired, Space.of(paired, fitted_engine_params(paired)), rounds=BENCH_ROUNDS)
+    figs, refused = done.figures, done.refused
     if refused:
         raise SystemExit(f"the simulator refused a run: {next(iter(refused.values()))}")
     params = figs.params(paired[0])

@@ -197,7 +197,8 @@ def in_process_run(key: str, summary: RunSummary, replay: Replay, model: ModelCo
 def calibrate_from_bench(runs: Sequence[ReplayRun], *, command: str, model_name: str, rounds: int = BENCH_ROUNDS,
                          workers: int = 1, max_nfev: int = 400, progress: Progress = no_progress) -> BenchFit:
     space = Space.of(runs, fitted_engine_params(runs))
-    figs, traced, refused = fit_rounds(runs, space, rounds=rounds, workers=workers, max_nfev=max_nfev, progress=progress)
+    done = fit_rounds(runs, space, rounds=rounds, workers=workers, max_nfev=max_nfev, progress=progress)
+    figs, traced, refused = done.figures, done.traced, done.refused
     if refused:
         key, reason = next(iter(refused.items()))
         raise InputError(f"run {key}", "replayed on this deployment", f"the simulator refused it: {reason}")

@@ -595,7 +595,7 @@ _MODE_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
     "calibrate": {
         "cpu": ("model", "device", "dtype", "threads", "random_weights", "quick", "write_profile", "tensor_parallel",
                 "expert_parallel"),
-        "public": ("rounds", "workers", "public_report", "checkpoint"),
+        "public": ("rounds", "workers", "public_report", "checkpoint", "fresh"),
         "from_bench": ("model", "rounds", "workers", "hardware", "max_model_len",
                        *(s.name for s in (*DEPLOYMENT, *KNOBS, *DISAGGREGATION))),
     },
@@ -645,16 +645,19 @@ def stages() -> Iterator[Progress]:
 
 
 def cmd_calibrate_public(args: argparse.Namespace) -> None:
+    from planner.costmodel.fitted import PUBLIC_FIT_FILE
     from planner.public.calibration import PUBLIC_ROUNDS, calibrate_public, write_fit
     from planner.public.report import TARGETS_PCT, group_errors, validation_of, write_report
 
     if args.public_report:
         output_file(args.public_report, "public_report")  # before hours of fitting, not after
     command = "serveplan calibrate " + " ".join(sys.argv[2:])
+    out = Path(args.out) if args.out else PUBLIC_FIT_FILE
     with stages() as progress:
         result = calibrate_public(command=command, rounds=args.rounds or PUBLIC_ROUNDS, workers=args.workers or default_threads(),
-                                  progress=progress, checkpoint=Path(args.checkpoint) if args.checkpoint else None)
-    path = write_fit(result, *([Path(args.out)] if args.out else []))
+                                  progress=progress, checkpoint=Path(args.checkpoint) if args.checkpoint else None,
+                                  previous=None if args.fresh else out)
+    path = write_fit(result, out)
     if args.public_report:
         # The fit's own predictions are the validation's: the same figures, folds and simulator.
         write_report(validation_of(result.figures, result.skipped, path), result, command, args.public_report)
@@ -1219,6 +1222,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", metavar="FOLDER",
                    help="--public: keep the traced rounds and each held-out fold in this folder (yours only: it holds "
                         "pickles) as they complete, and resume from them; a full run takes hours on 2 cores")
+    p.add_argument("--fresh", action="store_true",
+                   help="--public: start the all-data fit from the profiles' estimates only (default: also from the "
+                        "fit the new one replaces, keeping the lower cost)")
     p.add_argument("--report", dest="public_report",
                    help="--public: also write the validation of the fit's own predictions (markdown, with a plot and "
                         "the JSON the dashboard reads beside it), as `serveplan validate --public --report` would")

@@ -29,10 +29,10 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.costmodel.fitted import BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band, FittedModel
+from planner.costmodel.fitted import BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band, FittedModel, load_fitted_model
 from planner.metrics import MetricFamily
 from planner.public.data import MEASUREMENTS_FILE, PublicRun, public_runs
-from planner.public.fit import Figures, Progress, Space, Traced, fit_folds, fit_rounds, no_progress, simulate_runs
+from planner.public.fit import Figures, Progress, Rounds, Space, fit_folds, fit_rounds, no_progress, simulate_runs
 from planner.public.replay import ReplayRun, prepare
 
 class _Rec(BaseModel):
@@ -93,6 +93,9 @@ class PublicFit(_Rec):
     command: str
     data_sha256: str = Field(description="Digest of planner/data/public_measurements.json the fit read")
     rounds: int
+    start_costs: dict[str, float] = Field(
+        default_factory=dict, description="The all-data fit's first round: least-squares cost reached from each start "
+                                          "(the lowest is kept)")
     model: FittedModel
     folds: dict[Unit, dict[str, FoldFigures]] = Field(
         description="source or publisher -> its name -> the figures fitted without it")
@@ -130,11 +133,11 @@ class Checkpoint:
         folder.mkdir(parents=True, exist_ok=True)
         return cls(folder)
 
-    def rounds(self) -> tuple[Figures, list[Traced], dict[str, str]] | None:
+    def rounds(self) -> Rounds | None:
         path = self.folder / "rounds.pkl"
         return pickle.loads(path.read_bytes()) if path.exists() else None
 
-    def save_rounds(self, done: tuple[Figures, list[Traced], dict[str, str]]) -> None:
+    def save_rounds(self, done: Rounds) -> None:
         _replace(self.folder / "rounds.pkl", pickle.dumps(done, protocol=pickle.HIGHEST_PROTOCOL))
 
     def folds(self, unit: Unit) -> dict[str, Figures]:
@@ -156,20 +159,23 @@ def _replace(path: Path, data: bytes) -> None:
 
 
 def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int = 1, runs: Sequence[PublicRun] | None = None,
-                     max_nfev: int = 400, progress: Progress = no_progress,
-                     checkpoint: Path | None = None) -> PublicFit:
-    """The whole study; `runs` defaults to every published run. With `checkpoint` (a folder), the
-    rounds and each held-out fold are kept there as they complete, and a new run resumes from them."""
+                     max_nfev: int = 400, progress: Progress = no_progress, checkpoint: Path | None = None,
+                     previous: Path | None = None) -> PublicFit:
+    """The whole study; `runs` defaults to every published run. The all-data fit starts from the
+    fit in `previous` (where there is one) and from the profiles' estimates, and keeps the lower
+    cost. With `checkpoint` (a folder), the rounds and each held-out fold are kept there as they
+    complete, and a new run resumes from them."""
     prepared, skipped = prepare_all(list(runs) if runs is not None else public_runs())
     space = Space.of(prepared)
     store = Checkpoint.of(checkpoint, rounds) if checkpoint is not None else None
     saved = store.rounds() if store is not None else None
     if saved is None:
-        saved = fit_rounds(prepared, space, rounds=rounds, workers=workers, max_nfev=max_nfev, progress=progress)
+        saved = fit_rounds(prepared, space, starts=starts(space, previous), rounds=rounds, workers=workers,
+                           max_nfev=max_nfev, progress=progress)
         if store is not None:
             store.save_rounds(saved)
-    figs, traced, refused = saved
-    skipped += [_skipped(r.run, refused[r.run.run_key]) for r in prepared if r.run.run_key in refused]
+    figs, traced = saved.figures, saved.traced
+    skipped += [_skipped(r.run, saved.refused[r.run.run_key]) for r in prepared if r.run.run_key in saved.refused]
     fitted_runs = [t.run for t in traced]
     folds: dict[Unit, dict[str, Figures]] = {}
     for unit in UNITS:
@@ -185,19 +191,31 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
                                f"{len(folds['source'])} sources, {len(folds['publisher'])} publishers")
     return PublicFit(
         created_utc=dt.datetime.now(dt.timezone.utc).replace(microsecond=0).isoformat(),
-        command=command, data_sha256=data_digest(), rounds=rounds, model=model,
+        command=command, data_sha256=data_digest(), rounds=rounds, start_costs=saved.start_costs, model=model,
         folds={u: {name: FoldFigures(families=f.families, engines=f.engines) for name, f in table.items()}
                for u, table in folds.items()},
         figures=results, skipped=skipped,
         notes=[
             "residuals: log(predicted / measured), each source weighted alike (1/sqrt(its figures)), high/medium/low "
             "confidence 1/0.7/0.4; a weak prior at the profiles' estimates",
+            "all-data fit: least squares from each start in start_costs, on traces made at the first; the lowest cost kept",
             "held_out: the figures fitted without the figure's source (on the all-data traces), then its runs simulated; "
             "held_out_publisher: the same without everything its publisher put out",
             "bands: quantiles of measured / held-out predicted per metric family; held_out_coverage builds each "
             f"source's P{50 * (1 - BAND_COVERAGE):g}..P{50 * (1 + BAND_COVERAGE):g} band from the other sources",
         ],
     )
+
+
+def starts(space: Space, previous: Path | None) -> dict[str, Figures]:
+    """Where the all-data fit starts: the fit in `previous` where there is one (its runs are
+    traced at it, the nearer schedule), and the profiles' estimates."""
+    out: dict[str, Figures] = {}
+    if previous is not None and previous.exists():
+        model = load_fitted_model(previous)
+        out[f"the previous fit ({previous.name})"] = Figures(model.families, model.engines)
+    out["the profiles' estimates"] = space.figures(space.prior())
+    return out
 
 
 def predict_public(runs: Sequence[ReplayRun], figs: Figures, folds: dict[Unit, dict[str, Figures]], *,

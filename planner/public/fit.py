@@ -18,11 +18,12 @@ schedules; a few rounds converge. Residuals are log(predicted / measured), so 10
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 import math
 import multiprocessing as mp
+from typing import Any, TypeVar
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -273,9 +274,19 @@ def weights(runs: Sequence[ReplayRun]) -> dict[str, float]:
             for run in runs for f in run.figures}
 
 
+@dataclass(frozen=True)
+class Fitted:
+    """Where a least-squares fit stopped: the figures, and its cost there (half the sum of squared
+    weighted log errors and prior terms), which ranks fits of the same traces from different starts."""
+
+    figures: Figures
+    cost: float
+
+
 def fit(traced: Sequence[Traced], space: Space, start: Figures | None = None, *, max_nfev: int = 400,
-        prior_weight: float = PRIOR_WEIGHT, progress: Callable[[], None] = lambda: None) -> Figures:
-    """Least squares of weighted log errors over re-timed traces, plus the prior; returns the figures."""
+        prior_weight: float = PRIOR_WEIGHT, progress: Callable[[], None] = lambda: None) -> Fitted:
+    """Least squares of weighted log errors over re-timed traces, plus the prior, from `start` (the
+    profiles' estimates by default)."""
     w = weights([t.run for t in traced])
     measured = {f.id: f.value for t in traced for f in t.run.figures}
     prior, x0 = space.prior(), space.x_of(start) if start is not None else space.prior()
@@ -303,7 +314,21 @@ def fit(traced: Sequence[Traced], space: Space, start: Figures | None = None, *,
     low, high = space.bounds()
     result = least_squares(residuals, np.clip(x0, low, high), method="trf", bounds=(low, high), x_scale=1.0,
                            diff_step=1e-3, max_nfev=max_nfev)
-    return space.figures(result.x)
+    return Fitted(space.figures(result.x), float(result.cost))
+
+
+def fit_from(traced: Sequence[Traced], space: Space, starts: Mapping[str, Figures], *, workers: int = 1,
+             max_nfev: int = 400, progress: Callable[[], None] = lambda: None) -> dict[str, Fitted]:
+    """The fit from each named start (in `workers` processes), by start. The objective has separate
+    basins (a figure of one engine's API work trades against a family's GEMM share over the same
+    runs), so the fit a single start reaches depends on the start: callers keep the lowest cost."""
+    fitted = dict(_forked(_fit_start, list(starts), (traced, space, starts, max_nfev), workers, progress))
+    return {name: fitted[name] for name in starts}
+
+
+def _fit_start(name: str) -> Fitted:
+    traced, space, starts, max_nfev = _SHARED  # set by fit_from
+    return fit(traced, space, starts[name], max_nfev=max_nfev)
 
 
 def fit_folds(traced: Sequence[Traced], group: Callable[[Traced], str], start: Figures, *, workers: int = 1,
@@ -318,71 +343,94 @@ def fit_folds(traced: Sequence[Traced], group: Callable[[Traced], str], start: F
     names = sorted({group(t) for t in traced})
     folds = {name: figs for name, figs in (done or {}).items() if name in names}
     todo = [name for name in names if name not in folds]
-    global _FOLD_INPUT
-    _FOLD_INPUT = (traced, group, start, max_nfev, engine_params)  # forked workers inherit it: traces are never pickled
-    try:
-        def completed(name: str, figs: Figures) -> None:
-            folds[name] = figs
-            if on_fold is not None:
-                on_fold(name, figs)
-            progress()
-
-        if workers <= 1:
-            for name in todo:
-                completed(name, _fit_fold(name))
-        else:
-            with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
-                futures = {pool.submit(_fit_fold, name): name for name in todo}
-                for future in as_completed(futures):
-                    completed(futures[future], future.result())
-    finally:
-        _FOLD_INPUT = None
+    for name, figs in _forked(_fit_fold, todo, (traced, group, start, max_nfev, engine_params), workers, progress):
+        folds[name] = figs
+        if on_fold is not None:
+            on_fold(name, figs)
     return {name: folds[name] for name in names}
 
 
-# What fit_folds' workers fit: the traces, the grouping, the start and the budget.
-_FOLD_INPUT: tuple[Sequence[Traced], Callable[[Traced], str], Figures, int, tuple[str, ...]] | None = None
-
-
 def _fit_fold(left_out: str) -> Figures:
-    assert _FOLD_INPUT is not None  # set by fit_folds
-    traced, group, start, max_nfev, engine_params = _FOLD_INPUT
+    traced, group, start, max_nfev, engine_params = _SHARED  # set by fit_folds
     keep = [t for t in traced if group(t) != left_out]
     space = Space.of((t.run for t in keep), engine_params)
-    return fit(keep, space, _restrict(start, space), max_nfev=max_nfev) if keep else Figures()
+    return fit(keep, space, _restrict(start, space), max_nfev=max_nfev).figures if keep else Figures()
+
+
+# What the forked workers of fit_from and fit_folds read: the traces and what to fit on them.
+_SHARED: Any = None
+_R = TypeVar("_R")
+
+
+def _forked(task: Callable[[str], _R], names: Sequence[str], shared: object, workers: int,
+            progress: Callable[[], None]) -> Iterator[tuple[str, _R]]:
+    """(name, task(name)) for each name as it completes, in `workers` forked processes that inherit
+    `shared`: the traces are never pickled."""
+    global _SHARED
+    _SHARED = shared
+    try:
+        if workers <= 1:
+            for name in names:
+                yield name, task(name)
+                progress()
+            return
+        with ProcessPoolExecutor(workers, mp_context=mp.get_context("fork")) as pool:
+            futures = {pool.submit(task, name): name for name in names}
+            for future in as_completed(futures):
+                yield futures[future], future.result()
+                progress()
+    finally:
+        _SHARED = None
 
 
 def _restrict(figs: Figures, space: Space) -> Figures:
     return Figures({f: figs.families.get(f, {}) for f in space.families}, {e: figs.engines.get(e, {}) for e in space.engines})
 
 
-def fit_rounds(runs: Sequence[ReplayRun], space: Space, *, start: Figures | None = None, rounds: int = 3,
-               workers: int = 1, max_nfev: int = 400, progress: Progress = no_progress,
-               ) -> tuple[Figures, list[Traced], dict[str, str]]:
-    """Trace every run at the current figures, fit on the traces, again up to `rounds` times, and
-    sooner once a round moves no figure by more than SETTLED_X. Returns the figures, the last
-    traces and, by run key, the runs the simulator refused in the first round (a cache too small,
-    a sequence too long: properties of the deployment, not of the figures).
+@dataclass(frozen=True)
+class Rounds:
+    """What fit_rounds found: the figures, the last round's traces, the runs the simulator refused
+    in the first round (by run key, why), and the first round's cost from each start, by start."""
+
+    figures: Figures
+    traced: list[Traced]
+    refused: dict[str, str]
+    start_costs: dict[str, float]
+
+
+def fit_rounds(runs: Sequence[ReplayRun], space: Space, *, starts: Mapping[str, Figures] | None = None, rounds: int = 3,
+               workers: int = 1, max_nfev: int = 400, progress: Progress = no_progress) -> Rounds:
+    """Trace every run at the first start, fit on the traces from every start and keep the lowest
+    cost; trace at those figures and fit from them again, up to `rounds` times, and sooner once a
+    round moves no figure by more than SETTLED_X. `starts` defaults to the profiles' estimates alone.
+    The runs the simulator refuses in the first round (a cache too small, a sequence too long) are
+    properties of the deployment, not of the figures: later rounds leave them out.
 
     Each round is needed because a re-timed trace keeps its schedule: an open-loop request stays in
     the step that admitted it, so slower steps re-timed make it wait for that step and the fit sees
     a far worse run than a simulation would give. A round can therefore only move the figures a
     little from where the runs were traced, and several rounds walk to the fit (bench runs at
     Poisson rates needed about ten: docs/serving.md)."""
-    figs = start or space.figures(space.prior())
+    starts = dict(starts or {"the profiles' estimates": space.figures(space.prior())})
+    figs = next(iter(starts.values()))
     traced: list[Traced] = []
     refused: dict[str, str] = {}
+    start_costs: dict[str, float] = {}
     for i in range(rounds):
         todo = [r for r in runs if r.run.run_key not in refused]
         outcomes = simulate_runs(todo, figs, workers=workers, trace=True, catch=True,
                                  progress=progress(f"round {i + 1}/{rounds}: simulating runs", len(todo)))
         traced = [o for o in outcomes if isinstance(o, Traced)]
+        round_starts = starts if i == 0 else {"the previous round": figs}
+        fitted = fit_from(traced, space, round_starts, workers=workers, max_nfev=max_nfev,
+                          progress=progress(f"round {i + 1}/{rounds}: fitting {len(space.names)} figures "
+                                            f"from {len(round_starts)} start(s)", len(round_starts)))
         if i == 0:
             refused = {r.run.run_key: o for r, o in zip(todo, outcomes, strict=True) if isinstance(o, str)}
-        fitted = fit(traced, space, figs, max_nfev=max_nfev,
-                     progress=progress(f"round {i + 1}/{rounds}: fitting {len(space.names)} figures", None))
-        moved = float(np.max(np.abs(space.x_of(fitted) - space.x_of(figs)), initial=0.0))
-        figs = fitted
+            start_costs = {name: f.cost for name, f in fitted.items()}
+        best = min(fitted.values(), key=lambda f: f.cost).figures
+        moved = float(np.max(np.abs(space.x_of(best) - space.x_of(figs)), initial=0.0))
+        figs = best
         if moved < SETTLED_X:
             break
-    return figs, traced, refused
+    return Rounds(figs, traced, refused, start_costs)

@@ -77,7 +77,7 @@ def test_fit_recovers_measurements_made_with_known_figures() -> None:
     assert worst_error(prior) > 0.3  # the test can fail: the estimates alone miss by far
     # One source against 10 figures: the prior is made negligible, or it would rightly hold the
     # estimates against so little data.
-    fitted = fit(traced, space, prior, prior_weight=1e-4)
+    fitted = fit(traced, space, prior, prior_weight=1e-4).figures
     assert worst_error(fitted) < 0.05
     # Weight streaming is identifiable from these runs; the per-step constants (kernel latency,
     # host overhead, the TP2 runs' all-reduces) trade against each other, so only their effect is
@@ -100,11 +100,30 @@ def test_rounds_stop_once_the_figures_settle() -> None:
         return lambda: None
 
     space = Space.of(measured)
-    settled, _, _ = fit_rounds(measured, space, rounds=30, progress=progress)
+    settled = fit_rounds(measured, space, rounds=30, progress=progress).figures
     assert sum("simulating runs" in label for label in labels) == 2
-    one, _, _ = fit_rounds(measured, space, rounds=1)
+    one = fit_rounds(measured, space, rounds=1).figures
     assert np.max(np.abs(space.x_of(settled) - space.x_of(one))) < SETTLED_X
     assert np.max(np.abs(space.x_of(one) - space.prior())) > SETTLED_X  # the first round did move
+
+
+def test_the_fit_keeps_the_lowest_cost_of_its_starts() -> None:
+    """Measurements made at TRUTH, fitted from the profiles' estimates and from TRUTH itself: each
+    start's cost is recorded, the figures kept are the cheaper start's fit, and the start at the
+    truth (where the data are reproduced exactly) ends no costlier than the other."""
+    runs = _small_runs()
+    truth = {k: v for values in simulate_runs(_prepared(runs), TRUTH) for k, v in values.items()}  # type: ignore[union-attr]
+    measured = _prepared(_with_measurements(runs, truth))
+    space = Space.of(measured)
+    starts = {"estimates": space.figures(space.prior()), "truth": TRUTH}
+    done = fit_rounds(measured, space, starts=starts, rounds=1, max_nfev=20)
+    assert done.start_costs.keys() == {"estimates", "truth"}
+    assert done.start_costs["truth"] <= done.start_costs["estimates"]
+    # Traced at the first start, fitted from both: the lower cost's figures are the ones kept.
+    from_truth = fit(done.traced, space, TRUTH, max_nfev=20)
+    assert from_truth.cost == pytest.approx(done.start_costs["truth"], rel=1e-9)
+    if done.start_costs["truth"] < done.start_costs["estimates"]:
+        assert done.figures == from_truth.figures
 
 
 def test_a_fit_stays_within_what_hardware_can_be() -> None:
@@ -117,7 +136,7 @@ def test_a_fit_stays_within_what_hardware_can_be() -> None:
                                                    for k, v in values.items()}))  # type: ignore[union-attr]
     space = Space.of(measured)
     prior = space.figures(space.prior())
-    fitted = fit([trace_run(r, prior) for r in measured], space, prior, prior_weight=1e-4)
+    fitted = fit([trace_run(r, prior) for r in measured], space, prior, prior_weight=1e-4).figures
     low, high = PLAUSIBLE["memory_efficiency"]
     assert fitted.families["ampere"]["memory_efficiency"] == pytest.approx(low, rel=1e-6)
     for owner in (*fitted.families.values(), *fitted.engines.values()):
@@ -151,6 +170,10 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path) -> No
     out = write_report(own, result, "test", tmp_path / "report.md")
     assert PublicValidation.model_validate_json(out.with_suffix(".json").read_text()) == own
     assert out.with_suffix(".png").stat().st_size > 0 and "Held out" in out.read_text()
+    # A refit starts from the fit it replaces as well as from the estimates, and records both costs.
+    again = calibrate_public(command="test", rounds=1, runs=runs, previous=path)
+    assert list(again.start_costs) == ["the previous fit (fit.json)", "the profiles' estimates"]
+    assert list(result.start_costs) == ["the profiles' estimates"]
 
 
 def test_validate_refuses_a_fit_without_the_sources_it_must_hold_out(tmp_path) -> None:
