@@ -1,13 +1,18 @@
-"""What stopping missed probes saves `plan`: the same question planned with probes that stop once
-they have missed the SLO for certain and with every probe run to its end, in the same run.
+"""What `plan`'s savings on capacity probes buy: the same question planned with a saving and without
+it (its peer), in the same run.
 
-    OMP_NUM_THREADS=1 .venv/bin/python bench/plan_probes.py [--hw mi300x] [--repeats 2]
+    OMP_NUM_THREADS=1 .venv/bin/python bench/plan_probes.py [--saving stopped-probes] [--hw mi300x] [--repeats 2]
 
-The question is the README's (Llama-3.1-70B, chat, 20 req/s, P99 TTFT <= 1 s), on the hardware
-given, serially and without the plan cache, so that every simulation runs in this process and its
-CPU time is counted. Both answers must be identical, reports included; the bench stops if not.
-Reported: CPU seconds of each (the lower of the repeats), their ratio, and the simulations each ran
-with how many of their requests finished.
+Savings: `stopped-probes`, probes that stop once they have missed the SLO for certain (peer: every
+probe run to its end; both answers and reports must be identical); `ttft-bound`, candidates bounded
+by their prefill queue as well as the roofline (peer: the roofline alone; the recommendation and
+every hardware's best plan must cost the same on as many GPUs; among plans of equal cost the search
+keeps the first it finds, which the bound's order can change, and the report differs in why pruned
+candidates lost).
+The bench stops if they differ. The question is the README's (Llama-3.1-70B, chat, 20 req/s, P99
+TTFT <= 1 s), on the hardware given, serially and without the plan cache, so that every simulation
+runs in this process and its CPU time is counted. Reported: CPU seconds of each (the lower of the
+repeats), their ratio, and the simulations each ran with how many of their requests finished.
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ from planner.search import PlanResult, cache, plan
 from planner.sim import simulate
 
 QUESTION = dict(model="llama-3.1-70b", workload="chat", rate_per_s=20.0, slo="ttft_p99_ms<=1000")
+SAVINGS = {"stopped-probes": "stop_missed_probes", "ttft-bound": "ttft_queue_bound"}
 
 
-def timed_plan(hardware: list[str], stop: bool) -> tuple[PlanResult, float, list[tuple[int, int]]]:
+def timed_plan(hardware: list[str], flags: dict[str, bool]) -> tuple[PlanResult, float, list[tuple[int, int]]]:
     """The plan, its CPU seconds, and (requests, finished) of each simulation it ran."""
     runs: list[tuple[int, int]] = []
 
@@ -33,34 +39,44 @@ def timed_plan(hardware: list[str], stop: bool) -> tuple[PlanResult, float, list
     cache.simulate = counted
     try:
         start = time.process_time()
-        result = plan(**QUESTION, hardware=hardware, cache_dir=None, executor="serial", progress=False,
-                      stop_missed_probes=stop)
+        result = plan(**QUESTION, hardware=hardware, cache_dir=None, executor="serial", progress=False, **flags)
         return result, time.process_time() - start, runs
     finally:
         cache.simulate = simulate
 
 
+def answers(r: PlanResult) -> list[tuple[str, int | None, float | None]]:
+    """The recommendation's and each hardware's best plan's hardware, GPUs and cost."""
+    return [(p.deployment.hardware, p.gpus, p.usd_per_hour)
+            for p in ([r.recommended] if r.recommended else []) + r.per_hardware]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--saving", choices=sorted(SAVINGS), default="stopped-probes")
     ap.add_argument("--hw", nargs="+", default=["mi300x"], help="hardware profiles to plan over")
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
+    flag = SAVINGS[args.saving]
     best: dict[bool, tuple[PlanResult, float, list[tuple[int, int]]]] = {}
     for _ in range(args.repeats):
-        for stop in (False, True):
-            got = timed_plan(args.hw, stop)
-            if stop not in best or got[1] < best[stop][1]:
-                best[stop] = got
-    if best[True][0] != best[False][0]:
-        raise SystemExit("the two plans differ: stopping missed probes changed the answer")
+        for on in (False, True):
+            got = timed_plan(args.hw, {flag: on})
+            if on not in best or got[1] < best[on][1]:
+                best[on] = got
+    same = (best[True][0] == best[False][0] if args.saving == "stopped-probes"
+            else answers(best[True][0]) == answers(best[False][0]))
+    if not same:
+        diff = [f"{a} vs {b}" for a, b in zip(answers(best[True][0]), answers(best[False][0]), strict=False) if a != b]
+        raise SystemExit(f"the two plans differ: {args.saving} changed the answer (with vs without): {'; '.join(diff)}")
     rec = best[True][0].recommended
     print(f"question: {QUESTION} on {args.hw}; answer (identical): "
           + (f"{rec.replicas} x {rec.label}, US${rec.usd_per_hour:,.2f}/h" if rec else "none"))
-    for stop, label in ((False, "every probe to its end"), (True, "missed probes stopped")):
-        _, cpu_s, runs = best[stop]
-        print(f"{label:24s} {cpu_s:6.1f} CPU s, {len(runs)} simulations, "
-              f"{sum(f for _, f in runs):,} of {sum(n for n, _ in runs):,} requests finished")
-    print(f"ratio (stopped / whole): {best[True][1] / best[False][1]:.2f}")
+    for on, label in ((False, "without"), (True, "with")):
+        result, cpu_s, runs = best[on]
+        print(f"{label} {args.saving:15s} {cpu_s:6.1f} CPU s, {result.simulated_candidates} candidates simulated, "
+              f"{len(runs)} simulations, {sum(f for _, f in runs):,} of {sum(n for n, _ in runs):,} requests finished")
+    print(f"ratio (with / without): {best[True][1] / best[False][1]:.2f}")
 
 
 if __name__ == "__main__":

@@ -166,7 +166,13 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
     ]
     if plot:
         lines += [f"![predicted vs measured]({plot})", ""]
-    lines += ["## Fitted figures", "", "| scope | name | parameter | value |", "|---|---|---|---:|"]
+    lines += ["## Fitted figures", ""]
+    if fit.start_costs:
+        kept = min(fit.start_costs, key=fit.start_costs.__getitem__)
+        lines += ["The all-data fit's least-squares cost from each start (the lowest kept): "
+                  + "; ".join(f"{name} {cost:.4g}" + (" (kept)" if name == kept else "")
+                              for name, cost in fit.start_costs.items()) + ".", ""]
+    lines += ["| scope | name | parameter | value |", "|---|---|---|---:|"]
     for scope, table in (("GPU family", fit.model.families), ("engine", fit.model.engines)):
         for name, values in table.items():
             lines += [f"| {scope} | {name} | {p} | {value:.4g} |" for p, value in values.items()]

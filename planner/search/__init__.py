@@ -33,8 +33,10 @@ from planner.search.executors import EXECUTORS, Executor, Runner, progress_bar
 from planner.quality import DEFAULT_MAX_QUALITY_LOSS_PCT, NO_QUALITY_LIMIT_PCT, deployment_loss_pct, within_budget
 from planner.search.report import CandidatePlan, PDComparison, PlanResult, SearchSpace, Verdict, Widening, assemble
 from planner.search.screen import Shape, screen_candidate
+from planner.search.ttft_bound import ProbeRequests
 from planner.search.space import (
-    DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, DEFAULT_MAX_GPUS_PER_REPLICA, check_size, checked_dtypes, enumerate_candidates,
+    DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, DEFAULT_MAX_GPUS_PER_REPLICA, Candidate, check_size, checked_dtypes,
+    enumerate_candidates,
     knobs_label, priced_profiles, variants, weight_dtypes_for,
 )
 from planner.search.widen import narrower_than_default, what_to_widen, wider_space
@@ -86,6 +88,7 @@ def plan(
     progress: bool = True,
     on_progress: Callable[[int, int], None] | None = None,
     stop_missed_probes: bool = True,
+    ttft_queue_bound: bool = True,
 ) -> PlanResult:
     """The cheapest deployment of `model` serving `workload` at `rate_per_s` within `slo`.
 
@@ -104,8 +107,10 @@ def plan(
     `on_progress(done, total)` is called as each candidate is settled (simulated or
     pruned), for front ends that draw their own progress bar (the dashboard). Capacity probes stop
     once they have missed the SLO for certain (`stop_missed_probes`): the same answer and report in
-    less time; False runs each to its end (a benchmark's peer). Every input and
-    limit is checked before any work; bad input raises InputError naming the field as front ends
+    less time; False runs each to its end (a benchmark's peer). Under a TTFT target, candidates are
+    also bounded by their prefill queue (`ttft_queue_bound`, planner/search/ttft_bound.py): the same
+    answer with fewer candidates and probes simulated; False bounds them by the roofline alone.
+    Every input and limit is checked before any work; bad input raises InputError naming the field as front ends
     declare it (rate, hw, max_gpus, requests_per_probe, ...), for them to map to a flag or widget.
     Ctrl-C raises KeyboardInterrupt after ending the workers; the cache stays whole.
     """
@@ -156,7 +161,19 @@ def plan(
     reuse = base.shared_prefix is not None or base.conversation is not None
     candidates += variants(candidates, tried[0], settings.ratios(slo, shape.mean_prompt_tokens),
                            settings.offload == "always" or (settings.offload == "auto" and reuse))
-    found = [Searched(c, screen_candidate(c, cfg, shape, q.sizing_slo, q.sized_rate_per_s, fit)) for c in candidates]
+    probes: dict[int, ProbeRequests | None] = {}  # by requests per probe: a candidate's depends on its max_num_seqs
+
+    def probe_of(c: Candidate) -> ProbeRequests | None:
+        if not ttft_queue_bound:
+            return None
+        n = probe_requests(requests_per_probe, c.dep, base)
+        if n not in probes:
+            unit_rate = Replay.of(probe_workload(base, 1.0, n), cfg.vocab_size, cfg.max_position_embeddings)
+            probes[n] = ProbeRequests.of(unit_rate, base)
+        return probes[n]
+
+    found = [Searched(c, screen_candidate(c, cfg, shape, q.sizing_slo, q.sized_rate_per_s, fit, probe_of(c)))
+             for c in candidates]
     live = sum(s.screen.capacity_bound_per_s is not None for s in found)
     with runner, progress_bar(progress, live, on_progress) as advance:
         found = branch_and_bound(q, found, runner, advance)
@@ -197,7 +214,8 @@ def plan(
                      budget_usd_per_hour=budget_usd_per_hour, engine=engine, headroom=headroom, confidence=confidence,
                      max_quality_loss_pct=max_quality_loss_pct, prefix_caching=prefix_caching, fit=fit, widen=False,
                      requests_per_probe=requests_per_probe, executor=executor, workers=workers, cache_dir=cache_dir,
-                     progress=progress, on_progress=on_progress, stop_missed_probes=stop_missed_probes)
+                     progress=progress, on_progress=on_progress, stop_missed_probes=stop_missed_probes,
+                     ttft_queue_bound=ttft_queue_bound)
         result = result.model_copy(update={"widening": what_to_widen(wider, space)})
     return result
 

@@ -15,7 +15,7 @@ from planner.costmodel.fitted import FittedModel, Pessimism
 from planner.metrics import RunSummary
 from planner.search.cache import RunCache, simulate_cached
 from planner.search.executors import Runner
-from planner.search.screen import Screen
+from planner.search.screen import MAX_REPLICAS, Screen
 from planner.search.space import Candidate
 from planner.specs import SLO, Deployment, HardwareProfile
 from planner.workload import PoissonArrivals, Workload
@@ -26,7 +26,6 @@ BATCH_SIZE = 4
 # A candidate that still misses the SLO at 1/LIGHT_LOAD_FACTOR of its first probe's load is
 # latency-bound: more replicas will not help, and slower probes would only cost time.
 LIGHT_LOAD_FACTOR = 8
-MAX_REPLICAS = 4096
 # A probe must last long enough for an overloaded replica to show it: with room for
 # max_num_seqs requests, a short burst is simply admitted and the backlog that would build up
 # in steady state never forms (70B on 2 x MI300X passes 22 req/s with 300 requests and fails

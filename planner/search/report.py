@@ -35,6 +35,10 @@ class CandidatePlan(_Out):
     price_usd_per_gpu_hour: float
     capacity_bound_per_s: float | None = Field(
         None, description="Analytic estimate of the most requests/s one replica can serve (cost model, no queueing)")
+    ttft_min_replicas: int | None = Field(None, description=(
+        "Fewest replicas that can meet the TTFT target: with fewer, more of a replica's probe requests than the goodput "
+        "share allows would wait past the limit even with every prompt prefilled at full speed in arrival order "
+        "(planner/search/ttft_bound.py); none where that bound does not apply"))
     cost_bound_usd_per_hour: float | None = Field(None, description=(
         "The least it can cost: its cost when it meets the SLO, else the lower bound it was ruled out on cost by; "
         "none when no replica count serves (memory, SLO)"))
@@ -167,8 +171,12 @@ def _verdict(s: Searched, best: Searched | None, hw_best: Searched | None, budge
         return "slo", f"SLO: {sc.slo_problem}"
     if out is None:  # pruned: its bound could not beat its hardware's best
         assert sc.capacity_bound_per_s is not None and hw_usd is not None
-        return "cost", (f"cost: at least US${s.cost_bound_usd_per_hour:,.2f}/h even at its analytic capacity "
-                        f"(≤ {sc.capacity_bound_per_s * CAPACITY_SLACK:,.2f} req/s per replica), "
+        if sc.ttft_min_replicas is not None and sc.ttft_min_replicas == sc.min_replicas > 1:
+            basis = (f"with fewer than {sc.min_replicas} replicas the TTFT target is missed even with every prompt "
+                     "prefilled at full speed in arrival order")
+        else:
+            basis = f"even at its analytic capacity (≤ {sc.capacity_bound_per_s * CAPACITY_SLACK:,.2f} req/s per replica)"
+        return "cost", (f"cost: at least US${s.cost_bound_usd_per_hour:,.2f}/h {basis}, "
                         f"not below the best on {c.hw.name}, US${hw_usd:,.2f}/h")
     if out.error is not None:
         return "memory", f"memory: {out.error}"
@@ -194,7 +202,8 @@ def _verdict(s: Searched, best: Searched | None, hw_best: Searched | None, budge
 
 def _candidate_plan(s: Searched, verdict: Verdict, reason: str, hours_per_million_tokens: float) -> CandidatePlan:
     c, sc, out = s.candidate, s.screen, s.outcome
-    fields: dict[str, object] = {"capacity_bound_per_s": sc.capacity_bound_per_s, "slo_miss_ratio": sc.slo_miss_ratio,
+    fields: dict[str, object] = {"capacity_bound_per_s": sc.capacity_bound_per_s, "ttft_min_replicas": sc.ttft_min_replicas,
+                                 "slo_miss_ratio": sc.slo_miss_ratio,
                                  "memory_shortfall_gib": sc.memory_shortfall_gib,
                                  "cost_bound_usd_per_hour": s.cost_bound_usd_per_hour}
     dep = c.dep

@@ -15,6 +15,7 @@ from planner.costmodel.fitted import FittedModel
 from planner.memory import GIB
 from planner.playback import Replay, request_lengths
 from planner.search.space import Candidate
+from planner.search.ttft_bound import ProbeRequests, applies, fewest_replicas, least_prefill_s_per_token
 from planner.specs import SLO
 from planner.workload import Workload
 
@@ -22,6 +23,8 @@ from planner.workload import Workload
 # weight reads that it charges twice, so a replica can beat it slightly. It is inflated by this
 # factor before it is used to bound replicas and cost, so that pruning never drops a winner.
 CAPACITY_SLACK = 1.5
+# The most replicas a capacity search considers.
+MAX_REPLICAS = 4096
 
 
 @dataclass(frozen=True)
@@ -67,7 +70,9 @@ class Screen:
     slo_problem: str | None = None
     slo_miss_ratio: float | None = None  # worst unloaded latency / its limit
     capacity_bound_per_s: float | None = None  # most requests/s one replica can serve, before CAPACITY_SLACK
-    min_replicas: int = 1  # fewer cannot serve the sized rate, even at the inflated capacity
+    min_replicas: int = 1  # fewer cannot serve the sized rate: the inflated capacity, or the TTFT queue
+    # Fewer replicas than this miss the TTFT target for certain (ttft_bound.py); None where it does not apply.
+    ttft_min_replicas: int | None = None
 
 
 def slo_limits_ms(slo: SLO) -> dict[str, tuple[float, float]]:
@@ -81,8 +86,9 @@ def slo_limits_ms(slo: SLO) -> dict[str, tuple[float, float]]:
 
 
 def screen_candidate(c: Candidate, model: ModelConfig, shape: Shape, slo: SLO, sized_rate_per_s: float,
-                     fit: FittedModel | None = None) -> Screen:
-    """Drop what cannot hold one longest request or misses the SLO even unloaded; bound the rest."""
+                     fit: FittedModel | None = None, probe: ProbeRequests | None = None) -> Screen:
+    """Drop what cannot hold one longest request or misses the SLO even unloaded; bound the rest,
+    with the TTFT queue of `probe` (the candidate's capacity probe) where it applies."""
     m = c.memory
     if not m.fits:
         # What one longest request lacks per GPU: the weights' overflow plus that request's KV.
@@ -140,8 +146,11 @@ def screen_candidate(c: Candidate, model: ModelConfig, shape: Shape, slo: SLO, s
         capacity = 1.0 / (prefill_s + decode_s)
     else:  # the slower pool bounds a replica; each request's prompt and decode run on instances of their own
         capacity = min(disagg.prefill_instances / prefill_s, disagg.decode_instances / decode_s)
-    return Screen(capacity_bound_per_s=capacity,
-                  min_replicas=max(1, math.ceil(sized_rate_per_s / (capacity * CAPACITY_SLACK))))
+    min_replicas = max(1, math.ceil(sized_rate_per_s / (capacity * CAPACITY_SLACK)))
+    queue = None
+    if probe is not None and applies(c.dep):
+        queue = fewest_replicas(probe, least_prefill_s_per_token(cm, chunk), slo, sized_rate_per_s, 1, MAX_REPLICAS)
+    return Screen(capacity_bound_per_s=capacity, min_replicas=max(min_replicas, queue or 1), ttft_min_replicas=queue)
 
 
 def _transfer_s(cm: CostModel, prompt_tokens: int) -> float:

@@ -117,6 +117,24 @@ def test_probes_stopped_once_they_miss_give_the_answer_of_whole_probes(monkeypat
     assert early == whole
 
 
+def test_the_ttft_queue_bound_prunes_without_changing_the_answer() -> None:
+    """Bounding candidates by their prefill queue as well as the roofline simulates fewer of them and
+    gives a recommendation and a best plan on each hardware of the same cost on as many GPUs (among
+    equal costs the search keeps the first it finds); the bound did bind."""
+    def answers(r: PlanResult) -> list[tuple[str, int | None, float | None]]:
+        return [(p.deployment.hardware, p.gpus, p.usd_per_hour)
+                for p in ([r.recommended] if r.recommended else []) + r.per_hardware]
+
+    # Long prompts (RAG, ~6,000 tokens): the prefill queue binds long before the roofline.
+    question = (MODEL, get_workload("rag"), RATE_PER_S, "ttft_p99_ms<=2000,tpot_p99_ms<=100")
+    roofline = plan(*question, cache_dir=None, ttft_queue_bound=False, **SPACE)
+    queue = plan(*question, cache_dir=None, **SPACE)
+    assert answers(queue) == answers(roofline)
+    assert queue.simulated_candidates < roofline.simulated_candidates and queue.probes < roofline.probes
+    assert all(p.ttft_min_replicas is None for p in roofline.ranked + roofline.rejected)
+    assert any((p.ttft_min_replicas or 0) > 1 for p in queue.ranked + queue.rejected)
+
+
 def test_second_ask_comes_from_the_cache(result: PlanResult, cache_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_simulation(*args: object, **kwargs: object) -> None:
         raise AssertionError("simulate() called although every result is cached")
