@@ -21,7 +21,8 @@ from planner.search.ttft_bound import (ProbeRequests, applies, fewest_replicas, 
                                        misses_for_certain, ttft_floor_s)
 from planner.sim import simulate
 from planner.specs import SLO, Deployment, EngineKnobs
-from planner.workload import GammaArrivals, LognormalLength, PoissonArrivals, SharedPrefix, Workload, get_workload
+from planner.workload import (Conversation, GammaArrivals, LognormalLength, PoissonArrivals, SharedPrefix, Workload,
+                              get_workload)
 
 MODELS = {name: resolve_model(name) for name in ("llama-3.1-8b", "qwen3-30b-a3b", "llama-3.1-70b")}
 HARDWARE = ("h100-sxm", "l40s", "a100-80gb-sxm")
@@ -120,8 +121,6 @@ def test_it_applies_to_one_fcfs_engine_instance_only() -> None:
     assert applies(base)
     assert not applies(base.model_copy(update={"pipeline_parallel": 2}))
     assert not applies(base.model_copy(update={"knobs": EngineKnobs(policy="priority")}))
-    chat = get_workload("chat")
-    talk = chat.model_copy(update={"conversation": {"min_turns": 2, "max_turns": 3, "think_time_s": 1.0}})
-    drawn = Replay.of(probe_workload(Workload.model_validate(talk.model_dump()), 1.0, 50),
-                      MODELS["llama-3.1-8b"].vocab_size)
-    assert ProbeRequests.of(drawn, Workload.model_validate(talk.model_dump())) is None
+    talk = get_workload("chat", conversation=Conversation(min_turns=2, max_turns=3, think_time_s=1.0))
+    drawn = Replay.of(probe_workload(talk, 1.0, 50), MODELS["llama-3.1-8b"].vocab_size)
+    assert ProbeRequests.of(drawn, talk) is None  # follow-ups arrive as the run goes
