@@ -85,8 +85,11 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     "grouped_gemm_efficiency": (0.3, 1.0),
     # Scaled fp8/fp4 matmuls against their format's datasheet rates (activation quantisation, scales,
     # block-scaled kernels); at 0.5 an fp8 GEMM runs at bf16's rate. Log space, the estimate 1 the edge.
+    # Math may fall below bf16's (published fp8 prefill: 1.22x bf16's TTFT); weight reads may not: fp8
+    # decode published at 0.78-0.80x bf16's TPOT. A refit allowed 0.3 for reads took Hopper's to 0.46,
+    # fp8 decode slower than bf16's, bending the figure to absorb what fp8 runs miss elsewhere.
     "scaled_gemm_efficiency": (0.3, 1.0),
-    "scaled_gemm_memory_efficiency": (0.3, 1.0),
+    "scaled_gemm_memory_efficiency": (0.5, 1.0),
     # An in-process API server's work on a request that holds the engine's GIL (fitted only where the
     # engine profile says the server shares the engine's process: `calibrate --from-bench`). In log
     # space like the MoE share, so that the whole of it, 1, can be reached.
