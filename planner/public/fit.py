@@ -322,10 +322,11 @@ def fit(traced: Sequence[Traced], space: Space, start: Figures | None = None, *,
 
 def fit_from(traced: Sequence[Traced], space: Space, starts: Mapping[str, Figures], *, workers: int = 1,
              max_nfev: int = 400, progress: Callable[[], None] = lambda: None) -> dict[str, Fitted]:
-    """The fit from each named start (in `workers` processes), by start. The objective has separate
-    basins (a figure of one engine's API work trades against a family's GEMM share over the same
-    runs), so the fit a single start reaches depends on the start: callers keep the lowest cost."""
-    fitted = dict(_forked(_fit_start, list(starts), (traced, space, starts, max_nfev), workers, progress))
+    """The fit from each named start (in up to `workers` processes; one start runs in this one), by
+    start. Where a fit stops can depend on where it starts (a figure of one engine's API work trades
+    against a family's GEMM share over the same runs): callers keep the lowest cost."""
+    shared = (traced, space, starts, max_nfev)
+    fitted = dict(_forked(_fit_start, list(starts), shared, min(workers, len(starts)), progress))
     return {name: fitted[name] for name in starts}
 
 

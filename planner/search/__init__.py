@@ -36,8 +36,7 @@ from planner.search.screen import Shape, screen_candidate
 from planner.search.ttft_bound import ProbeRequests
 from planner.search.space import (
     DEFAULT_KNOBS_GRID, DEFAULT_KV_DTYPES, DEFAULT_MAX_GPUS_PER_REPLICA, Candidate, check_size, checked_dtypes,
-    enumerate_candidates,
-    knobs_label, priced_profiles, variants, weight_dtypes_for,
+    enumerate_candidates, knobs_label, priced_profiles, variants, weight_dtypes_for,
 )
 from planner.search.widen import narrower_than_default, what_to_widen, wider_space
 from planner.search.slo_capacity import SLOCapacity, slo_capacity
@@ -110,8 +109,9 @@ def plan(
     less time; False runs each to its end (a benchmark's peer). Under a TTFT target, candidates are
     also bounded by their prefill queue (`ttft_queue_bound`, planner/search/ttft_bound.py): the same
     answer with fewer candidates and probes simulated; False bounds them by the roofline alone.
-    Every input and limit is checked before any work; bad input raises InputError naming the field as front ends
-    declare it (rate, hw, max_gpus, requests_per_probe, ...), for them to map to a flag or widget.
+    Every input and limit is checked before any work; bad input raises InputError naming the field
+    as front ends declare it (rate, hw, max_gpus, requests_per_probe, ...), for them to map to a
+    flag or widget.
     Ctrl-C raises KeyboardInterrupt after ending the workers; the cache stays whole.
     """
     _check("rate", rate_per_s, 0 < rate_per_s < math.inf, "must be > 0 requests/s and finite")
