@@ -259,8 +259,10 @@ class CostModel:
     def decode_breakdown(self, batch: int, context: int) -> dict[str, float]:
         return self.shape_breakdown([(1, context, False)] * batch)
 
-    def prefill_breakdown(self, tokens: int, cached: int = 0) -> dict[str, float]:
-        return self.shape_breakdown([(tokens, cached, True)])
+    def prefill_breakdown(self, tokens: int, cached: int = 0, *, samples: bool = True) -> dict[str, float]:
+        """Seconds per operator of one step prefilling one request's `tokens`; with samples=False, a
+        chunk before the prompt's last (no row reaches the LM head)."""
+        return dict(zip(OPERATORS, self.times(self.reader.of([(tokens, cached, True, int(samples))]))[0], strict=True))
 
     def times(self, s: StepShape, draft: StepCost = NO_COST, copy_s: Number = 0.0) -> tuple[tuple[Number, ...], Number, Number]:
         """(seconds per operator in OPERATORS order, FLOPs, bytes moved), per GPU, for one step or, with

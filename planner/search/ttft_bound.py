@@ -11,8 +11,8 @@ queue instead, for one replica of an engine that schedules in arrival order:
   blocking the rest; a prompt that does not fit the budget takes all of it, so no later prompt
   finishes its prefill before an earlier one (a preempted one goes back to the queue's head).
 - Steps run one after another, and a step that computes p prompt tokens lasts at least p x tau,
-  tau the least time per prompt token, attention aside, of any prefill step the cost model prices:
-  attention, decodes, overheads and copies only add to a step.
+  tau the least time per prompt token, attention and sampling aside, of any prefill step the cost
+  model prices: attention, the LM head, decodes, overheads and copies only add to a step.
 - Request m computes at least its prompt without a shared prefix (a prefix may be cached).
 
 So request i's first token comes no sooner than the single-server FCFS queue of that prefill work
@@ -65,13 +65,18 @@ def applies(dep: Deployment) -> bool:
 
 def least_prefill_s_per_token(cm: CostModel, chunk_tokens: int) -> float:
     """tau: the least time per prompt token over prefill steps of 1 .. chunk_tokens tokens, without
-    their attention. A step's attention depends on how its tokens split into prompts (a 16k-token
-    prompt attends over far more than eight of 2k), so it is left out; every other operator grows
-    with the step's tokens or its sampled rows, and one prompt samples the fewest. Per-token cost
-    falls as fixed costs spread over more tokens; the minimum is taken over doublings and the chunk
-    itself, not assumed to lie at the chunk."""
+    their attention and sampling nothing. A step's attention depends on how its tokens split into
+    prompts (a 16k-token prompt attends over far more than eight of 2k), so it is left out; a chunk
+    before a prompt's last reaches no LM head; every other operator grows with the step's tokens.
+    Per-token cost falls as fixed costs spread over more tokens; the minimum is taken over doublings
+    and the chunk itself, not assumed to lie at the chunk."""
     sizes = sorted({chunk_tokens, *(2**e for e in range(chunk_tokens.bit_length()) if 2**e <= chunk_tokens)})
-    return min((cm.prefill_time_s(n) - cm.prefill_breakdown(n)["attention"]) / n for n in sizes)
+
+    def per_token_s(n: int) -> float:
+        operators = cm.prefill_breakdown(n, samples=False)
+        return (sum(operators.values()) - operators["attention"]) / n
+
+    return min(per_token_s(n) for n in sizes)
 
 
 def ttft_floor_s(probe: ProbeRequests, rate_per_s: float, prefill_s_per_token: float) -> np.ndarray:
