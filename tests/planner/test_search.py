@@ -126,7 +126,7 @@ def test_the_ttft_queue_bound_prunes_without_changing_the_answer() -> None:
                 for p in ([r.recommended] if r.recommended else []) + r.per_hardware]
 
     # Long prompts (RAG, ~6,000 tokens): the prefill queue binds long before the roofline.
-    question = (MODEL, get_workload("rag"), RATE_PER_S, "ttft_p99_ms<=2000,tpot_p99_ms<=100")
+    question = (MODEL, get_workload("rag"), RATE_PER_S, SLO_TEXT)
     roofline = plan(*question, cache_dir=None, ttft_queue_bound=False, **SPACE)
     queue = plan(*question, cache_dir=None, **SPACE)
     assert answers(queue) == answers(roofline)
