@@ -32,7 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.costmodel.fitted import BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band, FittedModel, load_fitted_model
 from planner.metrics import MetricFamily
 from planner.public.data import MEASUREMENTS_FILE, PublicRun, public_runs
-from planner.public.fit import Figures, Progress, Rounds, Space, fit_folds, fit_rounds, no_progress, simulate_runs
+from planner.public.fit import (ROBUST_SCALE, Figures, Progress, Rounds, Space, fit_folds, fit_rounds, no_progress,
+                                simulate_runs)
 from planner.public.replay import ReplayRun, prepare
 
 class _Rec(BaseModel):
@@ -196,8 +197,9 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
                for u, table in folds.items()},
         figures=results, skipped=skipped,
         notes=[
-            "residuals: log(predicted / measured), each source weighted alike (1/sqrt(its figures)), high/medium/low "
-            "confidence 1/0.7/0.4; a weak prior at the profiles' estimates",
+            "residuals: log(predicted / measured), soft L1 beyond a log error of "
+            f"{ROBUST_SCALE:g} (squared below it, linear above), each source weighted alike (1/sqrt(its figures)), "
+            "high/medium/low confidence 1/0.7/0.4; a weak prior at the profiles' estimates",
             "all-data fit: least squares from each start in start_costs, on traces made at the first; the lowest cost kept",
             "held_out: the figures fitted without the figure's source (on the all-data traces), then its runs simulated; "
             "held_out_publisher: the same without everything its publisher put out",

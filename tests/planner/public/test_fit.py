@@ -14,7 +14,8 @@ from planner.costmodel.fitted import Band, FittedModel, pessimistic, prediction_
 from planner.hardware import get_hardware
 from planner.public.calibration import HeldOutFigure, bands, calibrate_public, write_fit
 from planner.public.data import PublicRun, public_runs
-from planner.public.fit import PLAUSIBLE, SETTLED_X, Figures, Space, fit, fit_rounds, simulate_runs, surrogate, trace_run
+from planner.public.fit import (PLAUSIBLE, SETTLED_X, Figures, Space, Traced, fit, fit_rounds, simulate_runs, surrogate,
+                                trace_run)
 from planner.public.replay import ReplayRun, prepare
 from planner.public.report import PublicValidation, validate_public, validation_of, write_report
 from planner.specs import SLO
@@ -49,6 +50,24 @@ TRUTH = Figures(families={"ampere": {"memory_efficiency": 0.65, "kernel_latency_
                 engines={"vllm-0.11": {"step_overhead_s": 4e-3}})
 
 
+def _at_truth(runs: list[PublicRun]) -> dict[str, float]:
+    """Every figure of `runs` as the simulator gives it at TRUTH."""
+    return {k: v for values in simulate_runs(_prepared(runs), TRUTH) for k, v in values.items()}  # type: ignore[union-attr]
+
+
+def _traced_at_estimates(runs: list[PublicRun], values: dict[str, float]) -> tuple[Space, Figures, list[Traced]]:
+    """`runs` published with `values`, their space, the profiles' estimates, and the runs traced there."""
+    measured = _prepared(_with_measurements(runs, values))
+    space = Space.of(measured)
+    prior = space.figures(space.prior())
+    return space, prior, [trace_run(r, prior) for r in measured]
+
+
+def _worst_error(traced: list[Traced], figs: Figures, expected: dict[str, float]) -> float:
+    got = {k: v for t in traced for k, v in surrogate(t, figs).items()}
+    return max(abs(got[k] / v - 1) for k, v in expected.items())
+
+
 def test_surrogate_is_the_simulator_at_the_traced_figures() -> None:
     run = _prepared(_small_runs())[1]
     traced = trace_run(run, TRUTH)
@@ -62,17 +81,11 @@ def test_fit_recovers_measurements_made_with_known_figures() -> None:
     """Figures simulated at TRUTH and published as measurements: fitting from the profiles'
     estimates must reproduce them, where the estimates alone are far off."""
     runs = _small_runs()
-    prepared = _prepared(runs)
-    simulated = simulate_runs(prepared, TRUTH)
-    truth = {k: v for values in simulated for k, v in values.items()}  # type: ignore[union-attr]
-    measured = _prepared(_with_measurements(runs, truth))
-    space = Space.of(measured)
-    prior = space.figures(space.prior())
-    traced = [trace_run(r, prior) for r in measured]
+    truth = _at_truth(runs)
+    space, prior, traced = _traced_at_estimates(runs, truth)
 
     def worst_error(figs: Figures) -> float:
-        got = {k: v for t in traced for k, v in surrogate(t, figs).items()}
-        return max(abs(got[k] / truth[k] - 1) for k in truth)
+        return _worst_error(traced, figs, truth)
 
     assert worst_error(prior) > 0.3  # the test can fail: the estimates alone miss by far
     # One source against 10 figures: the prior is made negligible, or it would rightly hold the
@@ -86,12 +99,31 @@ def test_fit_recovers_measurements_made_with_known_figures() -> None:
     assert fitted.families["ampere"]["collective_time_scale"] < 0.85
 
 
+def test_one_faulty_run_does_not_pull_the_fit() -> None:
+    """Measurements made at TRUTH, but one run published 4x slower than its setup can explain (a
+    kernel that fell back, a throttled host): least squares bends the shared figures towards it and
+    misses the three sound runs; the soft-L1 fit keeps them, and leaves the fault as error."""
+    runs = _small_runs()
+    truth = _at_truth(runs)
+    faulty = {f.id for f in runs[1].figures}
+    slower = {k: v * (0.25 if "throughput" in k else 4.0) if k in faulty else v for k, v in truth.items()}
+    space, prior, traced = _traced_at_estimates(runs, slower)
+
+    def worst_sound_error(figs: Figures) -> float:
+        return _worst_error(traced, figs, {k: v for k, v in truth.items() if k not in faulty})
+
+    squared = fit(traced, space, prior, prior_weight=1e-4, robust_scale=math.inf).figures
+    robust = fit(traced, space, prior, prior_weight=1e-4).figures
+    assert worst_sound_error(squared) > 0.2
+    assert worst_sound_error(robust) < worst_sound_error(squared) / 2
+
+
 def test_rounds_stop_once_the_figures_settle() -> None:
     """Measurements made at TRUTH from small closed runs, whose schedule does not move with the
     figures: the first round fits, the second moves nothing (under SETTLED_X), and the rounds stop
     there instead of running to the cap."""
     runs = _small_runs()
-    truth = {k: v for values in simulate_runs(_prepared(runs), TRUTH) for k, v in values.items()}  # type: ignore[union-attr]
+    truth = _at_truth(runs)
     measured = _prepared(_with_measurements(runs, truth))
     labels: list[str] = []
 
@@ -110,15 +142,15 @@ def test_rounds_stop_once_the_figures_settle() -> None:
 def test_the_fit_keeps_the_lowest_cost_of_its_starts() -> None:
     """Measurements made at TRUTH, fitted from the profiles' estimates and from TRUTH itself: each
     start's cost is recorded, the figures kept are the cheaper start's fit, and the start at the
-    truth (where the data are reproduced exactly) ends no costlier than the other."""
+    truth (where the data are reproduced exactly) ends no costlier than the other (to rounding)."""
     runs = _small_runs()
-    truth = {k: v for values in simulate_runs(_prepared(runs), TRUTH) for k, v in values.items()}  # type: ignore[union-attr]
+    truth = _at_truth(runs)
     measured = _prepared(_with_measurements(runs, truth))
     space = Space.of(measured)
     starts = {"estimates": space.figures(space.prior()), "truth": TRUTH}
     done = fit_rounds(measured, space, starts=starts, rounds=1, max_nfev=20)
     assert done.start_costs.keys() == {"estimates", "truth"}
-    assert done.start_costs["truth"] <= done.start_costs["estimates"]
+    assert done.start_costs["truth"] <= done.start_costs["estimates"] * (1 + 1e-6)  # both may reach the optimum
     # Traced at the first start, fitted from both: the lower cost's figures are the ones kept.
     from_truth = fit(done.traced, space, TRUTH, max_nfev=20)
     assert from_truth.cost == pytest.approx(done.start_costs["truth"], rel=1e-9)
