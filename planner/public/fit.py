@@ -110,8 +110,8 @@ PRIOR_WEIGHT = 0.02
 # SGLang's gpt-oss-20b on an A100 runs 10x slower than on an H100, against 1.2-1.9x for every other
 # run of that page. Squared errors let such a run pull a figure every other run of its engine or
 # family shares. So a figure's log error e costs e^2 up to about this scale and grows only linearly
-# beyond it (soft L1: 2 s^2 (sqrt(1 + (e/s)^2) - 1)): a run 28 % off still counts fully, one 3x off
-# as about a fifth of its square. Applied to each figure's own error before its weight, unlike
+# beyond it (soft L1: 2 s^2 (sqrt(1 + (e/s)^2) - 1)): a figure 10 % off counts as its square, one
+# 28 % off as 0.83 of it, one 3x off as 0.36, one 10x off as a fifth. Applied to each figure's own error before its weight, unlike
 # least_squares' `loss`, which would scale it by the weights (a source's many figures each weigh
 # little).
 ROBUST_SCALE = 0.25
