@@ -111,9 +111,9 @@ PRIOR_WEIGHT = 0.02
 # run of that page. Squared errors let such a run pull a figure every other run of its engine or
 # family shares. So a figure's log error e costs e^2 up to about this scale and grows only linearly
 # beyond it (soft L1: 2 s^2 (sqrt(1 + (e/s)^2) - 1)): a figure 10 % off counts as its square, one
-# 28 % off as 0.83 of it, one 3x off as 0.36, one 10x off as a fifth. Applied to each figure's own error before its weight, unlike
-# least_squares' `loss`, which would scale it by the weights (a source's many figures each weigh
-# little).
+# 28 % off as 0.83 of it, one 3x off as 0.36, one 10x off as a fifth. Applied to each figure's own
+# error before its weight, unlike least_squares' `loss`, which would scale it by the weights (a
+# source's many figures each weigh little).
 ROBUST_SCALE = 0.25
 # A round that moves no figure by more than this in the fit's space (1 % on a time, ~0.25 % on a
 # share near one half) has settled: the next trace would be the same schedule.
