@@ -4,6 +4,7 @@ at the same per-replica load, measured in the same run; and what a whole day wou
 
     .venv/bin/python bench/fleet_day.py --replicas 1000 --rate-per-replica 8 --seconds 20
     .venv/bin/python bench/fleet_day.py --replicas 10 --rate-per-replica 8 --seconds 600 --json
+    .venv/bin/python bench/fleet_day.py --replicas 1000 --rate-per-replica 16 --stand-ins 1 --hours 24
 
 Each measurement runs in its own process (peak RSS is per process). The fleet serves a flat
 Poisson rate of replicas x rate-per-replica for `--seconds` with its autoscaler running (pinned at
@@ -79,6 +80,37 @@ def _peer(model_name: str, hw_name: str, workload: str, rate_per_s: float, reque
              "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)})
 
 
+def _sampled_day(model_name: str, hw_name: str, workload: str, replicas: int, rate_per_s: float, hours: int,
+                 stand_ins: int, out: mp.Queue) -> None:
+    from engine.catalog import resolve_model
+    from planner.hardware import get_hardware
+    from planner.sim.autoscaler import ScalingRule
+    from planner.sim.fleet import simulate_sampled_fleet
+    from planner.sim.simulator import ReplicaTemplate
+    from planner.specs import SLO
+    from planner.traffic import TrafficDay
+
+    model, hw = resolve_model(model_name), get_hardware(hw_name)
+    template = ReplicaTemplate.resolve(model, hw, _deployment(hw_name, True))
+    peak = replicas * rate_per_s
+    day = TrafficDay.model_validate({"rate": {"kind": "diurnal", "peak_rate_per_s": peak,
+                                              "trough_rate_per_s": 0.2 * peak, "hours": hours},
+                                     "workload": workload, "stand_in_replicas": stand_ins})
+    slo = SLO.parse("ttft_p99_ms<=1000,tpot_p99_ms<=50")
+    wall0, cpu0 = time.perf_counter(), time.process_time()
+    run = simulate_sampled_fleet(template, day, ScalingRule.pinned(replicas), slo, stand_ins=stand_ins,
+                                 vocab_size=model.vocab_size)
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    arrived = sum(h.arrived for h in run.hours)
+    out.put({"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "fleet_requests_estimated": round(arrived),
+             "fleet_requests_expected": round(day.expected_requests), "stand_in_requests": run.finished,
+             "stand_in_requests_per_cpu_s": round(run.finished / cpu, 1),
+             "slo_attainment": round(sum(h.good for h in run.hours) / arrived, 4),
+             "mean_ttft_ms": round(sum(h.ttft_s for h in run.hours) / arrived * 1e3, 1),
+             "replica_hours": round(run.replica_hours, 1),
+             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)})
+
+
 def _in_process(target, *args) -> dict:  # noqa: ANN001
     out: mp.Queue = mp.get_context("fork").Queue()
     p = mp.get_context("fork").Process(target=target, args=(*args, out))
@@ -98,9 +130,24 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=20.0, help="simulated seconds of traffic")
     ap.add_argument("--no-prefix-caching", action="store_true",
                     help="replicas without the prefix cache (freed blocks are not kept for later hits)")
+    ap.add_argument("--stand-ins", type=int, default=0,
+                    help="simulate a diurnal day (trough 20 %%, peak --rate-per-replica) of the fleet as this many "
+                         "stand-in replicas (planner/sim/fleet.py, SampledFleet) instead of the flat span")
+    ap.add_argument("--hours", type=int, default=24, help="length of the --stand-ins day")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     caching = not args.no_prefix_caching
+    if args.stand_ins:
+        load = os.getloadavg()
+        day = _in_process(_sampled_day, args.model, args.hw, args.workload, args.replicas, args.rate_per_replica,
+                          args.hours, args.stand_ins)
+        print(json.dumps({"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load "
+                                     f"average before {load[0]:.1f}, after {os.getloadavg()[0]:.1f}",
+                          "setup": f"{args.model} on {args.hw}, workload {args.workload}, {args.replicas} replicas "
+                                   f"(fixed), diurnal {args.hours} h peaking at {args.rate_per_replica:g} req/s per "
+                                   f"replica, {args.stand_ins} stand-in(s)",
+                          "sampled_day": day}, indent=2))
+        return
 
     load = os.getloadavg()
     fleet = _in_process(_fleet, args.model, args.hw, args.workload, args.replicas, args.rate_per_replica, args.seconds,

@@ -11,8 +11,12 @@ count is checked against a limit before anything is drawn.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterator
 import dataclasses
+from dataclasses import dataclass
+import itertools
+import math
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -22,11 +26,13 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 from engine import limits
 from engine.errors import InputError, from_validation_error, over_limit
 from engine.files import load_yaml
-from planner.sim.autoscaler import AutoscalePolicy
+from planner.sim.autoscaler import MAX_FLEET_REPLICAS, AutoscalePolicy
 from planner.workload import PRESETS, OfflineArrivals, RateSegment, TimeVaryingArrivals, Workload, WorkloadRequest, draw
 
 MAX_TRAFFIC_HOURS = 168  # a week: longer is a capacity forecast, not a day of traffic
 CHUNK_REQUESTS = 20_000  # requests drawn at once: bounds the memory their token ids take
+STAND_IN_CHUNK = 2_000  # a stand-in replica's requests drawn at once (a few hours' worth at a replica's rate)
+STAND_IN_STREAM = 1  # seeds a stand-in's requests apart from the day's own segments
 
 
 class _Spec(BaseModel):
@@ -98,6 +104,10 @@ class TrafficDay(_Spec):
         "are the day's)")
     seed: int = Field(0, ge=0, le=2**32 - 1, description="Seed of every random draw")
     autoscaling: AutoscalePolicy = Field(default_factory=AutoscalePolicy, description="How the autoscaled fleet scales")
+    stand_in_replicas: int = Field(
+        16, ge=1, le=1000, description="A fleet that may grow past this many replicas is simulated as this many "
+        "stand-ins, each serving one replica's round-robin share (planner/sim/fleet.py, SampledFleet); smaller ones "
+        "are simulated whole")
 
     @field_validator("name")
     @classmethod
@@ -159,17 +169,64 @@ class TrafficDay(_Spec):
                 seed = int(np.random.SeedSequence([self.seed, index, first]).generate_state(1)[0])
                 spec = self.workload.model_copy(update={"arrival": OfflineArrivals(), "num_requests": len(chunk),
                                                         "seed": seed, "name": self.name})
-                for k, (request, t) in enumerate(zip(draw(spec, vocab_size, max_model_len), chunk.tolist())):
+                drawn = draw(spec, vocab_size, max_model_len, prefix_seed=self.seed)
+                for k, (request, t) in enumerate(zip(drawn, chunk.tolist())):
                     yield dataclasses.replace(request, request_id=f"{self.name}-{index}-{first + k}", arrival_s=t)
             start += seg.duration_s
 
+    def stand_in_requests(self, stand_in: int, vocab_size: int | None = None,
+                          max_model_len: int | None = None) -> Iterator[WorkloadRequest]:
+        """Endless requests of the day's workload, without arrival times, for one stand-in replica
+        of a sampled fleet (planner/sim/fleet.py): independent of one another and of every other
+        stand-in's, as a day's requests are, and drawn a chunk at a time."""
+        for chunk in itertools.count():
+            seed = int(np.random.SeedSequence([self.seed, STAND_IN_STREAM, stand_in, chunk + 1]).generate_state(1)[0])
+            spec = self.workload.model_copy(update={"arrival": OfflineArrivals(), "num_requests": STAND_IN_CHUNK,
+                                                    "seed": seed, "name": self.name})
+            for k, request in enumerate(draw(spec, vocab_size, max_model_len, prefix_seed=self.seed)):
+                yield dataclasses.replace(request, request_id=f"{self.name}-s{stand_in}-{chunk * STAND_IN_CHUNK + k}")
 
-def check_limits(day: TrafficDay) -> None:
-    """The day's expected request count against MAX_TRAFFIC_REQUESTS, before anything is drawn."""
-    expected = day.expected_requests
+    def stand_in_gaps(self, stand_in: int) -> np.random.Generator:
+        """The stream a stand-in replica draws its arrival gaps from (its requests' chunks are the
+        same entropy's 1, 2, ...)."""
+        return np.random.default_rng([self.seed, STAND_IN_STREAM, stand_in, 0])
+
+    def cumulative_rate(self) -> CumulativeRate:
+        return CumulativeRate.of(self.segments())
+
+
+@dataclass(frozen=True)
+class CumulativeRate:
+    """Expected arrivals since the day's start, inverted: when the count reaches a given number."""
+
+    starts_s: list[float]  # each segment's start
+    before: list[float]  # expected arrivals before each segment
+    after: list[float]  # ... and by its end
+    rates_per_s: list[float]
+
+    @classmethod
+    def of(cls, segments: list[RateSegment]) -> CumulativeRate:
+        starts = np.concatenate(([0.0], np.cumsum([s.duration_s for s in segments])[:-1]))
+        after = np.cumsum([s.rate_per_s * s.duration_s for s in segments])
+        before = np.concatenate(([0.0], after[:-1]))
+        return cls(starts.tolist(), before.tolist(), after.tolist(), [s.rate_per_s for s in segments])
+
+    def time_of(self, arrivals: float) -> float:
+        """When `arrivals` arrivals are expected by; inf when the day ends first."""
+        i = bisect.bisect_right(self.after, arrivals)  # the first segment that ends past them: its rate is > 0
+        if i == len(self.after):
+            return math.inf
+        return self.starts_s[i] + (arrivals - self.before[i]) / self.rates_per_s[i]
+
+
+def check_limits(day: TrafficDay, share: float = 1.0) -> None:
+    """The requests a simulation of the day is expected to serve (`share` of the day's: a sampled
+    fleet's stand-ins serve theirs) against MAX_TRAFFIC_REQUESTS, before anything is drawn."""
+    expected = day.expected_requests * share
     if expected > limits.MAX_TRAFFIC_REQUESTS:
+        what = "the day's" if share == 1.0 else f"the stand-ins' share ({share:.3g}) of the day's"
         raise over_limit("rate", f"{expected:,.0f} expected requests", "MAX_TRAFFIC_REQUESTS",
-                         "the day's expected request count")
+                         f"{what} expected request count")
 
 
 def load_traffic(path: str) -> TrafficDay:
@@ -181,6 +238,7 @@ def load_traffic(path: str) -> TrafficDay:
         day = TrafficDay.model_validate(data)
     except ValidationError as exc:
         raise from_validation_error(exc, Path(path).name) from None
-    check_limits(day)
+    # The request limit is checked once the fleet is known: a sampled fleet simulates a share.
+    check_limits(day, min(1.0, day.stand_in_replicas / MAX_FLEET_REPLICAS))
     return day
 

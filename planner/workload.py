@@ -417,13 +417,16 @@ def follow_ups(requests: list[WorkloadRequest]) -> dict[str, WorkloadRequest]:
 _STREAMS = ("arrivals", "input", "output", "prefix_choice", "prefix_tokens", "turns", "tokens")
 
 
-def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int | None = None) -> list[WorkloadRequest]:
+def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int | None = None, *,
+         prefix_seed: int | None = None) -> list[WorkloadRequest]:
     """Draw the requests of `workload`; the same workload always gives the same list.
 
     `vocab_size` is the model's vocabulary: token ids stay below it too. Ids do not depend
     on it while it is at least `vocab_size_tokens`, so every large model sees the same prompts.
     Arrival times, lengths and the token total are checked against the limits (and each
-    request against `max_model_len`, when given) before any token id is drawn.
+    request against `max_model_len`, when given) before any token id is drawn. `prefix_seed`
+    seeds the shared prefixes' token ids (default: the workload's seed), so a stream drawn in
+    chunks of different seeds keeps one set of prefixes.
     """
     hi = workload.vocab_size_tokens if vocab_size is None else min(vocab_size, workload.vocab_size_tokens)
     if hi <= workload.first_token_id:
@@ -432,6 +435,9 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
     # the lengths and token ids of every request as they were.
     children = np.random.SeedSequence(workload.seed).spawn(len(_STREAMS))
     rngs = {stream: np.random.default_rng(child) for stream, child in zip(_STREAMS, children)}
+    if prefix_seed is not None:
+        own = np.random.SeedSequence(prefix_seed).spawn(len(_STREAMS))[_STREAMS.index("prefix_tokens")]
+        rngs["prefix_tokens"] = np.random.default_rng(own)
     lo, n = workload.first_token_id, workload.num_requests
     if n > limits.MAX_REQUESTS:  # the field's own bound, for a Workload built without validation
         raise over_limit("num_requests", n, "MAX_REQUESTS", "the request count")

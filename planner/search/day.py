@@ -21,10 +21,10 @@ from planner.metrics import RunSummary
 from planner.search import PlanResult, plan
 from planner.search.space import priced_profiles
 from planner.sim.autoscaler import DEFAULT_STORAGE_READ_GB_S, AutoscalePolicy, ScalingRule
-from planner.sim.fleet import HOUR_S, FleetRun, simulate_fleet
+from planner.sim.fleet import HOUR_S, FleetRun, simulate_fleet, simulate_sampled_fleet
 from planner.sim.simulator import ReplicaTemplate
 from planner.specs import SLO, Deployment, HardwareProfile
-from planner.traffic import TrafficDay
+from planner.traffic import TrafficDay, check_limits
 from planner.workload import RateSegment
 
 
@@ -35,7 +35,7 @@ class _Out(BaseModel):
 class HourReport(_Out):
     hour: int
     offered_rate_per_s: float = Field(description="Mean arrival rate the traffic file sets for the hour")
-    arrived: int = Field(description="Requests that arrived in the hour")
+    arrived: int = Field(description="Requests that arrived in the hour (a sampled fleet's: its stand-ins' scaled)")
     replicas: float = Field(description="Replicas billed, averaged over the hour (loading and draining ones included)")
     most_ready_replicas: int = Field(description="Most replicas serving at once in the hour")
     slo_attainment: float | None = Field(
@@ -93,9 +93,23 @@ def plan_day(model: str, day: TrafficDay, slo: str | SLO, *, hardware: list[str]
     fixed_n = dep.replicas
     rule, notes = scaling_rule(day.autoscaling, day, template, hw, fixed_n, verification)
     runs = {}
+    stand_ins = day.stand_in_replicas
     for name, r in (("fixed", ScalingRule.pinned(fixed_n, rule.load_s)), ("autoscaled", rule)):
-        runs[name] = simulate_fleet(template, day.requests(cfg.vocab_size, template.max_len), day.duration_s, r, slo,
-                                    seed=day.seed, on_hour=None if on_hour is None else lambda h, n=name: on_hour(n, h))
+        hours = None if on_hour is None else lambda h, n=name: on_hour(n, h)
+        if r.max_replicas > stand_ins:
+            # The stand-ins serve about their share of the fleet at its peak size all day.
+            check_limits(day, min(1.0, stand_ins / fixed_n))
+            runs[name] = simulate_sampled_fleet(template, day, r, slo, stand_ins=stand_ins, vocab_size=cfg.vocab_size,
+                                                on_hour=hours)
+        else:
+            runs[name] = simulate_fleet(template, day.requests(cfg.vocab_size, template.max_len), day.duration_s, r,
+                                        slo, seed=day.seed, on_hour=hours)
+    if max(rule.max_replicas, fixed_n) > stand_ins:
+        notes["stand-ins"] = (
+            f"fleets that may grow past {stand_ins} replicas are simulated as {stand_ins} stand-ins, each serving one "
+            "replica's round-robin share (every n-th arrival); hourly counts are the stand-ins' scaled to the fleet. "
+            "Exact in distribution for a fixed fleet; an autoscaled one's new replicas take their share at once (not "
+            "empty and cold) and a retired one stops billing when retired, not drained")
     price = hw.price_usd_per_hour
     reports = {name: _report(name, run, day, slo, template.dep.gpus_per_replica, price) for name, run in runs.items()}
     fixed, auto = reports["fixed"], reports["autoscaled"]
@@ -175,7 +189,7 @@ def _report(name: str, run: FleetRun, day: TrafficDay, slo: SLO, gpus_per_replic
     for h, tally in enumerate(run.hours):
         start_s, end_s = h * HOUR_S, min((h + 1) * HOUR_S, run.duration_s)  # the last hour may be short
         hours.append(HourReport(
-            hour=h, offered_rate_per_s=_mean_rate(segments, start_s, end_s), arrived=tally.arrived,
+            hour=h, offered_rate_per_s=_mean_rate(segments, start_s, end_s), arrived=round(tally.arrived),
             replicas=tally.replica_s / (end_s - start_s), most_ready_replicas=tally.most_ready,
             slo_attainment=tally.good / tally.arrived if tally.arrived else None,
             slo_met=tally.good / tally.arrived >= slo.goodput_share if tally.arrived else None,

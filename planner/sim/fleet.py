@@ -10,9 +10,10 @@ integrated hour by hour, so memory follows the live requests and replicas, not t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import KW_ONLY, dataclass, field
 
+import numpy as np
 import simpy
 
 from engine.core import Request, RequestMetrics, SamplingParams
@@ -22,6 +23,7 @@ from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
 from planner.sim.simulator import ReplicaTemplate
 from planner.specs import SLO
+from planner.traffic import CumulativeRate, TrafficDay
 from planner.workload import WorkloadRequest
 
 HOUR_S = 3600.0
@@ -31,8 +33,10 @@ HOUR_S = 3600.0
 class HourTally:
     """One hour of the day: its arrivals and how they were served, and the replicas it paid for."""
 
-    arrived: int = 0
-    good: int = 0  # finished within every per-request limit of the SLO
+    # Counts are requests, each weighing what it stands for: 1 in a fleet simulated whole, the
+    # fleet's replicas per stand-in in a sampled one (SampledFleet).
+    arrived: float = 0.0
+    good: float = 0.0  # finished within every per-request limit of the SLO
     replica_s: float = 0.0  # replica-seconds billed within the hour
     most_ready: int = 0  # most replicas ready at once
     ttft_s: float = 0.0  # sum over the hour's requests, for the mean
@@ -43,7 +47,7 @@ class HourTally:
 class FleetRun:
     hours: list[HourTally]
     duration_s: float
-    finished: int
+    finished: int  # requests simulated (all of them, or the stand-ins')
     actions: list[tuple[float, int]]  # (time, replicas added (+) or retired (-)) by the autoscaler
     ready: list[tuple[float, int]]  # (time, replicas ready from then on), at every change
     replica_s: float  # billed over the day, all hours
@@ -149,31 +153,41 @@ class Fleet:
     def retire(self, n: int) -> None:
         """n fewer: loads in progress cancelled first (newest first), then the least busy ready
         replicas drained; never fewer than one ready."""
-        while n and self._loading:
-            self._loading.pop().interrupt()
-            self.billing.change(self.env.now, -1)
-            n -= 1
-        for _ in range(min(n, len(self.ready) - 1)):
+        for _ in range(min(self._cancel_loads(n), len(self.ready) - 1)):
             i = min(range(len(self.ready)), key=lambda i: self.ready[i].in_flight)
             member = self.ready.pop(i)
             self._replicas.pop(i)
             self.env.process(self._drain(member))
         self._changed()
 
-    def _ready_one(self) -> None:
+    def _cancel_loads(self, n: int) -> int:
+        """Cancel up to n loads in progress, newest first; how many of n are left to retire."""
+        while n and self._loading:
+            self._loading.pop().interrupt()
+            self.billing.change(self.env.now, -1)
+            n -= 1
+        return n
+
+    def _new_member(self) -> _Member:
         replica, _ = self.template.replica(self.env, self._made, self.on_finished, None, None, self._decode_token, self.seed)
         self._made += 1
         self.ready.append(_Member(replica, FrontEnd(self.env, self._front_end_s, self._api_latency_s)))
         self._replicas.append(replica)
-        tally = self.billing.hours[min(int(self.env.now // HOUR_S), len(self.billing.hours) - 1)]
-        tally.most_ready = max(tally.most_ready, len(self.ready))
+        return self.ready[-1]
+
+    def _ready_one(self) -> None:
+        self._new_member()
         self._changed()
 
     def _changed(self) -> None:
+        """Record the ready count, in the timeline and in the hour's most."""
+        ready = self.num_ready
+        tally = self.billing.hours[min(int(self.env.now // HOUR_S), len(self.billing.hours) - 1)]
+        tally.most_ready = max(tally.most_ready, ready)
         if self.timeline and self.timeline[-1][0] == self.env.now:
             self.timeline.pop()  # several changes at one moment: the last one stands
-        if not self.timeline or self.timeline[-1][1] != len(self.ready):
-            self.timeline.append((self.env.now, len(self.ready)))
+        if not self.timeline or self.timeline[-1][1] != ready:
+            self.timeline.append((self.env.now, ready))
 
     def _load(self):  # noqa: ANN202 (a SimPy process generator)
         try:
@@ -187,12 +201,126 @@ class Fleet:
         """Serve everything accepted, then stop billing: a retired replica drops nothing."""
         while True:
             if member.in_api:
-                yield self.env.timeout(max(member.api.free_at - self.env.now, 0.0))
+                # Its last request reaches the engine once handled (free_at) and then forwarded (latency_s);
+                # waiting only for free_at would spin at this instant while one is on its way.
+                yield self.env.timeout(max(member.api.free_at + member.api.latency_s - self.env.now, 0.0))
             elif member.replica.scheduler.has_unfinished_requests():
                 yield member.replica.idle()
             else:
                 break
         self.billing.change(self.env.now, -1)
+
+
+@dataclass(eq=False)
+class SampledFleet(Fleet):
+    """A round-robin fleet of `num_ready` replicas simulated as a few stand-ins (`ready`).
+
+    Behind round robin, replicas are exchangeable: with n ready, each takes every n-th arrival, so
+    on the scale of expected arrivals (the cumulative rate) its own arrivals are a renewal process
+    with Gamma(n, 1) gaps, and, a day's requests being independent of one another, what a replica
+    serves does not depend on which replica it is. Each stand-in therefore draws its arrivals with
+    Gamma(n) gaps at the fleet's n of the moment (the first one at a random place in the round) and
+    its requests from a stream of its own, and serves them in its own API server and engine. Each
+    of its requests stands for n / stand-ins of the fleet's in the hours' tallies; the in-flight
+    and queued requests the autoscaler reads are the stand-ins' scaled by the same factor.
+
+    For a fleet of fixed size this is exact in distribution, replica by replica. When the fleet
+    scales, every stand-in takes its new share at once, where a real fleet's new replica starts
+    empty (and its prefix cache cold) and a retired one drains: a replica retired is billed until
+    the moment it is retired, not until it has drained (at most one request's E2E per retirement).
+    """
+
+    _: KW_ONLY
+    traffic: TrafficDay
+    stand_ins: int
+    vocab_size: int | None
+    tallies: _Tallies
+    _count: int = 0  # replicas ready, stand-ins included
+
+    @property
+    def num_ready(self) -> int:
+        return self._count
+
+    @property
+    def num_active(self) -> int:
+        return self._count + len(self._loading)
+
+    def in_flight(self) -> float:  # type: ignore[override]  (an estimate: the stand-ins' scaled)
+        return super().in_flight() * self._scale()
+
+    def waiting(self) -> float:  # type: ignore[override]
+        return super().waiting() * self._scale()
+
+    def start(self, n: int) -> None:
+        self.billing.change(self.env.now, n)
+        self._count = n
+        rate = self.traffic.cumulative_rate()
+        for j in range(self.stand_ins):
+            member = self._new_member()
+            requests = self.traffic.stand_in_requests(j, self.vocab_size, self.template.max_len)
+            self.env.process(self._arrivals(member, requests, rate, self.traffic.stand_in_gaps(j)))
+        self._changed()
+
+    def retire(self, n: int) -> None:
+        """n fewer: loads in progress cancelled first, then ready replicas, at once; never fewer than one ready."""
+        gone = min(self._cancel_loads(n), self._count - 1)
+        self._count -= gone
+        self.billing.change(self.env.now, -gone)
+        self._changed()
+
+    def _ready_one(self) -> None:
+        self._count += 1
+        self._changed()
+
+    def _scale(self) -> float:
+        return self._count / len(self.ready)
+
+    def _arrivals(self, member: _Member, requests: Iterator[WorkloadRequest], rate: CumulativeRate,
+                  gaps: np.random.Generator):  # noqa: ANN202 (a SimPy process generator)
+        expected = gaps.gamma(gaps.integers(1, self._count + 1))  # a random replica's place in the first round
+        while (t := rate.time_of(expected)) < self.billing.end_s:
+            yield self.env.timeout(t - self.env.now)
+            wr = next(requests)
+            request = Request(wr.request_id, list(wr.prompt_token_ids),
+                              SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=self.env.now)
+            self.tallies.arrive(request, self._scale())
+            member.in_api += 1
+            member.api.forward(request, member.deliver)
+            expected += gaps.gamma(self._count)
+
+
+@dataclass
+class _Tallies:
+    """The day's hours: each request counted in the hour it arrived, judged by the SLO's
+    per-request limits when it finishes."""
+
+    hours: list[HourTally]
+    limits_ms: dict[str, float]
+    on_finished: Callable[[Request], None] | None
+    arrived: int = 0
+    finished: int = 0
+    _weights: dict[str, float] = field(default_factory=dict)  # requests in flight that weigh other than 1
+
+    def hour(self, t_s: float) -> HourTally:
+        return self.hours[min(int(t_s // HOUR_S), len(self.hours) - 1)]
+
+    def arrive(self, request: Request, weight: float = 1.0) -> None:
+        self.arrived += 1
+        self.hour(request.arrival_time).arrived += weight
+        if weight != 1.0:
+            self._weights[request.request_id] = weight
+
+    def finish(self, request: Request) -> None:
+        self.finished += 1
+        weight = self._weights.pop(request.request_id, 1.0)
+        m = RequestMetrics.from_request(request)
+        tally = self.hour(m.arrival_time)
+        tally.ttft_s += weight * m.ttft_s
+        tally.e2e_s += weight * m.e2e_s
+        observed_ms = {"ttft": m.ttft_s * 1e3, "tpot": m.tpot_s * 1e3, "e2e": m.e2e_s * 1e3}
+        tally.good += weight * all(observed_ms[m] <= limit for m, limit in self.limits_ms.items())
+        if self.on_finished is not None:
+            self.on_finished(request)
 
 
 def simulate_fleet(template: ReplicaTemplate, requests: Iterable[WorkloadRequest], duration_s: float, rule: ScalingRule,
@@ -204,28 +332,48 @@ def simulate_fleet(template: ReplicaTemplate, requests: Iterable[WorkloadRequest
     is served to the end. Billing covers 0..duration_s. `on_finished` sees each request as it
     finishes (tests); `on_hour(hours)` hears the simulated hours done (a progress bar)."""
     env = simpy.Environment()
-    num_hours = max(1, -int(-duration_s // HOUR_S))
-    hours = [HourTally() for _ in range(num_hours)]
-    limits_ms = slo.request_limits_ms() if slo is not None else {}
-    finished = 0
+    tallies, billing = _day(duration_s, slo, on_finished)
+    fleet = Fleet(env, template, rule, router, billing, tallies.finish, seed)
 
-    def finish(request: Request) -> None:
-        nonlocal finished
-        finished += 1
-        m = RequestMetrics.from_request(request)
-        tally = hours[min(int(m.arrival_time // HOUR_S), num_hours - 1)]
-        tally.ttft_s += m.ttft_s
-        tally.e2e_s += m.e2e_s
-        observed_ms = {"ttft": m.ttft_s * 1e3, "tpot": m.tpot_s * 1e3, "e2e": m.e2e_s * 1e3}
-        tally.good += all(observed_ms[m] <= limit for m, limit in limits_ms.items())
-        if on_finished is not None:
-            on_finished(request)
+    def arrivals():  # noqa: ANN202 (a SimPy process generator)
+        for wr in requests:
+            assert wr.arrival_s is not None
+            if wr.arrival_s > env.now:
+                yield env.timeout(wr.arrival_s - env.now)
+            request = Request(wr.request_id, list(wr.prompt_token_ids),
+                              SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=env.now)
+            tallies.arrive(request)
+            fleet.submit(request)
 
-    billing = _Billing(hours, duration_s)
-    fleet = Fleet(env, template, rule, router, billing, finish, seed)
+    env.process(arrivals())
+    return _play(env, fleet, rule, tallies, billing, on_hour)
+
+
+def simulate_sampled_fleet(template: ReplicaTemplate, traffic: TrafficDay, rule: ScalingRule, slo: SLO | None = None,
+                           *, stand_ins: int, vocab_size: int | None = None,
+                           on_finished: Callable[[Request], None] | None = None,
+                           on_hour: Callable[[float], None] | None = None) -> FleetRun:
+    """The day of `traffic` against a round-robin fleet scaled by `rule`, simulated as `stand_ins`
+    replicas (SampledFleet): the hours' counts are estimates for the whole fleet, `finished` the
+    stand-ins' requests. Its cost follows stand_ins, not the fleet."""
+    env = simpy.Environment()
+    tallies, billing = _day(traffic.duration_s, slo, on_finished)
+    fleet = SampledFleet(env, template, rule, "round_robin", billing, tallies.finish, traffic.seed, traffic=traffic,
+                         stand_ins=stand_ins, vocab_size=vocab_size, tallies=tallies)
+    return _play(env, fleet, rule, tallies, billing, on_hour)
+
+
+def _day(duration_s: float, slo: SLO | None, on_finished: Callable[[Request], None] | None) -> tuple[_Tallies, _Billing]:
+    hours = [HourTally() for _ in range(max(1, -int(-duration_s // HOUR_S)))]
+    return _Tallies(hours, slo.request_limits_ms() if slo is not None else {}, on_finished), _Billing(hours, duration_s)
+
+
+def _play(env: simpy.Environment, fleet: Fleet, rule: ScalingRule, tallies: _Tallies, billing: _Billing,
+          on_hour: Callable[[float], None] | None) -> FleetRun:
+    """Start the fleet, its autoscaler and the hours, and run until every request has been served."""
+    duration_s, hours = billing.end_s, tallies.hours
     fleet.start(rule.initial_replicas)
     autoscaler = Autoscaler(env, fleet, rule, duration_s)  # pinned (min = max): it decides, and never acts
-    arrived = 0
 
     def hourly():  # noqa: ANN202 (a SimPy process generator)
         for h, tally in enumerate(hours):  # the replicas an hour starts with; more ready later are counted as they come
@@ -234,22 +382,11 @@ def simulate_fleet(template: ReplicaTemplate, requests: Iterable[WorkloadRequest
             if on_hour is not None:
                 on_hour(min(h + 1, duration_s / HOUR_S))
 
-    def arrivals():  # noqa: ANN202 (a SimPy process generator)
-        nonlocal arrived
-        for wr in requests:
-            assert wr.arrival_s is not None
-            if wr.arrival_s > env.now:
-                yield env.timeout(wr.arrival_s - env.now)
-            hours[min(int(env.now // HOUR_S), num_hours - 1)].arrived += 1
-            arrived += 1
-            fleet.submit(Request(wr.request_id, list(wr.prompt_token_ids),
-                                 SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=env.now))
-
-    env.process(arrivals())
     env.process(hourly())
     env.run()  # the arrivals and the autoscaler end with the day; replicas then serve what is left
-    if finished != arrived:
-        raise RuntimeError(f"{arrived - finished} of {arrived} accepted requests never finished: simulator bug")
+    if tallies.finished != tallies.arrived:
+        raise RuntimeError(f"{tallies.arrived - tallies.finished} of {tallies.arrived} accepted requests never "
+                           "finished: simulator bug")
     billing.change(env.now, 0)  # close the billing (at the day's end: nothing later is billed)
-    return FleetRun(hours=hours, duration_s=duration_s, finished=finished,
+    return FleetRun(hours=hours, duration_s=duration_s, finished=tallies.finished,
                     actions=autoscaler.actions, ready=fleet.timeline, replica_s=billing.total_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 
 import pytest
 import simpy
@@ -21,10 +22,10 @@ from engine.errors import InputError
 from planner.hardware import get_hardware
 from planner.playback import Replay
 from planner.sim.autoscaler import Autoscaler, AutoscalePolicy, ScalingRule
-from planner.sim.fleet import Fleet, _Billing, HourTally, simulate_fleet
+from planner.sim.fleet import Fleet, _Billing, HourTally, simulate_fleet, simulate_sampled_fleet
 from planner.sim.simulator import ReplicaTemplate, simulate
 from planner.specs import SLO, Deployment
-from planner.traffic import TrafficDay, load_traffic
+from planner.traffic import TrafficDay, check_limits, load_traffic
 
 MODEL = resolve_model("llama-3.1-8b")
 HW = get_hardware("h100-sxm")
@@ -152,6 +153,26 @@ def test_a_retired_busy_replica_serves_everything_then_stops_billing(template: R
     assert fleet.billing.total_s == pytest.approx(env.now + drained_s)
 
 
+def test_a_replica_retired_while_its_requests_are_on_their_way_drains(template: ReplicaTemplate) -> None:
+    # Handled by the API server but not yet forwarded (its latency_s): the drain waits for them
+    # to reach the engine instead of spinning at the moment of retirement.
+    env = simpy.Environment()
+    finished: list[str] = []
+    fleet = Fleet(env, template, ScalingRule.pinned(2), "round_robin", _Billing([HourTally()], end_s=3600.0),
+                  lambda r: finished.append(r.request_id))
+    fleet._front_end_s, fleet._api_latency_s = 0.001, 0.05
+    fleet.start(2)
+    for i in range(2):
+        fleet.submit(Request(f"r{i}", list(range(1000, 1100)), SamplingParams(max_tokens=5, ignore_eos=True), 0.0))
+    env.run(until=0.01)  # both handled (0.001 s), neither forwarded yet (0.051 s)
+    fleet.retire(1)
+    for _ in range(10_000):
+        if env.peek() == math.inf:
+            break
+        env.step()
+    assert sorted(finished) == ["r0", "r1"]
+
+
 def test_same_seed_same_day(template: ReplicaTemplate) -> None:
     d = day([(60.0, 2.0), (60.0, 12.0), (60.0, 1.0)], seed=7)
     a, a_seen = run(template, d, rule())
@@ -159,6 +180,70 @@ def test_same_seed_same_day(template: ReplicaTemplate) -> None:
     assert a == b and a_seen == b_seen
     c, _ = run(template, day([(60.0, 2.0), (60.0, 12.0), (60.0, 1.0)], seed=8), rule())
     assert [h.arrived for h in c.hours] != [h.arrived for h in a.hours] or c.replica_s != a.replica_s
+
+
+# --------------------------------------------------------------------------- a fleet sampled by stand-ins
+
+
+def _means(run_: object) -> tuple[float, float, float, float]:
+    """Arrivals, SLO attainment, mean TTFT and mean E2E over the day (hours' weighted tallies)."""
+    arrived = sum(h.arrived for h in run_.hours)
+    return (arrived, sum(h.good for h in run_.hours) / arrived, sum(h.ttft_s for h in run_.hours) / arrived,
+            sum(h.e2e_s for h in run_.hours) / arrived)
+
+
+def test_a_stand_in_takes_every_nth_arrival(template: ReplicaTemplate) -> None:
+    # Round robin over n replicas hands each one every n-th arrival of the Poisson stream: gaps
+    # with mean n / rate and a coefficient of variation 1 / sqrt(n) (Gamma(n)), not Poisson's 1.
+    n, per_replica_s, seconds = 25, 0.5, 4000.0
+    d = day([(seconds, n * per_replica_s)])
+    arrivals: dict[str, list[float]] = {}
+
+    def seen(request: Request) -> None:
+        arrivals.setdefault(request.request_id.split("-")[1], []).append(request.arrival_time)
+
+    result = simulate_sampled_fleet(template, d, ScalingRule.pinned(n), SLO_, stand_ins=2, vocab_size=MODEL.vocab_size,
+                                    on_finished=seen)
+    assert sorted(arrivals) == ["s0", "s1"] and result.finished == sum(map(len, arrivals.values()))
+    for times in arrivals.values():
+        gaps = [b - a for a, b in zip(sorted(times), sorted(times)[1:])]
+        assert statistics.mean(gaps) == pytest.approx(1 / per_replica_s, rel=0.08)
+        assert statistics.stdev(gaps) / statistics.mean(gaps) == pytest.approx(1 / math.sqrt(n), rel=0.15)
+    # Each stand-in request stands for n / 2 of the fleet's: the tallies estimate the fleet's arrivals.
+    assert _means(result)[0] == pytest.approx(n * per_replica_s * seconds, rel=0.05)
+
+
+def test_a_sampled_fixed_fleet_serves_as_the_whole_fleet(template: ReplicaTemplate) -> None:
+    # Replicas behind round robin are exchangeable: three stand-ins of a fixed fleet of ten give
+    # the whole fleet's day (its ~2,400 requests simulated one by one) within sampling error.
+    d = day([(240.0, 10 * 10.0)])
+    slo = SLO.parse("ttft_p99_ms<=24")  # between the median TTFT (22 ms) and its P90 (25 ms)
+    whole = simulate_fleet(template, d.requests(MODEL.vocab_size, template.max_len), d.duration_s,
+                           ScalingRule.pinned(10), slo)
+    sampled = simulate_sampled_fleet(template, d, ScalingRule.pinned(10), slo, stand_ins=3, vocab_size=MODEL.vocab_size)
+    assert sampled.finished < 0.4 * whole.finished  # three replicas' requests, not ten
+    assert sampled.replica_s == whole.replica_s == pytest.approx(10 * 240.0)
+    (n_w, good_w, ttft_w, e2e_w), (n_s, good_s, ttft_s, e2e_s) = _means(whole), _means(sampled)
+    assert 0.05 < 1 - good_w < 0.95, "the SLO should separate requests"
+    assert n_s == pytest.approx(n_w, rel=0.05)
+    assert good_s == pytest.approx(good_w, abs=0.05)
+    assert ttft_s == pytest.approx(ttft_w, rel=0.15)
+    assert e2e_s == pytest.approx(e2e_w, rel=0.08)
+
+
+def test_a_sampled_fleet_scales_and_loses_nothing(template: ReplicaTemplate) -> None:
+    # The autoscaler reads the stand-ins' in-flight requests scaled to the fleet: a step up in
+    # traffic adds replicas after the load delay, the way down retires them, every stand-in
+    # request finishes, and the tallies' arrivals estimate the day's.
+    d = day([(120.0, 8.0), (240.0, 60.0), (240.0, 8.0)])
+    r = rule(max_replicas=20, initial_replicas=2, target_in_flight_per_replica=8.0, scale_down_idle_s=30.0)
+    seen: list[str] = []
+    result = simulate_sampled_fleet(template, d, r, SLO_, stand_ins=2, vocab_size=MODEL.vocab_size,
+                                    on_finished=lambda request: seen.append(request.request_id))
+    assert any(n > 0 for _, n in result.actions) and any(n < 0 for _, n in result.actions)
+    assert max(n for _, n in result.ready) > 4
+    assert len(seen) == len(set(seen)) == result.finished
+    assert _means(result)[0] == pytest.approx(d.expected_requests, rel=0.1)
 
 
 def test_changing_one_segment_leaves_the_others_requests() -> None:
@@ -218,12 +303,15 @@ def test_request_limit_is_checked_before_anything_is_drawn(tmp_path, monkeypatch
     path = tmp_path / "day.yaml"
     path.write_text("rate: {kind: diurnal, peak_rate_per_s: 1000, trough_rate_per_s: 100}\nworkload: chat")
     monkeypatch.setattr(limits, "MAX_TRAFFIC_REQUESTS", 1_000_000)
+    d = load_traffic(str(path))  # ~47.5 million requests: a large fleet's stand-ins serve a share of them
     with pytest.raises(InputError, match="MAX_TRAFFIC_REQUESTS"):
-        load_traffic(str(path))
-    d = TrafficDay.model_validate({"rate": {"kind": "diurnal", "peak_rate_per_s": 1000, "trough_rate_per_s": 100},
-                                   "workload": "chat"})
+        next(d.requests())  # ... a fleet simulated whole serves them all
+    with pytest.raises(InputError, match="stand-ins' share"):
+        check_limits(d, 0.05)
+    check_limits(d, 0.02)
+    monkeypatch.setattr(limits, "MAX_TRAFFIC_REQUESTS", 100)
     with pytest.raises(InputError, match="MAX_TRAFFIC_REQUESTS"):
-        next(d.requests())
+        load_traffic(str(path))  # more than even the smallest share could serve
 
 
 def test_policy_defaults_are_derived_where_unset() -> None:
