@@ -106,7 +106,7 @@ def plan_day(model: str, day: TrafficDay, slo: str | SLO, *, hardware: list[str]
                                         slo, seed=day.seed, on_hour=hours)
     if max(rule.max_replicas, fixed_n) > stand_ins:
         notes["stand-ins"] = (
-            f"fleets that may grow past {stand_ins} replicas are simulated as {stand_ins} stand-ins, each serving one "
+            f"fleets that may grow past {stand_ins} replicas are simulated as {stand_ins} stand-in replica(s), each serving one "
             "replica's round-robin share (every n-th arrival); hourly counts are the stand-ins' scaled to the fleet. "
             "Exact in distribution for a fixed fleet; an autoscaled one's new replicas take their share at once (not "
             "empty and cold) and a retired one stops billing when retired, not drained")
