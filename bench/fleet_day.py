@@ -81,10 +81,10 @@ def _peer(model_name: str, hw_name: str, workload: str, rate_per_s: float, reque
 
 
 def _sampled_day(model_name: str, hw_name: str, workload: str, replicas: int, rate_per_s: float, hours: int,
-                 stand_ins: int, out: mp.Queue) -> None:
+                 stand_ins: int, target_in_flight: float, out: mp.Queue) -> None:
     from engine.catalog import resolve_model
     from planner.hardware import get_hardware
-    from planner.sim.autoscaler import ScalingRule
+    from planner.sim.autoscaler import AutoscalePolicy, ScalingRule
     from planner.sim.fleet import simulate_sampled_fleet
     from planner.sim.simulator import ReplicaTemplate
     from planner.specs import SLO
@@ -98,8 +98,13 @@ def _sampled_day(model_name: str, hw_name: str, workload: str, replicas: int, ra
                                      "workload": workload, "stand_in_replicas": stand_ins})
     slo = SLO.parse("ttft_p99_ms<=1000,tpot_p99_ms<=50")
     wall0, cpu0 = time.perf_counter(), time.process_time()
-    run = simulate_sampled_fleet(template, day, ScalingRule.pinned(replicas), slo, stand_ins=stand_ins,
-                                 vocab_size=model.vocab_size)
+    rule = ScalingRule.pinned(replicas)
+    if target_in_flight:  # autoscaled between 1 and `replicas`, the policy's defaults, a 60 s model load
+        p = AutoscalePolicy()
+        initial = max(1, round(replicas * day.rate_at(0.0) / peak))
+        rule = ScalingRule(1, replicas, initial, target_in_flight, p.scale_up_queue_per_replica, p.interval_s,
+                           p.window_s, p.scale_down_idle_s, p.cooldown_s, 60.0)
+    run = simulate_sampled_fleet(template, day, rule, slo, stand_ins=stand_ins, vocab_size=model.vocab_size)
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
     arrived = sum(h.arrived for h in run.hours)
     out.put({"wall_s": round(wall, 1), "cpu_s": round(cpu, 1), "fleet_requests_estimated": round(arrived),
@@ -107,7 +112,7 @@ def _sampled_day(model_name: str, hw_name: str, workload: str, replicas: int, ra
              "stand_in_requests_per_cpu_s": round(run.finished / cpu, 1),
              "slo_attainment": round(sum(h.good for h in run.hours) / arrived, 4),
              "mean_ttft_ms": round(sum(h.ttft_s for h in run.hours) / arrived * 1e3, 1),
-             "replica_hours": round(run.replica_hours, 1),
+             "replica_hours": round(run.replica_hours, 1), "scaling_actions": len(run.actions),
              "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)})
 
 
@@ -134,17 +139,21 @@ def main() -> None:
                     help="simulate a diurnal day (trough 20 %%, peak --rate-per-replica) of the fleet as this many "
                          "stand-in replicas (planner/sim/fleet.py, SampledFleet) instead of the flat span")
     ap.add_argument("--hours", type=int, default=24, help="length of the --stand-ins day")
+    ap.add_argument("--target-in-flight", type=float, default=0.0,
+                    help="autoscale the --stand-ins day between 1 and --replicas at this many requests in flight per "
+                         "replica (0: a fixed fleet)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     caching = not args.no_prefix_caching
     if args.stand_ins:
         load = os.getloadavg()
         day = _in_process(_sampled_day, args.model, args.hw, args.workload, args.replicas, args.rate_per_replica,
-                          args.hours, args.stand_ins)
+                          args.hours, args.stand_ins, args.target_in_flight)
         print(json.dumps({"machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, load "
                                      f"average before {load[0]:.1f}, after {os.getloadavg()[0]:.1f}",
                           "setup": f"{args.model} on {args.hw}, workload {args.workload}, {args.replicas} replicas "
-                                   f"(fixed), diurnal {args.hours} h peaking at {args.rate_per_replica:g} req/s per "
+                                   + (f"(autoscaled, target {args.target_in_flight:g} in flight)" if args.target_in_flight
+                                      else "(fixed)") + f", diurnal {args.hours} h peaking at {args.rate_per_replica:g} req/s per "
                                    f"replica, {args.stand_ins} stand-in(s)",
                           "sampled_day": day}, indent=2))
         return

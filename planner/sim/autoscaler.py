@@ -99,8 +99,8 @@ class ScalableFleet(Protocol):
     def num_ready(self) -> int: ...
     @property
     def num_active(self) -> int: ...  # ready or loading: what the policy counts (draining ones are leaving)
-    def in_flight(self) -> int: ...
-    def waiting(self) -> int: ...
+    def in_flight(self) -> float: ...  # counted, or estimated from a sample (planner/sim/fleet.py)
+    def waiting(self) -> float: ...
     def provision(self, n: int) -> None: ...
     def retire(self, n: int) -> None: ...
 
@@ -123,7 +123,7 @@ class Autoscaler:
 
     def _run(self):  # noqa: ANN202 (a SimPy process generator)
         env, rule, fleet = self.env, self.rule, self.fleet
-        samples: deque[tuple[float, int, int]] = deque()  # (time, in flight, waiting)
+        samples: deque[tuple[float, float, float]] = deque()  # (time, in flight, waiting)
         wanted: deque[tuple[float, int]] = deque()  # (time, desired) over the scale-down window
         last_action = -math.inf
         first_decision_s = env.now + rule.interval_s

@@ -127,10 +127,10 @@ class Fleet:
     def num_active(self) -> int:
         return len(self.ready) + len(self._loading)
 
-    def in_flight(self) -> int:
+    def in_flight(self) -> float:
         return sum(m.in_flight for m in self.ready)
 
-    def waiting(self) -> int:
+    def waiting(self) -> float:
         return sum(m.replica.scheduler.num_waiting for m in self.ready)
 
     def submit(self, request: Request) -> None:
@@ -245,10 +245,10 @@ class SampledFleet(Fleet):
     def num_active(self) -> int:
         return self._count + len(self._loading)
 
-    def in_flight(self) -> float:  # type: ignore[override]  (an estimate: the stand-ins' scaled)
+    def in_flight(self) -> float:  # an estimate: the stand-ins' scaled
         return super().in_flight() * self._scale()
 
-    def waiting(self) -> float:  # type: ignore[override]
+    def waiting(self) -> float:
         return super().waiting() * self._scale()
 
     def start(self, n: int) -> None:
