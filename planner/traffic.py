@@ -11,10 +11,8 @@ count is checked against a limit before anything is drawn.
 
 from __future__ import annotations
 
-import bisect
 from collections.abc import Iterator
 import dataclasses
-from dataclasses import dataclass
 import itertools
 import math
 from pathlib import Path
@@ -27,7 +25,8 @@ from engine import limits
 from engine.errors import InputError, from_validation_error, over_limit
 from engine.files import load_yaml
 from planner.sim.autoscaler import MAX_FLEET_REPLICAS, AutoscalePolicy
-from planner.workload import PRESETS, OfflineArrivals, RateSegment, TimeVaryingArrivals, Workload, WorkloadRequest, draw
+from planner.workload import (PRESETS, CumulativeRate, OfflineArrivals, RateSegment, TimeVaryingArrivals, Workload,
+                              WorkloadRequest, draw)
 
 MAX_TRAFFIC_HOURS = 168  # a week: longer is a capacity forecast, not a day of traffic
 CHUNK_REQUESTS = 20_000  # requests drawn at once: bounds the memory their token ids take
@@ -193,30 +192,6 @@ class TrafficDay(_Spec):
 
     def cumulative_rate(self) -> CumulativeRate:
         return CumulativeRate.of(self.segments())
-
-
-@dataclass(frozen=True)
-class CumulativeRate:
-    """Expected arrivals since the day's start, inverted: when the count reaches a given number."""
-
-    starts_s: list[float]  # each segment's start
-    before: list[float]  # expected arrivals before each segment
-    after: list[float]  # ... and by its end
-    rates_per_s: list[float]
-
-    @classmethod
-    def of(cls, segments: list[RateSegment]) -> CumulativeRate:
-        starts = np.concatenate(([0.0], np.cumsum([s.duration_s for s in segments])[:-1]))
-        after = np.cumsum([s.rate_per_s * s.duration_s for s in segments])
-        before = np.concatenate(([0.0], after[:-1]))
-        return cls(starts.tolist(), before.tolist(), after.tolist(), [s.rate_per_s for s in segments])
-
-    def time_of(self, arrivals: float) -> float:
-        """When `arrivals` arrivals are expected by; inf when the day ends first."""
-        i = bisect.bisect_right(self.after, arrivals)  # the first segment that ends past them: its rate is > 0
-        if i == len(self.after):
-            return math.inf
-        return self.starts_s[i] + (arrivals - self.before[i]) / self.rates_per_s[i]
 
 
 def check_limits(day: TrafficDay, share: float = 1.0) -> None:

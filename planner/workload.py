@@ -12,6 +12,7 @@ token ids, so the engine's own block hashing decides the prefix-cache hit rate.
 
 from __future__ import annotations
 
+import bisect
 import csv
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -242,6 +243,30 @@ class TimeVaryingArrivals(_Spec):
     def offered_rate_per_s(self) -> float:
         total_s = sum(s.duration_s for s in self.segments)
         return sum(s.rate_per_s * s.duration_s for s in self.segments) / total_s
+
+
+@dataclass(frozen=True)
+class CumulativeRate:
+    """Expected arrivals since the day's start, inverted: when the count reaches a given number."""
+
+    starts_s: list[float]  # each segment's start
+    before: list[float]  # expected arrivals before each segment
+    after: list[float]  # ... and by its end
+    rates_per_s: list[float]
+
+    @classmethod
+    def of(cls, segments: list[RateSegment]) -> CumulativeRate:
+        starts = np.concatenate(([0.0], np.cumsum([s.duration_s for s in segments])[:-1]))
+        after = np.cumsum([s.rate_per_s * s.duration_s for s in segments])
+        before = np.concatenate(([0.0], after[:-1]))
+        return cls(starts.tolist(), before.tolist(), after.tolist(), [s.rate_per_s for s in segments])
+
+    def time_of(self, arrivals: float) -> float:
+        """When `arrivals` arrivals are expected by; inf when the day ends first."""
+        i = bisect.bisect_right(self.after, arrivals)  # the first segment that ends past them: its rate is > 0
+        if i == len(self.after):
+            return math.inf
+        return self.starts_s[i] + (arrivals - self.before[i]) / self.rates_per_s[i]
 
 
 class OfflineArrivals(_Spec):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import KW_ONLY, dataclass, field
+from typing import Protocol
 
 import numpy as np
 import simpy
@@ -23,8 +24,7 @@ from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
 from planner.sim.simulator import ReplicaTemplate
 from planner.specs import SLO
-from planner.traffic import CumulativeRate, TrafficDay
-from planner.workload import WorkloadRequest
+from planner.workload import CumulativeRate, WorkloadRequest
 
 HOUR_S = 3600.0
 
@@ -211,6 +211,19 @@ class Fleet:
         self.billing.change(self.env.now, -1)
 
 
+class StandInTraffic(Protocol):
+    """What a sampled fleet's stand-ins draw from (planner.traffic.TrafficDay)."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def duration_s(self) -> float: ...
+    def cumulative_rate(self) -> CumulativeRate: ...
+    def stand_in_requests(self, stand_in: int, vocab_size: int | None = None,
+                          max_model_len: int | None = None) -> Iterator[WorkloadRequest]: ...
+    def stand_in_gaps(self, stand_in: int) -> np.random.Generator: ...
+
+
 @dataclass(eq=False)
 class SampledFleet(Fleet):
     """A round-robin fleet of `num_ready` replicas simulated as a few stand-ins (`ready`).
@@ -231,7 +244,7 @@ class SampledFleet(Fleet):
     """
 
     _: KW_ONLY
-    traffic: TrafficDay
+    traffic: StandInTraffic
     stand_ins: int
     vocab_size: int | None
     tallies: _Tallies
@@ -349,7 +362,7 @@ def simulate_fleet(template: ReplicaTemplate, requests: Iterable[WorkloadRequest
     return _play(env, fleet, rule, tallies, billing, on_hour)
 
 
-def simulate_sampled_fleet(template: ReplicaTemplate, traffic: TrafficDay, rule: ScalingRule, slo: SLO | None = None,
+def simulate_sampled_fleet(template: ReplicaTemplate, traffic: StandInTraffic, rule: ScalingRule, slo: SLO | None = None,
                            *, stand_ins: int, vocab_size: int | None = None,
                            on_finished: Callable[[Request], None] | None = None,
                            on_hour: Callable[[float], None] | None = None) -> FleetRun:
