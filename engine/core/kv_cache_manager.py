@@ -11,7 +11,7 @@ from hashlib import blake2b
 
 from engine.core.block_pool import BlockPool, KVCacheBlock
 from engine.core.kv_tiers import BlockCopy, ExternalLoad, KVTiers, KVTransfers, Tier, TierStats
-from engine.core.request import BlockHash, ExtraKey, Request
+from engine.core.request import BlockHash, ExtraKey, Request, SamplingParams
 from engine.core.window_blocks import WindowBlocks, WindowGroups, blocks_to_hold
 
 # Parent of a request's first block: a fixed value keeps hashes identical across processes.
@@ -371,6 +371,24 @@ class KVCacheManager:
             if block.ref_cnt == 1:
                 self.block_pool.uncache(block)
         self.block_pool.free_blocks(reversed(blocks))
+
+    def served(self, request_id: str, token_ids: Sequence[int]) -> None:
+        """Leave the cache as a request of `token_ids` (prompt, then output) that ran alone and
+        finished would: a hit on its cached prefix, its other full blocks taken (evicting the least
+        recently used) and registered, all freed tail first. A server's history before a measured
+        run (a benchmark client's test request, the runs before it); not counted in the statistics."""
+        if not self.enable_prefix_caching:
+            return
+        request = Request(request_id, list(token_ids), SamplingParams(max_tokens=1), arrival_time=0.0)
+        hit, num_hit_tokens = self.get_computed_blocks(request)
+        stats, num_copies = self._stats, len(self._copies)
+        if self.allocate_slots(request, request.num_tokens - num_hit_tokens, hit) is None:
+            raise ValueError(f"served request {request_id!r}: {request.num_tokens} tokens exceed the pool of "
+                             f"{self.num_blocks} blocks of {self.block_size}")
+        self._stats = stats
+        del self._copies[num_copies:]  # evictions to a host tier happened back then, not in the next step
+        request.num_computed_tokens = request.num_tokens
+        self.free(request)
 
     def reset_prefix_cache(self) -> bool:
         if not self.block_pool.reset_prefix_cache():

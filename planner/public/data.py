@@ -131,6 +131,14 @@ class Lengths(_Data):
         return self
 
 
+class PriorRun(_Data):
+    """A run the same client sent the same server before this one, with the same dataset and seed."""
+
+    num_prompts: int = Field(ge=1)
+    input_tokens: int = Field(ge=1)
+    output_tokens: int = Field(ge=1)
+
+
 class Client(_Data):
     """The benchmark client's semantics: how requests were offered."""
 
@@ -146,6 +154,14 @@ class Client(_Data):
         description="chat/completions: through the engine's HTTP server (TTFT includes it); in-process: no server"
     )
     streaming: bool = True
+    served_before: tuple[PriorRun, ...] | None = Field(
+        None, description="The runs this client sent the server since it started, in order, where the publication "
+        "shows them all (its logged prefix-cache hit rates agree with them): prompt i of a run of the same lengths is "
+        "this run's prompt i, so the server's prefix cache starts warm. None: not published; the replay starts from "
+        "an empty cache")
+    served_unpublished: bool = Field(
+        False, description="The publication's logged prefix-cache hit rate shows the server had served this run's "
+        "prompts in runs it does not list: the cache at the start is unknown, so the run's TTFT figures are set aside")
 
     @model_validator(mode="after")
     def _consistent(self) -> Client:
@@ -153,6 +169,8 @@ class Client(_Data):
             raise ValueError("poisson arrivals need request_rate_per_s")
         if self.arrival == "closed_loop" and self.max_concurrency is None:
             raise ValueError("closed_loop arrivals need max_concurrency")
+        if self.served_unpublished and self.served_before is not None:
+            raise ValueError("served_before lists the server's whole history: it cannot also be unpublished")
         return self
 
 
@@ -230,6 +248,12 @@ class PublicRun(_Data):
         metrics = [f.metric for f in self.figures]
         if len(metrics) != len(set(metrics)):
             raise ValueError(f"run {self.run_key!r} gives a metric twice")
+        for prior in self.client.served_before or ():
+            # vLLM's random prompts of other lengths share prefixes with these, which the replay does not draw.
+            if (self.lengths.dataset != "random" or self.lengths.random_range_ratio not in (None, 0.0)
+                    or prior.input_tokens != self.lengths.input_tokens):
+                raise ValueError(f"run {self.run_key!r}: served_before is replayed for random prompts of the run's "
+                                 f"own input length ({self.lengths.input_tokens}), not {prior.input_tokens}")
         return self
 
 

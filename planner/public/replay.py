@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
+import numpy as np
+
 from engine.catalog import resolve_model
 from engine.config import ModelConfig
 from planner.costmodel import CostParams
@@ -30,6 +32,8 @@ from planner.workload import (
     PoissonArrivals,
     UniformLength,
     Workload,
+    WorkloadRequest,
+    draw,
     sharegpt_lengths,
 )
 
@@ -75,18 +79,40 @@ class ReplayRun:
     max_model_len: int
     overlap_host: bool | None  # a flag of the run that changes host overlap (vLLM --async-scheduling)
     assumptions: tuple[str, ...]
+    # What the server served before the run whose prompts the run meets again: earlier runs of the
+    # client (same seed and lengths), then, if the client sends one, its test request (the run's first).
+    served_runs: tuple[Workload, ...] = ()
+    test_request: bool = False
+    set_aside: frozenset[str] = frozenset()  # metric families the run's conditions leave unknown
 
     @property
     def figures(self) -> tuple[Figure, ...]:
-        return self.run.figures
+        return tuple(f for f in self.run.figures if f.family not in self.set_aside)
 
     def params(self, base: CostParams) -> CostParams:
         """`base` (the fitted figures of this GPU family and engine) with what this run's flags change."""
         return base if self.overlap_host is None else base.with_values({"overlap_host": self.overlap_host})
 
     def simulate(self, params: CostParams, *, trace: bool = False) -> SimulationResult:
-        return simulate(self.model, self.hw, self.dep, self.workload, calibration=self.params(params),
-                        max_model_len=self.max_model_len, trace=trace)
+        workload = self.workload
+        served: list[list[int]] = []
+        if self.served_runs or self.test_request:
+            assert isinstance(workload, Workload)
+            workload = Replay.of(workload, self.model.vocab_size, self.max_model_len)
+            for prior in self.served_runs:
+                served += [_served_tokens(r, k, prior) for k, r in enumerate(draw(prior, self.model.vocab_size))]
+            if self.test_request:
+                served.append(_served_tokens(workload.requests[0], 0, self.workload))
+        return simulate(self.model, self.hw, self.dep, workload, calibration=self.params(params),
+                        max_model_len=self.max_model_len, trace=trace, served_before=served)
+
+
+def _served_tokens(request: WorkloadRequest, index: int, workload: Workload) -> list[int]:
+    """A served request's prompt and output. Benchmark clients decode greedily, so prompt i's output
+    is the same in every run (a shorter one a prefix of a longer): drawn from a stream seeded by i."""
+    output = np.random.default_rng(index).integers(workload.first_token_id, workload.vocab_size_tokens,
+                                                    size=request.output_tokens)
+    return [*request.prompt_token_ids, *output.tolist()]
 
 
 def predicted(run: ReplayRun, summary: RunSummary) -> dict[str, float]:
@@ -134,7 +160,22 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     if d.expert_parallel > 1 and not dispatches_by_all_to_all(dep):
         assumptions.append(f"expert parallelism as {engine.name} runs it without DP attention: each rank's experts "
                            "on every token, summed by the layer's all-reduce (no all-to-all)")
-    return ReplayRun(run, model, hw, engine, dep, _workload(run), max_model_len, overlap, tuple(assumptions))
+    workload = _workload(run)
+    served_runs = tuple(workload.model_copy(update={"num_requests": prior.num_prompts,
+                                                     "output_tokens": FixedLength(tokens=prior.output_tokens)})
+                        for prior in run.client.served_before or ())
+    if served_runs:
+        assumptions.append(f"the server served {len(served_runs)} published run(s) of these prompts before this one "
+                           "(its prefix cache starts as they left it)")
+    set_aside = frozenset({"ttft", "e2e"}) if run.client.served_unpublished else frozenset()
+    if set_aside:
+        assumptions.append("TTFT and E2E figures set aside: the server had served this run's prompts in unpublished "
+                           "runs, so its prefix cache at the start is unknown")
+    # vllm bench serve sends the run's first request alone before the run (benchmark_serving.py's
+    # initial test run), so a server with prefix caching meets prompt 0 warm.
+    test_request = run.client.tool == "vllm-bench-serve"
+    return ReplayRun(run, model, hw, engine, dep, workload, max_model_len, overlap, tuple(assumptions),
+                     served_runs, test_request, set_aside)
 
 
 def _workload(run: PublicRun) -> Workload:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 import dataclasses
 from dataclasses import dataclass
 
@@ -156,6 +156,7 @@ def simulate(
     trace: bool = False,
     bulk_decodes: bool = True,
     stop_once_missed: bool = False,
+    served_before: Sequence[Sequence[int]] = (),
 ) -> SimulationResult:
     """Play `workload` (a spec to draw, or a trace / already drawn Replay) against `dep` until
     every request finishes. `kv_cache_blocks` replaces the memory plan's count per replica (to
@@ -171,7 +172,9 @@ def simulate(
     `stop_once_missed`: stop as soon as so many requests have missed their `slo` limits that the run
     can no longer meet it (metrics.SLOWatch); the summary then covers the requests finished by then,
     says so (`stopped_early`), and misses the SLO, as the whole run would have. A plan's capacity
-    probes need no more than that verdict."""
+    probes need no more than that verdict.
+    `served_before`: what the replicas had served before the workload starts (token ids, prompt then
+    output, in order, dealt round robin): their prefix caches start as those requests left them."""
     if router not in ROUTERS:
         raise unknown_name_error("router", router, ROUTERS)
     build = ReplicaTemplate.resolve(model, hw, dep, calibration, max_model_len, kv_cache_blocks, fit)
@@ -243,6 +246,8 @@ def simulate(
         prefilling = replicas[:n_prefill]
         cluster = Disaggregated(env, prefilling, replicas[n_prefill:], ROUTERS[router](), ROUTERS[router](),
                                 cost_model.copies, sched_config.block_size, on_finished)
+    for k, tokens in enumerate(served_before):
+        prefilling[k % len(prefilling)].scheduler.kv_cache_manager.served(f"served-before-{k}", tokens)
     env.process(arrivals())
     stopped = None
     try:
