@@ -239,3 +239,28 @@ def test_allocation_grows_one_block_at_a_boundary():
     assert kv.allocate_slots(r, 1) == []
     with pytest.raises(ValueError, match="num_new_tokens=0"):
         kv.allocate_slots(r, 0)
+
+
+def test_a_served_request_leaves_its_full_blocks_cached_and_counts_nothing():
+    """A server's history: what it served before a measured run is in its prefix cache, as a
+    request that ran and finished would have left it; the hit statistics are the run's alone."""
+    kv = KVCacheManager(8, BS)
+    kv.served("before", list(range(10)) + [90, 91])  # prompt of 10, output of 2: three full blocks
+    assert kv.num_free_blocks == 8 and kv.prefix_cache_stats.num_queries == 0
+    again = make_request("again", list(range(10)))
+    assert kv.get_computed_blocks(again)[1] == 8  # the prompt's full blocks; its last token recomputed
+    longer = make_request("longer", list(range(10)) + [90, 91, 5])
+    assert kv.get_computed_blocks(longer)[1] == 12  # the output's block too
+
+
+def test_served_requests_evict_the_least_recently_served():
+    kv = KVCacheManager(4, BS)
+    first, second = list(range(16)), list(range(100, 116))
+    kv.served("first", first)
+    kv.served("second", second)  # four blocks in a pool of four: the first request's all go
+    assert kv.get_computed_blocks(make_request("a", first + [0]))[1] == 0
+    assert kv.get_computed_blocks(make_request("b", second + [0]))[1] == 16
+    # Two blocks more: freed tail first, the second request's last two blocks are the least recent.
+    kv.served("first-again", first[:8])
+    assert kv.get_computed_blocks(make_request("c", second + [0]))[1] == 8
+    assert kv.get_computed_blocks(make_request("d", first[:8] + [0]))[1] == 8

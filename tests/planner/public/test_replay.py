@@ -87,3 +87,45 @@ def test_a_run_replays_through_the_endpoint_its_client_called() -> None:
         assert replay.dep.api_endpoint == ("completions" if endpoint == "completions" else "chat")
         seen.add(endpoint)
     assert seen == {"chat", "completions", "in-process"}
+
+
+def _dennislee22(name: str) -> PublicRun:
+    return next(r for r in public_runs() if r.run_key == f"dennislee22-vllm-benchmarking/{name}")
+
+
+def test_a_run_replays_on_the_server_history_its_log_shows() -> None:
+    """dennislee22's test 4 server ran n=10, n=1, then n=20 of the same seeded 1024-token prompts,
+    each after vllm bench serve's test request (the run's first prompt): the n=20 run meets its
+    first ten prompts cached (the page's log: 40.6 % cumulative, which those runs give). Each hit
+    is the prompt's 63 full blocks of 16 (the last token is recomputed): 10 x 1008 of 20 x 1024."""
+    run = prepare(_dennislee22("test4-qwen2.5-7b-tp1-random1024x1024-n20"))
+    assert isinstance(run, ReplayRun)
+    assert [p.num_prompts for p in run.run.client.served_before or ()] == [10, 1] and run.test_request
+    summary = run.simulate(Figures().params(run)).summary
+    assert summary.prefix_cache_hit_rate == pytest.approx(10 * 1008 / (20 * 1024))
+    first = prepare(_dennislee22("test4-qwen2.5-7b-tp1-random1024x1024-n10"))
+    assert isinstance(first, ReplayRun) and first.run.client.served_before == ()
+    # A fresh server: only the test request's prompt 0 is warm.
+    assert first.simulate(Figures().params(first)).summary.prefix_cache_hit_rate == pytest.approx(1008 / (10 * 1024))
+
+
+def test_a_run_after_unpublished_runs_sets_its_ttft_aside() -> None:
+    """The log shows the server had served these prompts in runs the page does not list: the cache
+    at the start is unknown, so TTFT (prefill on that cache) is not predicted; decode figures are."""
+    raw = _dennislee22("test4-qwen2.5-7b-tp1-random1024x1024-n1000")
+    assert raw.client.served_unpublished and any(f.family == "ttft" for f in raw.figures)
+    run = prepare(raw)
+    assert isinstance(run, ReplayRun)
+    assert {f.family for f in run.figures} == {"throughput", "tpot_itl"}
+    assert any("TTFT and E2E figures set aside" in a for a in run.assumptions)
+
+
+def test_a_server_history_of_other_prompt_lengths_is_refused() -> None:
+    """vLLM's random prompts of another length share prefixes with these, which the replay does not draw."""
+    data = _dennislee22("test4-qwen2.5-7b-tp1-random1024x1024-n20").model_dump()
+    data["client"]["served_before"] = [{"num_prompts": 10, "input_tokens": 4096, "output_tokens": 4096}]
+    with pytest.raises(ValidationError, match="served_before is replayed for random prompts of the run's own input"):
+        PublicRun.model_validate(data)
+    data["client"]["served_before"], data["client"]["served_unpublished"] = [], True
+    with pytest.raises(ValidationError, match="served_before lists the server's whole history"):
+        PublicRun.model_validate(data)
