@@ -662,7 +662,7 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
         # The fit's own predictions are the validation's: the same figures, folds and simulator.
         write_report(validation_of(result.figures, result.skipped, path), result, command, args.public_report)
     t = Table(title=f"public fit: {len(result.figures)} figures, {len(result.folds['source'])} sources, "
-                    f"{len(result.folds['publisher'])} publishers, {len(result.skipped)} runs set aside")
+                    f"{len(result.folds['publisher'])} publishers, {sum(s.whole_run for s in result.skipped)} runs set aside")
     for col in ("metric family", "figures", "held-out median |error| %", "in-sample median |error| %", "target %"):
         t.add_column(col, justify="left" if col == "metric family" else "right")
     for g in group_errors(result.figures, lambda r: r.family):

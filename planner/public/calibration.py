@@ -79,6 +79,7 @@ class SkippedRun(_Rec):
     source_key: str
     figures: int
     reason: str
+    whole_run: bool = Field(True, description="False: only these figures of the run are set aside, the rest predicted")
 
 
 class FoldFigures(_Rec):
@@ -111,8 +112,11 @@ def prepare_all(runs: Sequence[PublicRun]) -> tuple[list[ReplayRun], list[Skippe
         result = prepare(run)
         if isinstance(result, str):
             skipped.append(_skipped(run, result))
-        else:
-            prepared.append(result)
+            continue
+        prepared.append(result)
+        if result.set_aside:
+            skipped.append(SkippedRun(run_key=run.run_key, source_key=run.source_key, whole_run=False,
+                                      reason=result.set_aside_reason, figures=len(run.figures) - len(result.figures)))
     return prepared, skipped
 
 

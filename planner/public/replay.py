@@ -84,6 +84,7 @@ class ReplayRun:
     served_runs: tuple[Workload, ...] = ()
     test_request: bool = False
     set_aside: frozenset[str] = frozenset()  # metric families the run's conditions leave unknown
+    set_aside_reason: str = ""
 
     @property
     def figures(self) -> tuple[Figure, ...]:
@@ -167,15 +168,17 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     if served_runs:
         assumptions.append(f"the server served {len(served_runs)} published run(s) of these prompts before this one "
                            "(its prefix cache starts as they left it)")
-    set_aside = frozenset({"ttft", "e2e"}) if run.client.served_unpublished else frozenset()
-    if set_aside:
-        assumptions.append("TTFT and E2E figures set aside: the server had served this run's prompts in unpublished "
-                           "runs, so its prefix cache at the start is unknown")
+    set_aside, set_aside_reason = frozenset(), ""
+    if run.client.served_unpublished:
+        set_aside, set_aside_reason = frozenset({"ttft", "e2e"}), (
+            "TTFT and E2E figures set aside: the server had served this run's prompts in unpublished runs, so its "
+            "prefix cache at the start is unknown")
+        assumptions.append(set_aside_reason)
     # vllm bench serve sends the run's first request alone before the run (benchmark_serving.py's
     # initial test run), so a server with prefix caching meets prompt 0 warm.
     test_request = run.client.tool == "vllm-bench-serve"
     return ReplayRun(run, model, hw, engine, dep, workload, max_model_len, overlap, tuple(assumptions),
-                     served_runs, test_request, set_aside)
+                     served_runs, test_request, set_aside, set_aside_reason)
 
 
 def _workload(run: PublicRun) -> Workload:

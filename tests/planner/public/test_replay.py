@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from planner.memory import plan_memory
+from planner.public.calibration import prepare_all
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import Figures
 from planner.public.replay import ReplayRun, predicted, prepare
@@ -118,6 +119,9 @@ def test_a_run_after_unpublished_runs_sets_its_ttft_aside() -> None:
     assert isinstance(run, ReplayRun)
     assert {f.family for f in run.figures} == {"throughput", "tpot_itl"}
     assert any("TTFT and E2E figures set aside" in a for a in run.assumptions)
+    prepared, set_aside = prepare_all([raw])  # the report lists them under what it set aside
+    assert [p.run.run_key for p in prepared] == [raw.run_key]
+    assert [(s.whole_run, s.figures) for s in set_aside] == [(False, 3)]
 
 
 def test_a_server_history_of_other_prompt_lengths_is_refused() -> None:
