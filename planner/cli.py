@@ -647,7 +647,7 @@ def stages() -> Iterator[Progress]:
 def cmd_calibrate_public(args: argparse.Namespace) -> None:
     from planner.costmodel.fitted import PUBLIC_FIT_FILE
     from planner.public.calibration import PUBLIC_ROUNDS, calibrate_public, write_fit
-    from planner.public.report import TARGETS_PCT, group_errors, validation_of, write_report
+    from planner.public.report import TARGETS_PCT, group_errors, set_aside_summary, validation_of, write_report
 
     if args.public_report:
         output_file(args.public_report, "public_report")  # before hours of fitting, not after
@@ -662,7 +662,7 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
         # The fit's own predictions are the validation's: the same figures, folds and simulator.
         write_report(validation_of(result.figures, result.skipped, path), result, command, args.public_report)
     t = Table(title=f"public fit: {len(result.figures)} figures, {len(result.folds['source'])} sources, "
-                    f"{len(result.folds['publisher'])} publishers, {sum(s.whole_run for s in result.skipped)} runs set aside")
+                    f"{len(result.folds['publisher'])} publishers, {set_aside_summary(result.skipped)}")
     for col in ("metric family", "figures", "held-out median |error| %", "in-sample median |error| %", "target %"):
         t.add_column(col, justify="left" if col == "metric family" else "right")
     for g in group_errors(result.figures, lambda r: r.family):
