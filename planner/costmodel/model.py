@@ -1,7 +1,8 @@
 """Step time of one replica: the named operators' rooflines, kernel latencies, launches and host work.
 
 Model of one operator: kernels x kernel_latency + max(FLOPs / (peak x compute efficiency at its
-row count), bytes / (bandwidth x memory efficiency)), summed over layers. Eager steps wait for the
+row count), bytes / (bandwidth x memory efficiency)), summed over layers; a dense weight matmul's
+roofline is divided by the engine's dense_kernel_efficiency (its kernels against the family's). Eager steps wait for the
 host to issue kernels (each operator takes at least kernels x kernel_launch); a replayed graph is
 one launch. Host work (scheduling, input preparation, output handling) adds to the device time,
 or overlaps it in engines that schedule ahead (SGLang, TensorRT-LLM).
@@ -329,7 +330,8 @@ class CostModel:
 
         notes = [
             "per operator: kernels x kernel_latency_s + max(FLOPs / (peak x efficiency at its rows), bytes / "
-            "(bandwidth x memory efficiency)), summed over layers",
+            "(bandwidth x memory efficiency)), summed over layers; dense weight matmuls' rooflines / "
+            "dense_kernel_efficiency (the engine's kernels against the family's)",
             "weights read once per step per layer; activations in "
             + ("fp32" if self._act == 4.0 else "bf16") + "; embedding and LM head unquantised",
             "fp8/fp4 weights compute natively when the hardware lists a peak for the format (W8A8/W4A4); otherwise, "
@@ -456,7 +458,8 @@ class CostModel:
         s_per_byte = self._s_per_byte if g.high_precision else self._s_per_gemm_byte
         dequant = 0.0 if g.high_precision else g.dequant_ops * self._s_per_dequant_op
         compute = g.flops_per_row * self._compute_rows(rows) * s_per_flop + dequant
-        device = g.kernels * self.params.kernel_latency_s + _max(compute, nbytes * s_per_byte)
+        p = self.params
+        device = g.kernels * p.kernel_latency_s + _max(compute, nbytes * s_per_byte) / p.dense_kernel_efficiency
         return device * _present(rows)
 
     def _experts(self, rows: Number, work: list[Number]) -> Number:

@@ -87,6 +87,12 @@ class CostParams:
     # for the weight format): 1 prices experts like dense matmuls, the profiles' estimate. The public
     # fit learns it per engine.
     moe_kernel_efficiency: float = 1.0
+    # Share of the family's roofline an engine's dense weight matmuls reach (the LM head's and shared
+    # experts' included): engines wrap the same GEMM libraries in their own fusions, layouts and
+    # compiled graphs (TensorRT-LLM's plugins, vLLM's torch.compile'd graphs, SGLang's), and published
+    # runs of one model on one GPU differ by engine in the decode they are bound by. 1 prices them at
+    # the family's shares, the profiles' estimate; the public fit learns it per engine.
+    dense_kernel_efficiency: float = 1.0
     # Share of the dense-GEMM roofline a grouped GEMM (the routed experts' kernels) reaches on this GPU
     # family, whatever the engine: Hopper's peak needs wgmma, TMA and warp-specialised pipelines,
     # which cuBLAS's dense GEMMs have and Triton's fused-MoE kernels (vLLM's and SGLang's default
@@ -111,6 +117,7 @@ class CostParams:
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
                      "attention_compute_efficiency", "interconnect_efficiency", "moe_kernel_efficiency",
+                     "dense_kernel_efficiency",
                      "grouped_gemm_efficiency", "scaled_gemm_efficiency", "scaled_gemm_memory_efficiency"):
             value = getattr(self, name)
             if not 0.0 < value <= 1.0:
