@@ -55,9 +55,9 @@ TRUTH = Figures(families={"ampere": {"memory_efficiency": 0.65, "kernel_latency_
                 engines={"vllm-0.11": {"step_overhead_s": 4e-3}})
 
 
-def _at_truth(runs: list[PublicRun]) -> dict[str, float]:
-    """Every figure of `runs` as the simulator gives it at TRUTH."""
-    return {k: v for values in simulate_runs(_prepared(runs), TRUTH) for k, v in values.items()}  # type: ignore[union-attr]
+def _at_truth(runs: list[PublicRun], truth: Figures = TRUTH) -> dict[str, float]:
+    """Every figure of `runs` as the simulator gives it at `truth`."""
+    return {k: v for values in simulate_runs(_prepared(runs), truth) for k, v in values.items()}  # type: ignore[union-attr]
 
 
 def _traced_at_estimates(runs: list[PublicRun], values: dict[str, float]) -> tuple[Space, Figures, list[Traced]]:
@@ -108,8 +108,7 @@ def test_fit_recovers_an_engines_dense_kernel_share() -> None:
     """Measurements made with vLLM's dense matmuls at 0.6 of the family's rate: from the
     estimates, where the share is 1 (the edge of what it may be), the fit reproduces them."""
     runs = _small_runs()
-    slow = Figures(engines={"vllm-0.11": {"dense_kernel_efficiency": 0.6}})
-    truth = {k: v for values in simulate_runs(_prepared(runs), slow) for k, v in values.items()}  # type: ignore[union-attr]
+    truth = _at_truth(runs, Figures(engines={"vllm-0.11": {"dense_kernel_efficiency": 0.6}}))
     space, prior, traced = _traced_at_estimates(runs, truth)
     assert prior.engines["vllm-0.11"]["dense_kernel_efficiency"] == pytest.approx(PLAUSIBLE["dense_kernel_efficiency"][1])
     assert _worst_error(traced, prior, truth) > 0.2  # the test can fail: the estimates alone miss by far
