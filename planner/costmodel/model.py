@@ -4,8 +4,9 @@ Model of one operator: kernels x kernel_latency + max(FLOPs / (peak x compute ef
 row count), bytes / (bandwidth x memory efficiency)), summed over layers; a dense weight matmul's
 roofline is divided by the engine's dense_kernel_efficiency (its kernels against the family's).
 Eager steps wait for the host to issue kernels (each operator takes at least kernels x
-kernel_launch); a replayed graph is one launch. Host work (scheduling, input preparation, output handling) adds to the device time,
-or overlaps it in engines that schedule ahead (SGLang, TensorRT-LLM).
+kernel_launch); a replayed graph is one launch. Host work (scheduling, input preparation, output
+handling) adds to the device time, or overlaps it in engines that schedule ahead (SGLang,
+TensorRT-LLM).
 
 Rules worth knowing (all listed by `assumptions()`):
 - Compute dtype of the weight matmuls: bf16/fp16/fp32 weights compute in their own format.
