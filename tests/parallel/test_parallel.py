@@ -23,7 +23,7 @@ from engine.core import SamplingParams
 from engine.errors import InputError
 from engine.llm import LLM
 from engine.parallel.shm import SLOT_BYTES
-from ranks import logits, rank_all_reduce, rank_logits
+from tests.parallel.ranks import logits, rank_all_reduce, rank_logits
 
 # fp32 logits of a sharded model against one process's: max |difference| / max |logit|.
 LOGIT_TOLERANCE = 1e-5
