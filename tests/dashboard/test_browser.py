@@ -58,11 +58,15 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = _free_port()
     # A private planner cache, so the plan below is computed rather than read from the user's.
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path_factory.mktemp("cache"))}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
-         "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-    )
+    # The server's output goes to a file, never to a pipe left unread: once a pipe's 64 KiB filled,
+    # the server would block on its next log line and every page after it would hang undrawn.
+    log = tmp_path_factory.mktemp("streamlit") / "server.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
+             "--server.address", "127.0.0.1", "--server.port", str(port), "--browser.gatherUsageStats", "false"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -73,8 +77,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except OSError:
             if proc.poll() is not None or time.monotonic() > deadline:
                 proc.kill()
-                out = proc.stdout.read().decode() if proc.stdout else ""
-                pytest.fail(f"streamlit did not start:\n{out}")
+                pytest.fail(f"streamlit did not start:\n{log.read_text(errors='replace')}")
             time.sleep(0.2)  # polling the health endpoint, not waiting for the page
     yield url
     proc.terminate()
