@@ -1,18 +1,31 @@
 """Re-time a simulated run's schedule under new step durations, and read published figures off it.
 
 The public fit moves cost-model parameters many times per second; simulating hundreds of runs
-for each move would take hours. A `RunTrace` keeps what the scheduler decided; here new step
-durations turn it into new timestamps with the same rules the simulator follows:
+for each move would take hours. A `RunTrace` keeps what the scheduler decided and when; here new
+step durations turn it into new timestamps:
+- each replica runs its steps one after another as traced: a step starts when the previous one
+  ends, plus the engine time owed after it (a server in the engine's process takes `api_hold_s`
+  per request that arrived while the step ran) and the idle time the traced replica spent
+  waiting for work, kept as it was;
+- a request's time in the engine is measured on its replica's steps from the point it reached
+  them: one that arrived a third of the way into a step is placed a third of the way into that
+  step's new duration, one that arrived while the replica idled, as far into the idle time;
 - the API server handles requests one at a time, `api_s` each, in the order they were sent, and
-  each then reaches the engine `api_latency_s` later (a latency requests spend side by side);
-- a server in the engine's process also takes `api_hold_s` from the step loop per request that
-  arrived while it ran: the replica's next step starts that much later (the traced counts);
-- a step starts when the previous step of its replica ends, and not before the requests it admits
-  have reached the engine;
+  each then reaches the engine `api_latency_s` later (a latency requests spend side by side); a
+  request's first token and finish come that time in the engine after it reached the engine;
 - a gated request (closed loop, follow-up turn) is sent `think_s` after its gate finishes.
 Fixed point of these is found in a few passes (gates only look back). Because the schedule is
 kept, re-timing is exact for the durations it was traced with (a test checks it against the
 simulator) and an approximation elsewhere: the fit re-simulates to refresh the schedule.
+
+Why times in the engine are measured from where a request met the steps, not on one clock from
+the start: with open-loop arrivals the steps of a busy replica run back to back for the whole
+run, so 0.1 % longer steps put the 20,000th step 20 steps' worth later, and requests arriving
+then would wait for all of it, where an engine admits them at its next step. Re-timed that way,
+DataCrunch's Llama-3.3-70B at 1 request/s had its median TTFT raised 2.4x by steps 0.1 % slower,
+so the fit saw every slower figure punished and could only make steps faster (a test's Poisson
+run: 903 ms for 2 % slower steps, where a fresh simulation gives 15). Held to the steps they
+met, requests wait what the new steps make them wait, and a backlog the trace had grows with them.
 """
 
 from __future__ import annotations
@@ -48,38 +61,45 @@ def summary_value(summary: RunSummary, metric: Metric) -> float:
 
 @dataclass(frozen=True)
 class Timeline:
-    step_end_s: np.ndarray
+    step_end_s: np.ndarray  # per step, on its replica's re-timed clock (gaps between them are ITLs)
     send_s: np.ndarray  # per request: when the client sent it
+    first_token_s: np.ndarray  # per request, on the client's clock
+    finish_s: np.ndarray
 
 
 def retime(trace: RunTrace, step_s: np.ndarray, api_s: float, api_hold_s: float = 0.0,
            api_latency_s: float = 0.0) -> Timeline:
-    """Timestamps of `trace`'s schedule when its steps take `step_s` seconds."""
-    gated = trace.gate >= 0
-    last = trace.last_delivery
-    send = trace.due_s.copy()
-    end = np.zeros(trace.num_steps)
-    # Each pass settles one more link of every chain of gates (a closed-loop client's requests
-    # one after another): the longest chain bounds the passes.
-    for _ in range(trace.gate_depth + 1):
-        admitted = np.full(trace.num_steps, -np.inf)
-        np.maximum.at(admitted, trace.first_step, _through_api(send, api_s) + api_latency_s)
-        end = _step_ends(step_s, trace.api_holds * api_hold_s, admitted, trace.replica_steps)
-        if not gated.any():
-            break
-        finish = end[trace.delivery_step[last]]
-        new_send = np.where(gated, np.maximum(trace.due_s, finish[np.maximum(trace.gate, 0)] + trace.think_s), trace.due_s)
+    """Timestamps of `trace`'s schedule when its steps take `step_s` seconds (module docstring)."""
+    start, end = _step_times(trace, step_s, api_hold_s)
+    first_step = trace.delivery_step[trace.first_delivery]
+    last_step = trace.delivery_step[trace.last_delivery]
+    # A request's first token and finish come as long after it reached the engine as the re-timed
+    # steps make them: end of the step + (when it reached the engine - where it met the steps).
+    met_first, met_last = _met(trace, start, end, first_step), _met(trace, start, end, last_step)
+    # A gated request is sent once its gate has finished. Passes from the traced sends settle one
+    # more link of every chain of gates each (a closed-loop client's requests one after another,
+    # and requests after them in the API server's queue); at the traced durations the first pass
+    # already finds them.
+    gated, gate = trace.gate >= 0, np.maximum(trace.gate, 0)
+    traced_finish = trace.step_end_s[last_step]
+    send = np.where(gated, np.maximum(trace.due_s, traced_finish[gate] + trace.think_s), trace.due_s)
+    for _ in range(2 * trace.gate_depth + 2):
+        arrive = _through_api(send, api_s, trace.arrived_s) + api_latency_s
+        finish = end[last_step] + (arrive - met_last)
+        new_send = np.where(gated, np.maximum(trace.due_s, finish[gate] + trace.think_s), trace.due_s)
         if np.array_equal(new_send, send):
             break
         send = new_send
-    return Timeline(end, send)
+    else:
+        arrive = _through_api(send, api_s, trace.arrived_s) + api_latency_s
+        finish = end[last_step] + (arrive - met_last)
+    return Timeline(end, send, end[first_step] + (arrive - met_first), finish)
 
 
 def figures(trace: RunTrace, timeline: Timeline, metrics: list[Metric]) -> dict[Metric, float]:
     """The published figures of a re-timed run, computed as RunSummary computes them."""
     end, send = timeline.step_end_s, timeline.send_s
-    first_token = end[trace.delivery_step[trace.first_delivery]]
-    finish = end[trace.delivery_step[trace.last_delivery]]
+    first_token, finish = timeline.first_token_s, timeline.finish_s
     out: dict[Metric, float] = {}
     duration = max(finish.max() - send.min(), 1e-12)
     stats: dict[str, dict[str, float]] = {}
@@ -149,11 +169,13 @@ def _lerp(a: float, b: float, t: float) -> float:
     return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
-def _through_api(send: np.ndarray, api_s: float) -> np.ndarray:
-    """When each request leaves a single FIFO server that takes api_s per request."""
+def _through_api(send: np.ndarray, api_s: float, traced_arrival: np.ndarray) -> np.ndarray:
+    """When each request leaves a single server that takes api_s per request, one at a time in the
+    order they went through it in the traced run (part of the schedule kept: requests the finishes
+    of one step released together keep their order)."""
     if not api_s:
         return send
-    order = np.argsort(send, kind="stable")
+    order = np.argsort(traced_arrival, kind="stable")
     k = np.arange(len(send))
     out = np.empty_like(send)
     # t_k = max(send_k, t_{k-1}) + a  =>  t_k = (k + 1) a + max_{j <= k} (send_j - j a)
@@ -161,15 +183,40 @@ def _through_api(send: np.ndarray, api_s: float) -> np.ndarray:
     return out
 
 
-def _step_ends(step_s: np.ndarray, hold_s: np.ndarray, admitted: np.ndarray,
-               replica_steps: tuple[np.ndarray, ...]) -> np.ndarray:
-    """end_i = max(end of the replica's previous step + the hold after it, arrival of what step i
-    admits) + step_s_i."""
-    end = np.empty_like(step_s)
-    for idx in replica_steps:
-        d = step_s[idx]
-        before = np.concatenate(([0.0], hold_s[idx][:-1]))  # the hold after the previous step
-        done = np.cumsum(d + before)
-        # end_i = D_i + max_{k <= i} (A_k - (D_k - d_k)), D counting the holds
-        end[idx] = done + np.maximum.accumulate(admitted[idx] - (done - d))
-    return end
+def _step_times(trace: RunTrace, step_s: np.ndarray, api_hold_s: float) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of every step on its replica's re-timed clock: back to back as traced, each
+    followed by the engine time owed after it (its API holds re-priced at `api_hold_s`) and by the
+    idle time the traced replica then spent waiting for work."""
+    owed = trace.hold_s + trace.api_holds * (api_hold_s - trace.api_hold_s)
+    start, end = np.empty_like(step_s), np.empty_like(step_s)
+    for idx in trace.replica_steps:
+        traced_start = trace.step_start_s[idx]
+        idle = traced_start - np.concatenate(([0.0], (trace.step_end_s + trace.hold_s)[idx][:-1]))
+        before = np.maximum(idle, 0.0) + np.concatenate(([0.0], owed[idx][:-1]))
+        end[idx] = np.cumsum(before + step_s[idx])
+        start[idx] = end[idx] - step_s[idx]
+    return start, end
+
+
+def _met(trace: RunTrace, start: np.ndarray, end: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    """Per request: where it reached the engine on the re-timed clock of the replica that ran
+    `steps` (one step per request): as far into the step it arrived during as it was traced, by
+    share of the step; as far past a step's end (into the hold or idle time after it) in seconds."""
+    arrived = trace.arrived_s
+    met = np.empty_like(arrived)
+    replica = trace.step_replica[steps]
+    for idx in trace.replica_steps:
+        mine = np.flatnonzero(replica == trace.step_replica[idx[0]])
+        if not len(mine):
+            continue
+        t_start, t_end = trace.step_start_s[idx], trace.step_end_s[idx]
+        a = arrived[mine]
+        j = np.searchsorted(t_start, a, side="right") - 1  # the last step that started by then
+        k = idx[np.maximum(j, 0)]
+        traced = t_end[np.maximum(j, 0)] - t_start[np.maximum(j, 0)]
+        share = np.divide(a - t_start[np.maximum(j, 0)], traced, out=np.zeros_like(a), where=traced > 0)
+        during = start[k] + share * (end[k] - start[k])
+        after = end[k] + (a - t_end[np.maximum(j, 0)])
+        first = start[idx[0]] - (t_start[0] - a)  # before the replica's first step: as far before it
+        met[mine] = np.where(j < 0, first, np.where(a < t_end[np.maximum(j, 0)], during, after))
+    return met

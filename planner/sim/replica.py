@@ -62,6 +62,8 @@ class Replica:
         env.process(self._serve())
 
     def submit(self, request: Request) -> None:
+        if self.recorder is not None:
+            self.recorder.arrived(request.request_id, self.env.now)
         if self.api_hold_s and self.scheduler.has_unfinished_requests():
             self.hold_s += self.api_hold_s
             self.api_holds += 1
@@ -110,11 +112,12 @@ class Replica:
                 continue
             if env.now < self.now:  # behind after steps completed at once
                 yield from _catch_up(env, self.now)
+            start = self.now
             yield env.timeout(duration)  # lands on self.now + duration == end, as one by one
             self.now = env.now
             updates = loop.complete(launched)
             if self.recorder is not None:
-                self.recorder.stepped(self.index, launched.output, updates, self.api_holds)
+                self.recorder.stepped(self.index, launched.output, updates, start, self.now, self.hold_s, self.api_holds)
             if self.hold_s:
                 hold, self.hold_s, self.api_holds = self.hold_s, 0.0, 0
                 yield env.timeout(hold)

@@ -189,7 +189,7 @@ def simulate(
     samples: list[StepSample] = []
     finished: list[RequestMetrics] = []  # each request as it finishes; the scheduler drops it
     playback = Playback(replay)
-    recorder = TraceRecorder(cost_model.reader) if trace else None
+    recorder = TraceRecorder(cost_model.reader, cost_model.api_hold_s) if trace else None
     api = FrontEnd(env, cost_model.front_end_s, cost_model.params.api_latency_s)
 
     def send(sub: Submission, gate: str | None = None) -> None:

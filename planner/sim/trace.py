@@ -3,9 +3,10 @@
 What the scheduler decided (which requests ran in which step, with how many tokens) depends on
 step times only through arrivals; a fit that moves the cost model's parameters a little keeps
 the schedule and re-prices its steps (planner/public/retime.py), then simulates again to refresh
-the schedule. The trace holds each step's shape (the cost model's input), and for each request
-when it wanted to go in, what released it (closed loop: the finish of its predecessor), the step
-that first scheduled it and the steps that delivered its tokens.
+the schedule. The trace holds each step's shape (the cost model's input) and when it ran, and for
+each request when it wanted to go in, what released it (closed loop: the finish of its
+predecessor), when it reached the engine, the step that first scheduled it and the steps that
+delivered its tokens.
 """
 
 from __future__ import annotations
@@ -23,13 +24,18 @@ from planner.costmodel import ShapeReader, StepShape
 class RunTrace:
     shapes: StepShape  # arrays over every step of every replica, in the order they completed
     step_replica: np.ndarray  # int, per step
+    step_start_s: np.ndarray  # per step, when it ran in the traced run
+    step_end_s: np.ndarray
+    hold_s: np.ndarray  # per step: the engine time the replica owed after it, API holds included
     # int, per step: requests whose API time (a server in the engine's process) the replica owed
     # after the step, before its next one (planner/sim/replica.py)
     api_holds: np.ndarray
+    api_hold_s: float  # the API time each of those took in the traced run
     # Per request (index = submission order):
     due_s: np.ndarray  # when the client meant to send it (open loop: its arrival; gated: release + think)
     gate: np.ndarray  # int: the request whose finish released it (closed loop, capped clients), -1 if none
     think_s: np.ndarray  # pause after the gate's finish
+    arrived_s: np.ndarray  # when it reached the engine (past the API server) in the traced run
     first_step: np.ndarray  # int: the step that first scheduled it
     prompt_tokens: np.ndarray
     output_tokens: np.ndarray
@@ -94,13 +100,16 @@ class TraceRecorder:
     """Collects a RunTrace while the simulator runs; one per simulation, shared by its replicas."""
 
     reader: ShapeReader
+    api_hold_s: float = 0.0  # the replicas' API time per request that arrives while they run
     _shapes: list[StepShape] = field(default_factory=list)
     _replica: list[int] = field(default_factory=list)
+    _times: list[tuple[float, float, float]] = field(default_factory=list)  # (start, end, hold after)
     _api_holds: list[int] = field(default_factory=list)
     _index: dict[str, int] = field(default_factory=dict)  # request id -> submission index
     _due: list[float] = field(default_factory=list)
     _gate: list[int] = field(default_factory=list)
     _think: list[float] = field(default_factory=list)
+    _arrived: list[float] = field(default_factory=list)
     _first: list[int] = field(default_factory=list)
     _prompt: list[int] = field(default_factory=list)
     _output: list[int] = field(default_factory=list)
@@ -112,14 +121,23 @@ class TraceRecorder:
         self._due.append(due_s)
         self._gate.append(-1 if gate_id is None else self._index[gate_id])
         self._think.append(think_s)
+        self._arrived.append(float("nan"))
         self._first.append(-1)
         self._prompt.append(prompt_tokens)
         self._output.append(output_tokens)
 
-    def stepped(self, replica: int, output: SchedulerOutput, updates: list[RequestUpdate], api_holds: int = 0) -> None:
+    def arrived(self, request_id: str, now_s: float) -> None:
+        """The request reached an engine: the first one, where a prefill instance hands it on."""
+        i = self._index[request_id]
+        if np.isnan(self._arrived[i]):
+            self._arrived[i] = now_s
+
+    def stepped(self, replica: int, output: SchedulerOutput, updates: list[RequestUpdate], start_s: float,
+                end_s: float, hold_s: float = 0.0, api_holds: int = 0) -> None:
         step = len(self._replica)
         self._shapes.append(self.reader.read(output))
         self._replica.append(replica)
+        self._times.append((start_s, end_s, hold_s))
         self._api_holds.append(api_holds)
         index, first = self._index, self._first
         for s in output.scheduled:
@@ -131,13 +149,17 @@ class TraceRecorder:
     def trace(self) -> RunTrace:
         deliveries = sorted(self._deliveries)  # by request, then step
         d = np.array(deliveries, dtype=np.int64).reshape(-1, 3)
+        times = np.array(self._times, dtype=float).reshape(-1, 3)
         return RunTrace(
             shapes=StepShape.stack(self._shapes),
             step_replica=np.array(self._replica, dtype=np.int64),
+            step_start_s=times[:, 0], step_end_s=times[:, 1], hold_s=times[:, 2],
             api_holds=np.array(self._api_holds, dtype=np.int64),
+            api_hold_s=self.api_hold_s,
             due_s=np.array(self._due),
             gate=np.array(self._gate, dtype=np.int64),
             think_s=np.array(self._think),
+            arrived_s=np.array(self._arrived),
             first_step=np.array(self._first, dtype=np.int64),
             prompt_tokens=np.array(self._prompt, dtype=np.int64),
             output_tokens=np.array(self._output, dtype=np.int64),
