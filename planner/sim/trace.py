@@ -156,10 +156,10 @@ class TraceRecorder:
             step_start_s=times[:, 0], step_end_s=times[:, 1], hold_s=times[:, 2],
             api_holds=np.array(self._api_holds, dtype=np.int64),
             api_hold_s=self.api_hold_s,
-            due_s=np.array(self._due),
+            due_s=np.array(self._due, dtype=float),
             gate=np.array(self._gate, dtype=np.int64),
-            think_s=np.array(self._think),
-            arrived_s=np.array(self._arrived),
+            think_s=np.array(self._think, dtype=float),
+            arrived_s=np.array(self._arrived, dtype=float),  # SimPy's clock is an int until a float delay
             first_step=np.array(self._first, dtype=np.int64),
             prompt_tokens=np.array(self._prompt, dtype=np.int64),
             output_tokens=np.array(self._output, dtype=np.int64),

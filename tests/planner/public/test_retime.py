@@ -37,7 +37,8 @@ def run(arrival: object, api_s: float, replicas: int = 1, seed: int = 0, holds: 
     (ClosedLoopArrivals(concurrency=6), 0.002, 1),
     (ClosedLoopArrivals(concurrency=1), 0.002, 1),  # one chain of 120 requests, each released by the last
     (PoissonArrivals(rate_per_s=40.0), 0.001, 2),
-], ids=["burst", "poisson", "closed-loop", "closed-loop-one-client", "two-replicas"])
+    (OfflineArrivals(), 0.0, 1),  # everything at SimPy's time 0, an int
+], ids=["burst", "poisson", "closed-loop", "closed-loop-one-client", "two-replicas", "offline"])
 def test_the_traced_durations_give_back_the_simulators_figures(arrival, api_s, replicas) -> None:
     result, _, _ = run(arrival, api_s, replicas)
     trace = result.trace
