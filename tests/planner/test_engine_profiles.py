@@ -8,12 +8,14 @@ import yaml
 
 from engine.config import ENGINE_DEFAULTS, EngineKnobs, graph_capture_sizes
 from engine.errors import InputError
-from planner.engines import ENGINE_FLAG_KNOBS, PROFILE_DIR, engine_catalog, get_engine, knobs_from_flags, load_engine_profile
+from planner.engines import (ENGINE_FLAG_KNOBS, PROFILE_DIR, engine_catalog, engine_for_release, get_engine, knobs_from_flags,
+                             load_engine_profile)
 from planner.engines.docs import DOC, regenerate
 from planner.hardware import get_hardware
 
 REPO = Path(__file__).resolve().parents[2]
-PROFILES = ["vllm-0.5", "vllm-0.6", "vllm-0.9", "vllm-0.11", "sglang-0.3", "sglang-0.5", "trtllm-1.2", "serveplan"]
+PROFILES = ["vllm-0.5", "vllm-0.6", "vllm-0.9", "vllm-0.11", "sglang-0.3", "sglang-0.4", "sglang-0.5", "trtllm-1.2",
+            "serveplan"]
 # nvidia-smi's memory.total, which SGLang reads (MiB), as GiB
 H100_SMI_GIB, L40S_SMI_GIB = 81559 / 1024, 46068 / 1024
 
@@ -94,6 +96,25 @@ def test_sglang_05_chunk_graph_and_memory_fraction_by_device() -> None:
     assert p.memory_utilization("ada", L40S_SMI_GIB) == 0.851  # (46068 - 6848) / 46068, no 10 GiB floor
     # Below 60 GiB no 10 GiB floor: 512 + 1.5 x 2048 + 2 x 8 + 128 = 3728 MiB.
     assert p.memory_utilization("ada", 16) == 0.772  # (16384 - 3728) / 16384
+
+
+def test_sglang_04_chunk_graph_and_memory_fraction_by_device_and_tp() -> None:
+    p = get_engine("sglang-0.4")
+    # 25,000 MiB as nvidia-smi reports it is the line: above, chunk 8192 and graphs to 160; below, 2048 and 8.
+    for device in (H100, A100, L40S, ("ada", 25_000 / 1024)):
+        assert p.scheduling_defaults(*device) == (4096, 8192) and p.max_graph_batch_size(*device) == 160
+    assert p.scheduling_defaults("ada", 24_999 / 1024) == (4096, 2048) and p.max_graph_batch_size("ada", 24) == 8
+    assert [p.memory_utilization(*H100, tp=tp) for tp in (1, 2, 4, 8, 16)] == [0.88, 0.87, 0.85, 0.81, 0.79]
+    assert p.execution.overlap_host and p.execution.graph_batch_sizes[-1] == 160
+
+
+@pytest.mark.parametrize(("version", "line"), [("0.3.0", "sglang-0.3"), ("0.3.5.post2", "sglang-0.3"),
+                                               ("0.3.6", "sglang-0.4"), ("0.3.6.post3", "sglang-0.4"),
+                                               ("0.4.0.post1", "sglang-0.4"), ("0.4.10", "sglang-0.4"),
+                                               ("0.5.3rc0", "sglang-0.5"), ("0.5.5.post1", "sglang-0.5")])
+def test_each_sglang_release_picks_the_line_whose_defaults_it_has(version: str, line: str) -> None:
+    # 0.3.6 turned the overlap scheduler on: it runs as 0.4.0 does, not as 0.3.0.
+    assert engine_for_release("sglang", version) == (get_engine(line), None)
 
 
 def test_sglang_running_cap_follows_the_kv_pool() -> None:
