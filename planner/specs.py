@@ -110,6 +110,18 @@ class Link(Spec):
     collectives: dict[Collective, CollectiveCurve] = Field(
         default_factory=dict, description="Measured time by message size per collective; a collective left out is "
         "priced from bandwidth_gb_s and latency_us (ring algorithm)")
+    custom_all_reduce: tuple[CollectiveCurve, ...] = Field(
+        default=(), max_length=MAX_DOMAIN_SIZE, description="Measured time by payload of the serving engines' own "
+        "all-reduce kernel (vLLM's custom all-reduce), one curve per rank count; an all-reduce an engine sends "
+        "through that kernel is priced from the curve of the fewest measured ranks at or above its group's (the "
+        "most where none is). Without curves: barriers of latency_us and the bytes read at bandwidth_gb_s")
+
+    @model_validator(mode="after")
+    def _one_curve_per_rank_count(self) -> Link:
+        ranks = [c.ranks for c in self.custom_all_reduce]
+        if len(set(ranks)) != len(ranks):
+            raise InputError("custom_all_reduce", ranks, "one curve per rank count")
+        return self
 
 
 MAX_TIER_GIB = 1 << 24  # 16 PiB per device: beyond any host memory or disk

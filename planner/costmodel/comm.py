@@ -18,10 +18,15 @@ communicate against nccl-tests (1 until fitted).
 
 Serving engines do not send small all-reduces through NCCL. vLLM's custom all-reduce (which SGLang
 ships too) reads the peers' buffers directly over a fully connected scale-up link for payloads
-under its buffer size (8 MiB), in one stage or two (csrc/custom_all_reduce.cuh): its cost is a few
-link latencies for the barriers plus the bytes over the link, where NCCL's measured curve floors at
-tens of microseconds. A decode step's all-reduces (rows x hidden x 2 bytes) are that small up to a
-few hundred rows (512 rows of an 8,192-wide model: 8 MiB).
+under its buffer size (8 MiB), in one stage or two (csrc/custom_all_reduce.cuh), where NCCL's
+measured curve floors at tens of microseconds. A decode step's all-reduces (rows x hidden x 2
+bytes) are that small up to a few hundred rows (512 rows of an 8,192-wide model: 8 MiB). Where the
+link carries the kernel's measured curves (`Link.custom_all_reduce`, one per rank count) it is
+priced from them, log-log as above, up to the last measured payload (NCCL's curve past it): the
+kernel reaches a small share of the link's bandwidth (on 8 x H100, 45 us for 1 MiB, ~40 GB/s of
+bus traffic against NVLink's 450), which no latency + bytes / bandwidth on the datasheet's figures
+gives. Without curves: a barrier of one link
+latency before and after each stage's reads, and the bytes read at the link's bandwidth.
 """
 
 from __future__ import annotations
@@ -51,6 +56,15 @@ def custom_all_reduce_stages(ranks: int, payload_bytes: Number) -> Number:
     return np.where(one, 1, 2) if isinstance(payload_bytes, np.ndarray) else (1 if bool(one) else 2)
 
 
+def _curve_us(curve: CollectiveCurve, payload_bytes: Number) -> Number:
+    """Microseconds of `payload_bytes` on a measured curve: log-log interpolation, flat below the
+    first point (the latency floor), slope 1 (the last point's bandwidth) past the last."""
+    sizes, times = np.log([p[0] for p in curve.points]), np.log([p[1] for p in curve.points])
+    x = np.log(np.maximum(payload_bytes, 1.0))
+    us = np.exp(np.interp(x, sizes, times) + np.maximum(x - sizes[-1], 0.0))
+    return us if isinstance(payload_bytes, np.ndarray) else float(us)
+
+
 def ring_steps(kind: Collective, ranks: int) -> int:
     """Latency-bound hops of the ring algorithm: reduce-scatter then all-gather for an all-reduce."""
     return (2 if kind == "all_reduce" else 1) * (ranks - 1)
@@ -77,18 +91,39 @@ class CollectiveCost:
         if not self.custom_max_bytes:
             return self._nccl_seconds(payload_bytes)
         if isinstance(payload_bytes, np.ndarray):
-            return np.where(payload_bytes < self.custom_max_bytes, self._custom_seconds(payload_bytes),
+            return np.where(self._priced_as_custom(payload_bytes), self._custom_seconds(payload_bytes),
                             self._nccl_seconds(payload_bytes))
         # One payload: price it by the kernel that carries it only (the cost model's per-step path).
-        if payload_bytes < self.custom_max_bytes:
+        if self._priced_as_custom(payload_bytes):
             return self._custom_seconds(payload_bytes)
         return self._nccl_seconds(payload_bytes)
 
+    def _priced_as_custom(self, payload_bytes: Number) -> Number:
+        """Payloads priced as the custom kernel: under its buffer and, where its curve is measured, no
+        larger than the curve reaches. Past that the engines' all-reduces are priced by NCCL's measured
+        curve, not by the kernel's curve extrapolated: on 8 x H100 the two agree at 1 MiB within 2 %
+        on 2, 4 and 8 ranks, and how the kernel scales beyond is not measured (its last segment's
+        rate, ~40-60 GB/s, would price 8 MiB on 2 NVLink ranks as slowly as PCIe)."""
+        curve = self.custom_curve
+        reach = curve.points[-1][0] if curve is not None else self.custom_max_bytes
+        return (payload_bytes < self.custom_max_bytes) & (payload_bytes <= reach)
+
+    @property
+    def custom_curve(self) -> CollectiveCurve | None:
+        """The link's measured custom all-reduce curve for this group: the fewest ranks at or above
+        its own (a kernel's time grows with the peers it reads), else the most measured."""
+        curves = sorted(self.link.custom_all_reduce, key=lambda c: c.ranks)
+        return next((c for c in curves if c.ranks >= self.ranks), curves[-1] if curves else None)
+
     def _custom_seconds(self, payload_bytes: Number) -> Number:
-        """The custom all-reduce: a barrier before and after each stage's reads (one link latency
-        each), and the bytes each rank reads from its peers at the link's bandwidth. One stage reads
-        every peer's whole buffer, (p - 1) x payload; two stages read a 1/p slice from each peer
-        twice, 2 (p - 1) / p x payload, with a barrier between them."""
+        """The custom all-reduce: its measured curve where the link has one. Otherwise a barrier
+        before and after each stage's reads (one link latency each), and the bytes each rank reads
+        from its peers at the link's bandwidth. One stage reads every peer's whole buffer,
+        (p - 1) x payload; two stages read a 1/p slice from each peer twice, 2 (p - 1) / p x
+        payload, with a barrier between them."""
+        curve = self.custom_curve
+        if curve is not None:
+            return _curve_us(curve, payload_bytes) * 1e-6 * self.time_scale
         stages = custom_all_reduce_stages(self.ranks, payload_bytes)
         p = self.ranks
         read_bytes = np.where(stages == 1, p - 1, 2 * (p - 1) / p) * payload_bytes
@@ -102,19 +137,20 @@ class CollectiveCost:
             bandwidth = self.link.bandwidth_gb_s * 1e9 * self.interconnect_efficiency
             return self.time_scale * (ring_steps(self.kind, self.ranks) * self.link.latency_us * 1e-6
                                       + bus_factor(self.kind, self.ranks) * payload_bytes / bandwidth)
-        sizes, times = np.log([p[0] for p in curve.points]), np.log([p[1] for p in curve.points])
-        x = np.log(np.maximum(payload_bytes, 1.0))
-        # Log-log interpolation, flat below the first point, slope 1 (constant bandwidth) past the last.
-        log_us = np.interp(x, sizes, times) + np.maximum(x - sizes[-1], 0.0)
         rescale = bus_factor(self.kind, self.ranks) / bus_factor(self.kind, curve.ranks) * self.time_scale
-        result = np.exp(log_us) * 1e-6 * rescale
-        return result if isinstance(payload_bytes, np.ndarray) else float(result)
+        return _curve_us(curve, payload_bytes) * 1e-6 * rescale
 
     def describe(self) -> dict[str, object]:
         """How this collective is priced, for reports and the simulate JSON."""
         curve = self.curve
         base: dict[str, object] = {"collective": self.kind, "ranks": self.ranks, "link": self.link.name}
-        if self.custom_max_bytes:
+        custom = self.custom_curve
+        if self.custom_max_bytes and custom is not None:
+            base["custom_all_reduce"] = {
+                "below_payload_bytes": self.custom_max_bytes, "model": "measured curve, log-log interpolation",
+                "measured_ranks": custom.ranks, "points": len(custom.points), "source": custom.source,
+                "time_scale": self.time_scale}
+        elif self.custom_max_bytes:
             base["custom_all_reduce"] = {
                 "below_payload_bytes": self.custom_max_bytes,
                 "model": "vLLM's custom all-reduce: (stages + 1) x link latency + bytes read from peers / (bandwidth x "

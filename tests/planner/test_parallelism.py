@@ -62,15 +62,52 @@ def test_the_custom_all_reduce_prices_small_payloads_by_vllms_stages_and_nccl_ab
     assert eight.describe()["custom_all_reduce"]["below_payload_bytes"] == 8 << 20
 
 
+def test_a_measured_custom_all_reduce_curve_prices_the_kernel_up_to_its_last_point_then_nccl() -> None:
+    """Known answers: the custom kernel's curve for the group's rank count (else the fewest ranks above
+    it, else the most measured), log-log between points, the fitted time scale on it; past its last
+    measured payload NCCL's curve, not the kernel's curve extrapolated."""
+    two = CollectiveCurve(ranks=2, points=((1e3, 4.0), (1e6, 40.0)), source="test")
+    eight = CollectiveCurve(ranks=8, points=((1e3, 8.0), (1e6, 80.0)), source="test")
+    link = LINK.model_copy(update={"custom_all_reduce": (two, eight)})
+    on = {r: CollectiveCost("all_reduce", r, link, 0.8, time_scale=1.5, custom_max_bytes=8 << 20) for r in (2, 4, 8)}
+    assert [on[r].custom_curve.ranks for r in (2, 4, 8)] == [2, 8, 8]
+    assert on[2].seconds(1e3) == pytest.approx(1.5 * 4e-6)
+    assert on[8].seconds(1e6) == pytest.approx(1.5 * 80e-6)
+    assert on[4].seconds(np.sqrt(1e9)) == pytest.approx(1.5 * np.sqrt(8.0 * 80.0) * 1e-6)  # geometric mean
+    nccl = CollectiveCost("all_reduce", 8, LINK, 0.8, time_scale=1.5)
+    assert on[8].seconds(1e6 + 1) == nccl.seconds(1e6 + 1)  # past the curve, under the 8 MiB buffer
+    sixteen = CollectiveCost("all_reduce", 16, link, 0.8, custom_max_bytes=8 << 20)
+    assert sixteen.custom_curve is eight  # more ranks than measured: the most measured
+    sizes = np.array([1e3, 5e5, 2e6, 1e7])
+    assert on[8].seconds(sizes) == pytest.approx([on[8].seconds(float(b)) for b in sizes])
+    assert on[8].describe()["custom_all_reduce"]["model"] == "measured curve, log-log interpolation"
+    with pytest.raises(ValidationError, match="one curve per rank count"):
+        LINK.model_copy(update={"custom_all_reduce": (two, two)}).model_validate(
+            {**LINK.model_dump(), "custom_all_reduce": [two.model_dump(), two.model_dump()]})
+
+
+def test_hopper_decode_all_reduces_cost_what_the_kernel_was_measured_at() -> None:
+    """Llama-3.1-70B on 4 x H100 and 4 x H200 (the same NVLink 4 and switch): a decode step's
+    all-reduce of 32 rows (512 KiB) costs the 4-rank measurement at 512 KiB, 26.9 us, where the
+    latency + bytes / bandwidth model gave a fifth of it."""
+    model = resolve_model("llama-3.1-70b")
+    for name in ("h100-sxm", "h200"):
+        hw = get_hardware(name)
+        costs = CostModel(model, hw, dep(hardware=name, tensor_parallel=4, engine="vllm-0.11"),
+                          CostParams.defaults(hw, get_engine("vllm-0.11"))).comms
+        [allreduce] = [cost for c, cost in costs if c.operator == "tp_allreduce"]
+        assert allreduce.seconds(32 * model.hidden_size * 2) == pytest.approx(26.9e-6)
+
+
 def test_engines_custom_all_reduce_reaches_tensor_parallel_decode_on_the_switch_only() -> None:
-    """vLLM's decode all-reduce on 8 x H100 (NVSwitch) takes its custom kernel, far under NCCL's
-    ~40 us floor; ServePlan's own engine (gloo/NCCL only) and an A100 PCIe card without a
+    """vLLM's small-batch decode all-reduce on 8 x H100 (NVSwitch) takes its custom kernel, far under
+    NCCL's ~40 us floor; ServePlan's own engine (gloo/NCCL only) and an A100 PCIe card without a
     switch keep NCCL's or the ring's pricing."""
     model, hw = resolve_model("llama-3.1-70b"), get_hardware("h100-sxm")
     vllm = CostModel(model, hw, dep(tensor_parallel=8, engine="vllm-0.11"), CostParams.defaults(hw, get_engine("vllm-0.11")))
     [(_, allreduce)] = [(c, cost) for c, cost in vllm.comms if c.operator == "tp_allreduce"]
     assert allreduce.custom_max_bytes == 8 << 20
-    decode_payload = 64 * model.hidden_size * 2  # 64 rows of bf16 activations
+    decode_payload = 8 * model.hidden_size * 2  # 8 rows of bf16 activations
     nccl = replace(allreduce, custom_max_bytes=0)  # the same collective sent through NCCL
     assert allreduce.seconds(decode_payload) < 0.5 * nccl.seconds(decode_payload)
     own = CostModel(model, hw, dep(tensor_parallel=8, engine="serveplan"), CostParams.defaults(hw, get_engine("serveplan")))
