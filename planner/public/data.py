@@ -98,30 +98,11 @@ class EngineRun(_Data):
         None, gt=0, description="KV-cache memory per GPU the engine reported at start-up, where the run's source "
         "prints it: the replay sizes the cache to it (kv_cache_gib), whatever flags led there")
 
-    version_by_date: str | None = Field(
-        None, description="Where the version is unknown: the release the run's image held on the day it ran (an image "
-        "tag such as 'latest' follows the releases), which picks the engine profile")
-    version_by_date_source: str | None = Field(
-        None, max_length=500, description="How the run's day and that day's release are known")
-
     @model_validator(mode="after")
     def _sampler_with_its_source(self) -> EngineRun:
         if (self.profile_sampler is None) != (self.profile_sampler_source is None):
             raise ValueError("profile_sampler and profile_sampler_source are set together")
         return self
-
-    @model_validator(mode="after")
-    def _dated_version_with_its_source(self) -> EngineRun:
-        if (self.version_by_date is None) != (self.version_by_date_source is None):
-            raise ValueError("version_by_date and version_by_date_source are set together")
-        if self.version_by_date is not None and self.version != "unknown":
-            raise ValueError(f"version_by_date is for runs whose version is unknown, not {self.version!r}")
-        return self
-
-    @property
-    def release(self) -> str:
-        """The version that picks the engine profile: as published, else the one the run's day implies."""
-        return self.version_by_date or self.version
 
 
 class Lengths(_Data):

@@ -131,11 +131,8 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     if unknown:
         return f"engine flags not modelled: {', '.join(unknown)}"
     d = run.deployment
-    engine, note = engine_for_release(run.engine.engine, run.engine.release)
+    engine, note = engine_for_release(run.engine.engine, run.engine.version)
     assumptions = [note] if note else []
-    if run.engine.version_by_date:
-        assumptions.append(f"{run.engine.engine} version not published: {run.engine.version_by_date}, the release on "
-                           f"the day it ran, assumed ({run.engine.version_by_date_source})")
     attention_dp = 1
     if args.get("enable_dp_attention"):
         # SGLang's --dp D with DP attention: D attention groups inside one engine over its TP GPUs.

@@ -75,27 +75,6 @@ def test_no_peer_access_is_recorded_with_where_it_shows() -> None:
         type(run.deployment).model_validate({**data, "peer_access": True})
 
 
-def test_a_run_of_an_unpublished_version_replays_on_the_release_of_its_day_and_says_so() -> None:
-    """DataCrunch ran lmsysorg/sglang:latest without recording the version: its README's runs (2 December
-    2024) on 0.3.6.post3, its scripts' outputs (before 14 December) on 0.4.0.post1, both the
-    sglang-0.4 line, not the newest line an unknown version would get."""
-    runs = {r.run_key: r for r in public_runs() if r.source_key == "datacrunch-h200-benchmarks"}
-    for key, version in (("readme-llama31-70b-tp4-sharegpt-rps8", "0.3.6.post3"),
-                         ("llama33-70b-online-random1024x1024-rps8", "0.4.0.post1")):
-        run = runs[f"datacrunch-h200-benchmarks/{key}"]
-        assert run.engine.version == "unknown" and run.engine.release == version
-        replay = prepare(run)
-        assert isinstance(replay, ReplayRun) and replay.engine.name == "sglang-0.4"
-        assert [a for a in replay.assumptions if "version" in a] == [
-            f"sglang version not published: {version}, the release on the day it ran, assumed "
-            f"({run.engine.version_by_date_source})"]
-    data = run.engine.model_dump()
-    with pytest.raises(ValidationError, match="set together"):
-        type(run.engine).model_validate({**data, "version_by_date_source": None})
-    with pytest.raises(ValidationError, match="version_by_date is for runs whose version is unknown"):
-        type(run.engine).model_validate({**data, "version": "0.4.0"})
-
-
 def test_a_run_replays_through_the_endpoint_its_client_called() -> None:
     """Chat runs pass the server's chat-template rendering, completions runs do not, in-process runs
     have no server: each run's deployment says which its client used."""
