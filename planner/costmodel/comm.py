@@ -25,13 +25,14 @@ link carries the kernel's measured curves (`Link.custom_all_reduce`, one per ran
 priced from them, log-log as above, up to the last measured payload (NCCL's curve past it): the
 kernel reaches a small share of the link's bandwidth (on 8 x H100, 45 us for 1 MiB, ~40 GB/s of
 bus traffic against NVLink's 450), which no latency + bytes / bandwidth on the datasheet's figures
-gives. Without curves: a barrier of one link
-latency before and after each stage's reads, and the bytes read at the link's bandwidth.
+gives. Without curves: a barrier of one link latency before and after each stage's reads, and the
+bytes read at the link's bandwidth.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -108,7 +109,7 @@ class CollectiveCost:
         reach = curve.points[-1][0] if curve is not None else self.custom_max_bytes
         return (payload_bytes < self.custom_max_bytes) & (payload_bytes <= reach)
 
-    @property
+    @cached_property  # read twice per priced call on the per-step path; the link is immutable
     def custom_curve(self) -> CollectiveCurve | None:
         """The link's measured custom all-reduce curve for this group: the fewest ranks at or above
         its own (a kernel's time grows with the peers it reads), else the most measured."""
