@@ -149,10 +149,10 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
         "",
         "## Prediction intervals",
         "",
-        "Every `simulate`, `plan` and `compare` result carries these bands: measured / predicted quantiles of the "
-        "held-out figures. *Held-out coverage* is measured, not assumed: each source's band was built from the other "
-        "sources' figures only, and this is the share of its figures that fell inside. A family whose figures come from "
-        "fewer than three sources is pooled with the family that makes up most of it (end-to-end latency with TPOT/ITL).",
+        _bands_carried(v, fit) + ": measured / predicted quantiles of the held-out figures. *Held-out coverage* is "
+        "measured, not assumed: each source's band was built from the other sources' figures only, and this is the "
+        "share of its figures that fell inside. A family whose figures come from fewer than three sources is pooled "
+        "with the family that makes up most of it (end-to-end latency with TPOT/ITL).",
         "",
         "| metric family | P5 | P10 | P50 | P90 | P95 | P10..P90 held-out coverage | figures |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -180,6 +180,18 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
     lines += [f"| {s.run_key} | {s.figures} | {s.reason[:160]} |" for s in v.skipped]
     lines += ["", "## Notes", "", *(f"- {n}" for n in fit.notes), ""]
     return "\n".join(lines)
+
+
+def _bands_carried(v: PublicValidation, fit: PublicFit) -> str:
+    """Which bands results carry: these, or (a report re-predicted by a later simulator) the fit's,
+    which stay until a refit, and how far their P10 and P90 lie from these."""
+    if v.bands == fit.model.bands:
+        return "Every `simulate`, `plan` and `compare` result carries these bands"
+    shift = max((abs(b.ratio_at(p) / fit.model.bands[name].ratio_at(p) - 1) for name, b in v.bands.items()
+                 if name in fit.model.bands for p in (0.1, 0.9)), default=float("nan"))
+    return (f"Measured again here with today's simulator; `simulate`, `plan` and `compare` results carry the "
+            f"fit's bands of {fit.created_utc[:10]} until a refit (their P10 and P90 within {100 * shift:.1f} % of "
+            "these)")
 
 
 def set_aside_summary(skipped: Sequence[SkippedRun]) -> str:

@@ -242,6 +242,12 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path) -> No
     out = write_report(own, result, "test", tmp_path / "report.md")
     assert PublicValidation.model_validate_json(out.with_suffix(".json").read_text()) == own
     assert out.with_suffix(".png").stat().st_size > 0 and "Held out" in out.read_text()
+    assert "Every `simulate`, `plan` and `compare` result carries these bands" in out.read_text()
+    # Re-predicted by a later simulator, the report's bands are today's; results keep the fit's.
+    wider = {name: b.model_copy(update={"ratios": [r * 1.1 for r in b.ratios]}) for name, b in result.model.bands.items()}
+    older = result.model_copy(update={"model": result.model.model_copy(update={"bands": wider})})
+    text = write_report(own, older, "test", tmp_path / "again.md").read_text()
+    assert "results carry the fit's bands of" in text and "within 9.1 % of these" in text
     # A refit starts from the fit it replaces as well as from the estimates, and records both costs.
     again = calibrate_public(command="test", rounds=1, runs=runs, previous=path)
     assert list(again.start_costs) == ["the previous fit (fit.json)", "the profiles' estimates"]
