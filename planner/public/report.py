@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.errors import InputError, from_validation_error
 from engine.files import load_json
+from hwprofiles import PROFILE_DIR
 from planner.costmodel.fitted import PUBLIC_FIT_FILE, Band
 from planner.metrics import MetricFamily
 from planner.public.calibration import (
@@ -111,7 +112,7 @@ def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun]
     by_family = group_errors(results, lambda r: r.family)
     met = {g.group: g.held_out_median_abs_pct <= TARGETS_PCT[g.group] for g in by_family if g.group in TARGETS_PCT}
     return PublicValidation(
-        fit_file=str(fit_file), figures=len(results), sources=len({r.source_key for r in results}),
+        fit_file=_shown(fit_file), figures=len(results), sources=len({r.source_key for r in results}),
         runs=len({r.run_key for r in results}), skipped=list(skipped),
         by_metric_family=by_family, by_engine=group_errors(results, lambda r: r.engine),
         by_gpu=group_errors(results, lambda r: r.hardware), by_source=group_errors(results, lambda r: r.source_key),
@@ -127,6 +128,13 @@ def write_report(v: PublicValidation, fit: PublicFit, command: str, path: str | 
     out.write_text(markdown(v, fit, command, image.name))
     out.with_suffix(".json").write_text(v.model_dump_json(indent=1))
     return out
+
+
+def _shown(path: str | Path) -> str:
+    """`path` as a report names it: from the project's root when it lies inside (a committed report
+    names no machine's folders), else as given."""
+    root, resolved = PROFILE_DIR.parent.resolve(), Path(path).resolve()
+    return str(resolved.relative_to(root)) if resolved.is_relative_to(root) else str(path)
 
 
 def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None) -> str:

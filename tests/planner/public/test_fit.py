@@ -11,7 +11,7 @@ import pytest
 
 from engine.errors import InputError
 from planner.cli import main
-from planner.costmodel.fitted import Band, FittedModel, pessimistic, prediction_interval
+from planner.costmodel.fitted import PUBLIC_FIT_FILE, Band, FittedModel, pessimistic, prediction_interval
 from planner.hardware import get_hardware
 from planner.public.calibration import HeldOutFigure, bands, calibrate_public, write_fit
 from planner.public.data import PublicRun, public_runs
@@ -238,6 +238,8 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path) -> No
     assert report.bands.keys() == result.model.bands.keys()
     # `calibrate --public --report` reports the fit's own predictions: the same groups as re-simulating.
     own = validation_of(result.figures, result.skipped, path)
+    assert own.fit_file == str(path)  # outside the project: as given
+    assert validation_of([], [], PUBLIC_FIT_FILE).fit_file == "hwprofiles/calibrations/public-gpu.json"
     assert own.model_dump(exclude={"figure_errors"}) == report.model_dump(exclude={"figure_errors"})
     out = write_report(own, result, "test", tmp_path / "report.md")
     assert PublicValidation.model_validate_json(out.with_suffix(".json").read_text()) == own
