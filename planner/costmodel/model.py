@@ -163,6 +163,7 @@ class CostModel:
         # renders this model's chat format natively.
         templated = dep.api_endpoint == "chat" and model.model_type not in engine.overheads.native_chat_model_types
         self.front_end_s = p.api_request_s + (p.api_chat_template_s if templated else 0.0)
+        self.api_release = engine.overheads.api_release
         # What each request arriving while the engine runs takes from its step loop (a server in the
         # engine's process, sharing its GIL).
         self.api_hold_s = self.front_end_s * p.api_hold_share

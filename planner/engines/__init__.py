@@ -27,6 +27,7 @@ from planner.specs import DEFAULT_ENGINE, Deployment, EngineKnobs, HardwareProfi
 
 PROFILE_DIR = Path(__file__).parent
 EngineName = Literal["vllm", "sglang", "trtllm", "serveplan"]
+ApiRelease = Literal["each", "round"]  # Overheads.api_release
 MIB_PER_GIB = 1024
 
 
@@ -238,6 +239,11 @@ class Overheads(_Spec):
         0.0, ge=0, description="Time each request spends between the client and the engine without occupying the API "
         "server (hand-offs to the engine process, the first token's way back through the detokeniser and the stream): "
         "requests overlap in it, so it adds to TTFT and E2E but does not limit throughput")
+    api_release: ApiRelease = Field(
+        "each", description="How requests the API server has handled go on to the engine: 'each' as soon as it is "
+        "handled; 'round': the server handles every request waiting when it turns to them before any of them goes on "
+        "(an asyncio server that runs each handler up to its first await, chat template included, before any handler "
+        "continues), so a burst reaches the engine at once (planner/sim/frontend.py)")
     native_chat_model_types: list[str] = Field(
         default_factory=list, description="Model types (config.json model_type) whose chat prompts this engine's server "
         "renders natively instead of with a Jinja template (gpt-oss's harmony format)")

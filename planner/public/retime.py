@@ -12,7 +12,9 @@ step durations turn it into new timestamps:
   step's new duration, one that arrived while the replica idled, as far into the idle time;
 - the API server handles requests one at a time, `api_s` each, in the order it handled them in the
   traced run, and each then reaches the engine `api_latency_s` later (a latency requests spend
-  side by side); its first token and finish come its time in the engine after that;
+  side by side); its first token and finish come its time in the engine after that. A server that
+  lets them go on in rounds (planner/sim/frontend.py) keeps the traced rounds: a round starts once
+  the last one ended and its last request was sent, and all of it goes on when it ends;
 - a gated request (closed loop, follow-up turn) is sent `think_s` after its gate finishes.
 Fixed point of these is found in a few passes (gates only look back). Because the schedule is
 kept, re-timing is exact for the durations it was traced with (a test checks it against the
@@ -87,15 +89,16 @@ def retime(trace: RunTrace, step_s: np.ndarray, api_s: float, api_hold_s: float 
     gated, gate = trace.gate >= 0, np.maximum(trace.gate, 0)
     traced_finish = trace.step_end_s[last_step]
     send = np.where(gated, np.maximum(trace.due_s, traced_finish[gate] + trace.think_s), trace.due_s)
+    through_api = _through_api_in_rounds if trace.api_rounds else _through_api
     for _ in range(2 * trace.gate_depth + 2):
-        arrive = _through_api(send, api_s, trace.arrived_s) + api_latency_s
+        arrive = through_api(send, api_s, trace.arrived_s) + api_latency_s
         finish = end[last_step] + (arrive - met_last)
         new_send = np.where(gated, np.maximum(trace.due_s, finish[gate] + trace.think_s), trace.due_s)
         if np.array_equal(new_send, send):
             break
         send = new_send
     else:
-        arrive = _through_api(send, api_s, trace.arrived_s) + api_latency_s
+        arrive = through_api(send, api_s, trace.arrived_s) + api_latency_s
         finish = end[last_step] + (arrive - met_last)
     return Timeline(end, send, end[first_step] + (arrive - met_first), finish)
 
@@ -184,6 +187,26 @@ def _through_api(send: np.ndarray, api_s: float, traced_arrival: np.ndarray) -> 
     out = np.empty_like(send)
     # t_k = max(send_k, t_{k-1}) + a  =>  t_k = (k + 1) a + max_{j <= k} (send_j - j a)
     out[order] = (k + 1) * api_s + np.maximum.accumulate(send[order] - k * api_s)
+    return out
+
+
+def _through_api_in_rounds(send: np.ndarray, api_s: float, traced_arrival: np.ndarray) -> np.ndarray:
+    """When each request leaves a server that handles its requests in the traced run's rounds (those
+    that reached the engine at one instant), api_s each, one round after another: a round starts
+    once the one before ended and its last request was sent, and all of it leaves when it ends."""
+    if not api_s:
+        return send
+    order = np.argsort(traced_arrival, kind="stable")
+    arrived = traced_arrival[order]
+    starts = np.flatnonzero(np.concatenate(([True], arrived[1:] != arrived[:-1])))
+    size = np.diff(np.append(starts, len(send)))
+    last_sent = np.maximum.reduceat(send[order], starts)
+    # end_r = max(end_{r-1}, last_sent_r) + size_r a  =>  end_r = C_r + max_{j <= r} (last_sent_j - C_{j-1}),
+    # with C_r the handling time of rounds 0..r
+    handled = np.cumsum(size) * api_s
+    ends = handled + np.maximum.accumulate(last_sent - (handled - size * api_s))
+    out = np.empty_like(send)
+    out[order] = np.repeat(ends, size)
     return out
 
 

@@ -118,6 +118,7 @@ class Fleet:
         self._decode_token = self.template.decode_token(bulk_decodes=True)
         self._front_end_s = self.template.cost_model.front_end_s
         self._api_latency_s = self.template.cost_model.params.api_latency_s
+        self._api_release = self.template.cost_model.api_release
 
     @property
     def num_ready(self) -> int:
@@ -171,7 +172,7 @@ class Fleet:
     def _new_member(self) -> _Member:
         replica, _ = self.template.replica(self.env, self._made, self.on_finished, None, None, self._decode_token, self.seed)
         self._made += 1
-        self.ready.append(_Member(replica, FrontEnd(self.env, self._front_end_s, self._api_latency_s)))
+        self.ready.append(_Member(replica, FrontEnd(self.env, self._front_end_s, self._api_latency_s, self._api_release)))
         self._replicas.append(replica)
         return self.ready[-1]
 

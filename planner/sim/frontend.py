@@ -6,32 +6,62 @@ server's load.
 
 vLLM's and SGLang's servers tokenise in one Python process, so a burst of requests queues there:
 the thousandth of a thousand sent at once reaches the engine a thousand handling times late. The
-client's clock (TTFT, E2E) starts when it sends, so that wait is part of what it measures."""
+client's clock (TTFT, E2E) starts when it sends, so that wait is part of what it measures.
+
+How the handled requests go on to the engine is the engine profile's (`Overheads.api_release`):
+- "each": a request goes on as soon as the server has handled it (SGLang's tokenizer manager sends
+  it to the scheduler right after tokenising it);
+- "round": the server handles, one after another, every request waiting when it turns to them,
+  and only then do they go on, together (vLLM's asyncio server runs each waiting request's
+  handler up to its first await, the chat template among it, before any handler continues to the
+  engine). A burst then reaches the engine at once, a burst's handling time after it was sent,
+  instead of trickling in while the engine runs.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import simpy
 
 from engine.core import Request
+from planner.engines import ApiRelease
+
+Deliver = Callable[[Request], None]
 
 
 class FrontEnd:
-    def __init__(self, env: simpy.Environment, request_s: float, latency_s: float) -> None:
-        self.env, self.request_s, self.latency_s = env, request_s, latency_s
-        self.free_at = 0.0  # when the server finishes the requests already in it
+    def __init__(self, env: simpy.Environment, request_s: float, latency_s: float,
+                 release: ApiRelease = "each") -> None:
+        self.env, self.request_s, self.latency_s, self.release = env, request_s, latency_s, release
+        self.free_at = 0.0  # when the server will have handled every request it has accepted
+        self._waiting: list[tuple[Request, Deliver]] = []  # "round": for the server's next round
+        self._serving = False
 
-    def forward(self, request: Request, deliver: Callable[[Request], None]) -> None:
+    def forward(self, request: Request, deliver: Deliver) -> None:
         """Hand `request` to `deliver` once the server has handled it and its latency has passed
         (at once when both are nothing)."""
         if not self.request_s and not self.latency_s:
             deliver(request)
             return
-        done = max(self.env.now, self.free_at) + self.request_s
-        self.free_at = done
-        self.env.process(self._at(done + self.latency_s, request, deliver))
+        self.free_at = max(self.env.now, self.free_at) + self.request_s
+        if self.release == "each":
+            self.env.process(self._at(self.free_at + self.latency_s, [(request, deliver)]))
+            return
+        self._waiting.append((request, deliver))
+        if not self._serving:
+            self._serving = True
+            self.env.process(self._rounds())
 
-    def _at(self, when: float, request: Request, deliver: Callable[[Request], None]):  # noqa: ANN202 (SimPy)
+    def _rounds(self) -> Iterator[simpy.Event]:
+        """Rounds while requests wait: each takes all of them, handles them one by one, then lets them go."""
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            yield self.env.timeout(len(batch) * self.request_s)
+            self.env.process(self._at(self.env.now + self.latency_s, batch))
+        self._serving = False
+
+    def _at(self, when: float, batch: list[tuple[Request, Deliver]]) -> Iterator[simpy.Event]:
         yield self.env.timeout(when - self.env.now)
-        deliver(request)
+        for request, deliver in batch:
+            deliver(request)

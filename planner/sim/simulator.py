@@ -189,8 +189,8 @@ def simulate(
     samples: list[StepSample] = []
     finished: list[RequestMetrics] = []  # each request as it finishes; the scheduler drops it
     playback = Playback(replay)
-    recorder = TraceRecorder(cost_model.reader, cost_model.api_hold_s) if trace else None
-    api = FrontEnd(env, cost_model.front_end_s, cost_model.params.api_latency_s)
+    recorder = TraceRecorder(cost_model.reader, cost_model.api_hold_s, cost_model.api_release == "round") if trace else None
+    api = FrontEnd(env, cost_model.front_end_s, cost_model.params.api_latency_s, cost_model.api_release)
 
     def send(sub: Submission, gate: str | None = None) -> None:
         """The client sends now; the engine sees the request once the API server has handled it."""
