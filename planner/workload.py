@@ -456,10 +456,7 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
     hi = workload.vocab_size_tokens if vocab_size is None else min(vocab_size, workload.vocab_size_tokens)
     if hi <= workload.first_token_id:
         raise InputError("vocab_size", vocab_size, f"must exceed first_token_id={workload.first_token_id}")
-    # One child stream per concern, so that changing one knob (say, the arrival rate) leaves
-    # the lengths and token ids of every request as they were.
-    children = np.random.SeedSequence(workload.seed).spawn(len(_STREAMS))
-    rngs = {stream: np.random.default_rng(child) for stream, child in zip(_STREAMS, children)}
+    rngs = _streams(workload)
     if prefix_seed is not None:
         own = np.random.SeedSequence(prefix_seed).spawn(len(_STREAMS))[_STREAMS.index("prefix_tokens")]
         rngs["prefix_tokens"] = np.random.default_rng(own)
@@ -492,10 +489,7 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
         uses = crng.random(num_roots) < sp.share
         prefix_ids = np.where(uses, chosen, -1)
 
-    inputs = workload.input_tokens.draw(rngs["input"], n)
-    outputs = workload.output_tokens.draw(rngs["output"], n)
-    if workload.max_total_tokens is not None:
-        _redraw_over(workload, inputs, outputs, rngs["input"], rngs["output"])
+    inputs, outputs = _lengths(workload, rngs)
     _check_sizes(workload, turns, prefix_ids, inputs, outputs, max_model_len)
     prefixes: list[tuple[int, ...]] = []
     if sp is not None:
@@ -526,6 +520,28 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
             parent = rid
             k += 1
     return requests
+
+
+def _streams(workload: Workload) -> dict[str, np.random.Generator]:
+    # One child stream per concern, so that changing one knob (say, the arrival rate) leaves
+    # the lengths and token ids of every request as they were.
+    children = np.random.SeedSequence(workload.seed).spawn(len(_STREAMS))
+    return {stream: np.random.default_rng(child) for stream, child in zip(_STREAMS, children)}
+
+
+def _lengths(workload: Workload, rngs: dict[str, np.random.Generator]) -> tuple[np.ndarray, np.ndarray]:
+    n = workload.num_requests
+    inputs = workload.input_tokens.draw(rngs["input"], n)
+    outputs = workload.output_tokens.draw(rngs["output"], n)
+    if workload.max_total_tokens is not None:
+        _redraw_over(workload, inputs, outputs, rngs["input"], rngs["output"])
+    return inputs, outputs
+
+
+def draw_lengths(workload: Workload) -> tuple[np.ndarray, np.ndarray]:
+    """The (prompt, output) lengths `draw` gives `workload`'s requests, in order, without their
+    token ids or the limits' checks."""
+    return _lengths(workload, _streams(workload))
 
 
 def _redraw_over(workload: Workload, inputs: np.ndarray, outputs: np.ndarray, rng_in: np.random.Generator,

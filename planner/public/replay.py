@@ -34,6 +34,7 @@ from planner.workload import (
     Workload,
     WorkloadRequest,
     draw,
+    draw_lengths,
     sharegpt_lengths,
 )
 
@@ -190,6 +191,8 @@ def _workload(run: PublicRun) -> Workload:
         assert lengths.input_tokens is not None and lengths.output_tokens is not None  # the schema requires them
         inputs = _random_length(lengths.input_tokens, lengths.random_range_ratio, client.tool)
         outputs = _random_length(lengths.output_tokens, lengths.random_range_ratio, client.tool)
+        if client.tool in _STOPS_AT_EOS and lengths.mean_output_tokens is not None:
+            outputs = stopping_at_eos(outputs, lengths.mean_output_tokens)
         max_total = None
     if client.arrival == "closed_loop":
         assert client.max_concurrency is not None
@@ -199,8 +202,50 @@ def _workload(run: PublicRun) -> Workload:
         arrival = PoissonArrivals(rate_per_s=client.request_rate_per_s, max_concurrency=client.max_concurrency)
     else:
         arrival = OfflineArrivals(max_concurrency=client.max_concurrency)
-    return Workload(name="published-run", description=run.run_key[:1000], arrival=arrival, input_tokens=inputs, output_tokens=outputs,
-                    max_total_tokens=max_total, num_requests=client.num_prompts, seed=0)
+    workload = Workload(name="published-run", description=run.run_key[:1000], arrival=arrival, input_tokens=inputs,
+                        output_tokens=outputs, max_total_tokens=max_total, num_requests=client.num_prompts, seed=0)
+    if lengths.dataset == "sharegpt":
+        return _drawn_with_means(workload, lengths.mean_input_tokens, lengths.mean_output_tokens)
+    return workload
+
+
+def _drawn_with_means(workload: Workload, mean_input_tokens: float | None, mean_output_tokens: float | None,
+                      rounds: int = 60, tolerance: float = 1e-3) -> Workload:
+    """`workload` with its log-normal medians moved until the requests it draws have the published
+    means: a client's mean is that of the prompts it sampled (100 of them in GPUStack's latency runs,
+    whose replies average 221 tokens where ShareGPT's average 202), not the dataset's."""
+    targets = {"input_tokens": mean_input_tokens, "output_tokens": mean_output_tokens}
+    for _ in range(rounds):
+        drawn = dict(zip(("input_tokens", "output_tokens"), draw_lengths(workload)))
+        off = {side: target / float(drawn[side].mean()) for side, target in targets.items() if target is not None}
+        if all(abs(ratio - 1) <= tolerance for ratio in off.values()):
+            break
+        workload = workload.model_copy(update={
+            side: getattr(workload, side).model_copy(update={"median_tokens": getattr(workload, side).median_tokens * ratio})
+            for side, ratio in off.items()})
+    return workload
+
+
+# Clients that leave EOS on for the random dataset: `vllm bench serve` sends max_tokens = the
+# drawn length and ignore_eos only under --ignore-eos, so a request may stop early (GPUStack's
+# gpt-oss-20b runs asked for 200 tokens and got 105 on average). SGLang's bench_serving and vLLM's
+# offline throughput benchmark ignore EOS by default: their lengths are the drawn ones.
+_STOPS_AT_EOS = frozenset({"vllm-bench-serve"})
+
+
+def stopping_at_eos(asked: FixedLength | UniformLength, mean_tokens: float) -> FixedLength | UniformLength:
+    """Output lengths of requests that ask for `asked` tokens but may stop at EOS, where the run
+    generated `mean_tokens` per request: each request generates the same share of what it asked
+    for. The sources publish only the mean; their TPOT P99 sits within a few per cent of the
+    median, which a spread of lengths (a memoryless EOS puts some requests at 2-3 tokens, their
+    one step mixed with a long prefill) would not give. A mean at or above the asked one leaves
+    `asked`."""
+    low, high = (asked.tokens, asked.tokens) if isinstance(asked, FixedLength) else (asked.min_tokens, asked.max_tokens)
+    share = mean_tokens / ((low + high) / 2)
+    if share >= 1:
+        return asked
+    low, high = max(1, round(low * share)), max(1, round(high * share))
+    return FixedLength(tokens=low) if low == high else UniformLength(min_tokens=low, max_tokens=high)
 
 
 def _random_length(nominal: int, ratio: float | None, tool: str) -> FixedLength | UniformLength:

@@ -11,7 +11,8 @@ from planner.memory import plan_memory
 from planner.public.calibration import prepare_all
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import Figures
-from planner.public.replay import ReplayRun, predicted, prepare
+from planner.public.replay import ReplayRun, predicted, prepare, stopping_at_eos
+from planner.workload import FixedLength, UniformLength, draw_lengths
 
 SOURCE = "gpustack-deepseek-r1-h200"
 
@@ -133,3 +134,35 @@ def test_a_server_history_of_other_prompt_lengths_is_refused() -> None:
     data["client"]["served_before"], data["client"]["served_unpublished"] = [], True
     with pytest.raises(ValidationError, match="served_before lists the server's whole history"):
         PublicRun.model_validate(data)
+
+
+def test_outputs_that_stopped_at_eos_replay_at_the_published_mean() -> None:
+    """vllm bench serve leaves EOS on: GPUStack's gpt-oss-20b asked for 200 tokens and generated
+    107 per request, and the replay generates that many. SGLang's client ignores EOS, so its
+    drawn lengths stand whatever a run's mean says; a mean at the asked length changes nothing."""
+    run = next(r for r in public_runs() if r.run_key == "gpustack-gpt-oss-20b-a100/vllm-mxfp4-random4000x200")
+    assert run.client.tool == "vllm-bench-serve" and run.lengths.mean_output_tokens == 107.06
+    replay = prepare(run)
+    assert isinstance(replay, ReplayRun)
+    assert replay.workload.output_tokens == FixedLength(tokens=107)
+    # SGLang's client at range ratio 1 asks for exactly 200 tokens, and gets them.
+    as_sglang = run.model_copy(update={"client": run.client.model_copy(update={"tool": "sglang-bench-serving"}),
+                                       "lengths": run.lengths.model_copy(update={"random_range_ratio": 1.0})})
+    replay = prepare(as_sglang)
+    assert isinstance(replay, ReplayRun) and replay.workload.output_tokens == FixedLength(tokens=200)
+    assert stopping_at_eos(FixedLength(tokens=200), 200.0) == FixedLength(tokens=200)
+    # A spread of asked lengths keeps its shape: each request generates the same share of its ask.
+    assert stopping_at_eos(UniformLength(min_tokens=100, max_tokens=300), 150.0) == UniformLength(min_tokens=75, max_tokens=225)
+
+
+def test_a_sharegpt_run_replays_the_sample_its_client_drew() -> None:
+    """GPUStack's latency runs sampled 100 ShareGPT prompts whose replies average 220.6 tokens
+    (ShareGPT's average under vLLM's filters is 201.6): the replay draws 100 requests with the
+    published means, not the dataset's."""
+    run = next(r for r in public_runs() if r.run_key == "gpustack-qwen3-8b-h100-latency/vllm-bf16-sharegpt-c4")
+    assert run.client.num_prompts == 100 and run.lengths.mean_output_tokens == 220.61
+    replay = prepare(run)
+    assert isinstance(replay, ReplayRun)
+    inputs, outputs = draw_lengths(replay.workload)
+    assert inputs.mean() == pytest.approx(run.lengths.mean_input_tokens, rel=1e-3)
+    assert outputs.mean() == pytest.approx(220.61, rel=1e-3)
