@@ -22,8 +22,8 @@ Rules worth knowing (all listed by `assumptions()`):
   in expectation (uniform routing); expert weight bytes scale with that, FLOPs with T x k, and the
   grouped GEMM's efficiency follows the rows per touched expert, times the engine's fused-MoE
   kernel share (moe_kernel_efficiency) and the GPU family's grouped-GEMM share.
-- MLA (DeepSeek): absorbed formulation throughout; the KV latent is read once per token and
-  is replicated on every TP rank.
+- MLA (DeepSeek): decode in the absorbed formulation, prefill attention expanded (as the engines
+  run them); the KV latent is read once per token and is replicated on every TP rank.
 """
 
 from __future__ import annotations
@@ -277,8 +277,10 @@ class CostModel:
         rows = s.dense_rows - (1.0 - ops.prefill_row_share) * s.prefill_tokens
         r = self._rows(rows, s.sampled_rows, draft)
         work = [r.flops, r.bytes]
-        attention = self._attention(s.decode_tokens, s.decode_pairs, s.decode_kv, work) + self._attention(
-            s.prefill_tokens * ops.prefill_row_share, s.prefill_pairs, s.prefill_kv * ops.attention.prefill_kv_reads, work)
+        a = ops.attention
+        attention = self._attention(s.decode_tokens, s.decode_pairs * a.flops_per_pair, s.decode_kv, work) + self._attention(
+            s.prefill_tokens * ops.prefill_row_share, s.prefill_pairs * a.prefill_flops_per_pair,
+            s.prefill_kv * a.prefill_kv_reads, work)
         device = (r.qkv, r.o, attention, r.mlp, r.moe, r.router, r.norms, r.lm_head, r.sampling,
                   *self._communication(s, rows), r.pp)
         if isinstance(s.graph, np.ndarray) or not s.graph:
@@ -393,7 +395,7 @@ class CostModel:
                 "of a prefill chunk, stores and scans 1/cp of each sequence's cache; per layer an all-gather of the "
                 "chunk's K/V and one of the decode tokens' partial attention outputs")
         if model.mla is not None:
-            notes.append("MLA: absorbed formulation; the KV latent is replicated on every TP rank; projections split over TP")
+            notes.append("MLA: absorbed decode, expanded prefill attention; the KV latent is replicated on every TP rank; projections split over TP")
         spec = dep.knobs.speculative
         if spec is not None:
             notes.append(
@@ -482,9 +484,9 @@ class CostModel:
         roofline = _max(compute / p.grouped_gemm_efficiency, nbytes * self._s_per_byte) / p.moe_kernel_efficiency
         return (e.kernels * p.kernel_latency_s + roofline) * _present(rows)
 
-    def _attention(self, tokens: Number, pairs: Number, kv_tokens: Number, work: list[Number]) -> Number:
+    def _attention(self, tokens: Number, flops: Number, kv_tokens: Number, work: list[Number]) -> Number:
         a = self.ops.attention
-        flops, nbytes = pairs * a.flops_per_pair, kv_tokens * a.kv_bytes_per_token + tokens * a.act_bytes_per_row
+        nbytes = kv_tokens * a.kv_bytes_per_token + tokens * a.act_bytes_per_row
         work[0] += flops
         work[1] += nbytes
         device = a.kernels * self.params.kernel_latency_s + _max(flops * self._s_per_attn_flop, nbytes * self._s_per_kv_byte)

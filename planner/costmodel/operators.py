@@ -65,7 +65,8 @@ class Experts:
 
 @dataclass(frozen=True)
 class Attention:
-    flops_per_pair: float  # one (query, key) pair, one layer, on one GPU's share of it
+    flops_per_pair: float  # one (query, key) pair of a decode, one layer, on one GPU's share of it
+    prefill_flops_per_pair: float  # the same for a prefill (MLA: the expanded form, see `operators`)
     kv_bytes_per_token: float  # one token's K/V in one layer, one GPU's share of the replica's cache
     act_bytes_per_row: float  # new K/V written, Q read, output written: all layers
     kernels: float
@@ -137,10 +138,17 @@ def build_operators(model: ModelConfig, dep: Deployment) -> Operators:
         o_params = n * m.v_head_dim * h
         q_out, o_in = n * (m.qk_nope_head_dim + m.qk_rope_head_dim), n * m.v_head_dim
         qkv_out = q_out + m.kv_lora_rank + m.qk_rope_head_dim
+        # Engines decode MLA absorbed (scores and values over the latent: FlashMLA, SGLang's MLA
+        # path) but prefill it expanded: K and V up-projected per head, scores over the qk head
+        # dims, values over v_head_dim (vLLM's MLACommonImpl prefill, SGLang's MHA extend path,
+        # TensorRT-LLM's context phase), 3.4x fewer FLOPs per pair for DeepSeek-V3. The
+        # up-projection of the new tokens costs what absorbing it into their queries does.
+        prefill_pair = 2.0 * n * (m.qk_nope_head_dim + m.qk_rope_head_dim + m.v_head_dim)
     else:
         o_params = n * model.head_dim * h
         q_out = o_in = n * model.head_dim
         qkv_out = q_out + 2 * model.num_kv_heads * model.head_dim
+        prefill_pair = model.attention_flops_per_token(1) / L
     qkv_params = model.attention_params_per_layer() - o_params  # biases, q/k norms and sinks ride with qkv
 
     n_moe = model.num_moe_layers
@@ -175,7 +183,7 @@ def build_operators(model: ModelConfig, dep: Deployment) -> Operators:
         experts=experts,
         router=router,
         lm_head=Gemm(2 * V * h / tp, V * h / tp * high, h * act + V / tp * LOGIT_BYTES, 0.0, 1, high_precision=True),
-        attention=Attention(model.attention_flops_per_token(1) / L / tp / cp, kv_tok,
+        attention=Attention(model.attention_flops_per_token(1) / L / tp / cp, prefill_pair / tp / cp, kv_tok,
                             L * (kv_tok + (q_out + o_in) / tp * act), 3 * L, prefill_kv_reads=cp),
         norm_bytes_per_row=((L * model.norms_per_layer + 1) * NORM_TRAFFIC * h + h) * act,
         norm_kernels=L * (model.norms_per_layer + (2 if model.qk_norm else 0)) + 2,

@@ -276,6 +276,23 @@ def test_mla_reads_the_latent() -> None:
     assert long - short == pytest.approx(kv_time, rel=1e-6)
 
 
+def test_mla_prefills_expanded_and_decodes_absorbed() -> None:
+    """A query token's attention FLOPs per key, per layer: a prefill's over the expanded heads (qk
+    192 + v 128 dims for DeepSeek-V3's 128 heads), a decode's over the latent (512 + 64, then 512)."""
+    cm = cost(model="deepseek-v3", hw="h200", tensor_parallel=8, weight_dtype="fp8")
+    layers = resolve_model("deepseek-v3").num_layers
+
+    def attention_flops(step_rows: list[tuple[int, int, bool]], more_context: int) -> float:
+        grown = [(q, c + more_context, prefill) for q, c, prefill in step_rows]
+        return cm.shape_cost(grown).flops - cm.shape_cost(step_rows).flops
+
+    per_gpu_heads = 128 / 8
+    assert attention_flops([(1000, 1000, True)], 1000) == pytest.approx(
+        1000 * 1000 * layers * 2 * per_gpu_heads * (128 + 64 + 128))
+    assert attention_flops([(1, 1000, False)] * 32, 1000) == pytest.approx(
+        32 * 1000 * layers * 2 * per_gpu_heads * (512 + 64 + 512))
+
+
 def test_breakdown_sums_to_step_time_for_mixed_steps() -> None:
     out = step(req(1, 900), req(1, 50), req(3, 300, prefill=False, drafts=2), req(512, 1024, samples=False), req(700))
     for cm in (cost(), cost(tensor_parallel=2, pipeline_parallel=2), cost(model="qwen3-30b-a3b", tensor_parallel=2),
