@@ -18,12 +18,14 @@ import platform
 import time
 
 from engine.catalog import resolve_model
+from engine.core.compiled import is_compiled
 from planner.hardware import get_hardware
 from planner.sim import simulate
 from planner.specs import Deployment
 from planner.workload import get_workload
 
 MODES = {"bulk": True, "one_by_one": False}
+CORE = "compiled (mypyc)" if is_compiled() else "pure Python"  # `make core` compiles it
 
 
 def _measure(model, hw, dep, workload, bulk: bool) -> tuple[dict[str, float], object]:
@@ -62,6 +64,7 @@ def main() -> None:
         summary = summaries["bulk"]
         rows.append({
             "rate_per_s": rate,
+            "core": CORE,
             "requests": summary.num_finished,
             "steps": summary.num_steps,
             "simulated_s": round(summary.duration_s, 1),
@@ -72,7 +75,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(rows, indent=2))
         return
-    print(f"{args.requests:,} {args.workload} requests, {args.model} on 1 x {args.hw}; {platform.processor() or platform.machine()}")
+    print(f"{args.requests:,} {args.workload} requests, {args.model} on 1 x {args.hw}; "
+          f"{platform.processor() or platform.machine()}; engine core {CORE}")
     for r in rows:
         print(f"  rate {r['rate_per_s']:g}/s: {r['simulated_s']:.1f} s simulated, {r['steps']:,} steps, mean batch "
               f"{r['mean_running']}; summaries identical")

@@ -236,8 +236,7 @@ def _since(before: WorkerStats, after: WorkerStats) -> SchedulerStats:
     return dataclasses.replace(
         a, num_requests=a.num_requests - b.num_requests, num_preemptions=a.num_preemptions - b.num_preemptions,
         num_steps=a.num_steps - b.num_steps, num_finished={k: v - b.num_finished.get(k, 0) for k, v in a.num_finished.items()},
-        prefix_cache=PrefixCacheStats(*(x - y for x, y in zip(vars(a.prefix_cache).values(), vars(b.prefix_cache).values(),
-                                                                  strict=True))))
+        prefix_cache=a.prefix_cache - b.prefix_cache)
 
 
 def _reasons(stats: list[SchedulerStats]) -> dict[str, int]:

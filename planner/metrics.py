@@ -16,7 +16,7 @@ tail does not pass for a slow server.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 import itertools
 from typing import Literal
 
@@ -370,7 +370,7 @@ def summarize(
 def _offload(tiers: TierStats | None, prefix: PrefixCacheStats) -> OffloadStats | None:
     if tiers is None:
         return None
-    return OffloadStats(host_hit_tokens=prefix.host_hit_tokens, disk_hit_tokens=prefix.disk_hit_tokens, **vars(tiers))
+    return OffloadStats(host_hit_tokens=prefix.host_hit_tokens, disk_hit_tokens=prefix.disk_hit_tokens, **asdict(tiers))
 
 
 def _transfers(records: list[KVTransferRecord] | None) -> TransferStats | None:

@@ -3,12 +3,17 @@
 Shared by the PyTorch engine and the planner's simulator; imports only the standard library.
 """
 
+from engine.core.compiled import check
+
+check()  # before any compiled module is imported: refuse one built from other sources
+
 from engine.core.block_pool import BlockPool, KVCacheBlock
 from engine.core.kv_cache_manager import KVCacheManager, PrefixCacheStats, hash_block_tokens
 from engine.core.kv_tiers import BlockCopy, ExternalLoad, KVTiers, KVTransfers, TierStats
 from engine.core.metrics import RequestMetrics, StepSample
-from engine.core.request import BlockHash, Request, RequestStatus, SamplingParams, StructuredOutput
+from engine.core.request import BlockHash, Request, RequestStatus
 from engine.core.request_queue import FCFSQueue, PriorityQueue, RequestQueue
+from engine.core.sampling_params import SamplingParams, StructuredOutput
 from engine.core.scheduler import (
     RequestUpdate,
     ScheduledRequest,

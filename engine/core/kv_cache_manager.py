@@ -6,12 +6,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from hashlib import blake2b
 
 from engine.core.block_pool import BlockPool, KVCacheBlock
+from engine.core.by_fields import PickledByFields
 from engine.core.kv_tiers import BlockCopy, ExternalLoad, KVTiers, KVTransfers, Tier, TierStats
-from engine.core.request import BlockHash, ExtraKey, Request, SamplingParams
+from engine.core.request import BlockHash, ExtraKey, Request
+from engine.core.sampling_params import SamplingParams
 from engine.core.window_blocks import WindowBlocks, WindowGroups, blocks_to_hold
 
 # Parent of a request's first block: a fixed value keeps hashes identical across processes.
@@ -48,7 +50,7 @@ def _extra_bytes(extra_key: ExtraKey) -> bytes:
 
 
 @dataclass(frozen=True)
-class PrefixCacheStats:
+class PrefixCacheStats(PickledByFields):
     """Counted once per admission (first schedule or resume), not per lookup: a request that
     waits at the head of the queue for many steps is looked up many times."""
 
@@ -68,7 +70,10 @@ class PrefixCacheStats:
         return self.all_hit_tokens / self.query_tokens if self.query_tokens else 0.0
 
     def __add__(self, other: PrefixCacheStats) -> PrefixCacheStats:
-        return PrefixCacheStats(*(a + b for a, b in zip(vars(self).values(), vars(other).values(), strict=True)))
+        return PrefixCacheStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def __sub__(self, other: PrefixCacheStats) -> PrefixCacheStats:
+        return PrefixCacheStats(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
 
 
 class KVCacheManager:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, NamedTuple
 
+from engine.core.by_fields import PickledByFields
 from engine.core.request import BlockHash
 
 Tier = Literal["host", "disk"]
@@ -45,7 +46,7 @@ class ExternalLoad(NamedTuple):
 
 
 @dataclass(frozen=True)
-class KVTransfers:
+class KVTransfers(PickledByFields):
     """What the runner copies before a step's forward pass: `copies` in order (a later copy may read
     what an earlier one wrote, or reuse a slot an earlier one emptied), then `external` loads."""
 
@@ -61,7 +62,7 @@ class KVTransfers:
 
 
 @dataclass(frozen=True)
-class TierStats:
+class TierStats(PickledByFields):
     """Blocks copied between the places, over the run (each counted once, when scheduled)."""
 
     stored_blocks: int = 0  # device -> host: evicted cached blocks and swap-outs
@@ -159,7 +160,8 @@ class KVTiers:
         return self._stats
 
     def _count(self, **increments: int) -> None:
-        self._stats = TierStats(**{k: v + increments.get(k, 0) for k, v in vars(self._stats).items()})
+        stats = self._stats
+        self._stats = TierStats(**{f.name: getattr(stats, f.name) + increments.get(f.name, 0) for f in fields(stats)})
 
     def begin_step(self) -> None:
         self.host.begin_step()

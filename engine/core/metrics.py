@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import operator
 from typing import NamedTuple
 
+from engine.core.by_fields import PickledByFields
 from engine.core.request import Request
 
 
@@ -27,7 +28,7 @@ class StepSample(NamedTuple):
 
 
 @dataclass(frozen=True)
-class RequestMetrics:
+class RequestMetrics(PickledByFields):
     request_id: str
     arrival_time: float
     prompt_tokens: int

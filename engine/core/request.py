@@ -4,58 +4,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Literal, NewType
+from typing import NewType
 
-from engine.core.errors import InputError
-
-StructuredOutputKind = Literal["json_schema", "regex", "grammar"]
-
-
-@dataclass(frozen=True)
-class StructuredOutput:
-    """A constraint on a request's output, which the sampler applies as a token mask: a JSON
-    schema (as JSON text), a regular expression, or an EBNF grammar (xgrammar's dialect). Plain
-    strings, so that SamplingParams stays hashable and the core stays free of the grammar library."""
-
-    kind: StructuredOutputKind
-    spec: str
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("json_schema", "regex", "grammar"):
-            raise InputError("structured_output.kind", self.kind, "must be 'json_schema', 'regex' or 'grammar'")
-        if not self.spec:
-            raise InputError("structured_output.spec", self.spec, "must not be empty")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int = 16
-    temperature: float = 0.0  # 0 means greedy
-    top_k: int = 0  # 0 means off
-    top_p: float = 1.0
-    seed: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-    structured_output: StructuredOutput | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_tokens < 1:
-            raise InputError("max_tokens", self.max_tokens, "must be >= 1")
-        if not self.temperature >= 0.0:  # also rejects NaN
-            raise InputError("temperature", self.temperature, "must be >= 0 (0 = greedy)")
-        if self.top_k < 0:
-            raise InputError("top_k", self.top_k, "must be >= 0 (0 = off)")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InputError("top_p", self.top_p, "must be in (0, 1]")
-        if self.seed is not None and self.seed < 0:
-            raise InputError("seed", self.seed, "must be None or >= 0")
-        # A list would make the params unhashable and mutable behind the scheduler's back.
-        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        if any(t < 0 for t in self.stop_token_ids):
-            raise InputError("stop_token_ids", self.stop_token_ids, "token ids must be >= 0")
-        if self.structured_output is not None and self.ignore_eos:
-            # A complete structured output ends on EOS, the only token its mask then allows.
-            raise InputError("ignore_eos", True, "cannot go with a structured_output: the output ends when it is complete")
+from engine.core.sampling_params import SamplingParams
 
 
 class RequestStatus(enum.Enum):
@@ -106,29 +57,47 @@ class Request:
     # values do not matter for timing. Taken as computed at first admission, like a prefix hit.
     num_external_computed_tokens: int = 0
 
-    output_token_ids: list[int] = field(default_factory=list, init=False)
-    status: RequestStatus = field(default=RequestStatus.WAITING, init=False)
-    num_computed_tokens: int = field(default=0, init=False)
-    num_cached_tokens: int = field(default=0, init=False)  # prefix-cache hit at first admission
-    spec_token_ids: list[int] = field(default_factory=list, init=False)  # set by the proposer
-    first_scheduled_time: float | None = field(default=None, init=False)
-    first_token_time: float | None = field(default=None, init=False)
-    token_times: list[float] = field(default_factory=list, init=False)
-    finish_time: float | None = field(default=None, init=False)
-    finish_reason: str | None = field(default=None, init=False)
-    num_preemptions: int = field(default=0, init=False)
+    output_token_ids: list[int] = field(init=False)
+    status: RequestStatus = field(init=False)
+    num_computed_tokens: int = field(init=False)
+    num_cached_tokens: int = field(init=False)  # prefix-cache hit at first admission
+    spec_token_ids: list[int] = field(init=False)  # set by the proposer
+    first_scheduled_time: float | None = field(init=False)
+    first_token_time: float | None = field(init=False)
+    token_times: list[float] = field(init=False)
+    finish_time: float | None = field(init=False)
+    finish_reason: str | None = field(init=False)
+    num_preemptions: int = field(init=False)
     # Hashes of the full blocks of known tokens, extended lazily by the KV-cache manager.
-    block_hashes: list[BlockHash] = field(default_factory=list, init=False, repr=False)
+    block_hashes: list[BlockHash] = field(init=False, repr=False)
     # While the scheduler applies its decodes in bulk (engine/core/bulk_decodes.py): the bulk step
     # its token fields are exact as of, and the one in which it is next looked at; -1 otherwise.
-    bulk_since: int = field(default=-1, init=False, repr=False)
-    bulk_until: int = field(default=-1, init=False, repr=False)
+    bulk_since: int = field(init=False, repr=False)
+    bulk_until: int = field(init=False, repr=False)
     # The bulk step of its next block event, owed rather than looked at; -1: none owed.
-    bulk_owed: int = field(default=-1, init=False, repr=False)
+    bulk_owed: int = field(init=False, repr=False)
     # Its place in the scheduler's running list: admissions are numbered, and the list stays in that order.
-    running_seq: int = field(default=-1, init=False, repr=False)
+    running_seq: int = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
+        # The state fields start here, not as field defaults: mypyc's compiled dataclasses do not set
+        # the defaults of fields outside __init__ (engine/core is compiled: Makefile, `core`).
+        self.output_token_ids = []
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0
+        self.spec_token_ids = []
+        self.first_scheduled_time = None
+        self.first_token_time = None
+        self.token_times = []
+        self.finish_time = None
+        self.finish_reason = None
+        self.num_preemptions = 0
+        self.block_hashes = []
+        self.bulk_since = -1
+        self.bulk_until = -1
+        self.bulk_owed = -1
+        self.running_seq = -1
         if not 0 <= self.num_external_computed_tokens < max(1, len(self.prompt_token_ids)):
             raise ValueError(
                 f"request {self.request_id!r}: num_external_computed_tokens={self.num_external_computed_tokens} "

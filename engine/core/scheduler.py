@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
 from engine.core.bulk_decodes import NO_BULK, BulkDecodes, BulkShape
+from engine.core.by_fields import PickledByFields
 from engine.core.errors import InputError
 from engine.core.kv_cache_manager import KVCacheManager, PrefixCacheStats
 from engine.core.kv_tiers import KVTransfers, TierStats
-from engine.core.request import FINISH_REASONS, Request, RequestStatus, SamplingParams
+from engine.core.request import FINISH_REASONS, Request, RequestStatus
 from engine.core.request_queue import RequestQueue, make_request_queue
+from engine.core.sampling_params import SamplingParams
 
 # A place in a step after every running request: where admissions and a step's results come.
 _END_OF_STEP = 1 << 62
@@ -28,7 +30,7 @@ PreemptionMode = Literal["recompute", "swap"]
 
 
 @dataclass(frozen=True)
-class OutputReservation:
+class OutputReservation(PickledByFields):
     """Admit a request only if the free KV cache also holds `ratio` x the output tokens every
     running request (and the new one) may still produce. ratio 1 never preempts (TensorRT-LLM's
     GUARANTEED_NO_EVICT); SGLang starts high and decays towards a floor as requests finish early,
@@ -47,7 +49,7 @@ class OutputReservation:
 
 
 @dataclass(frozen=True)
-class SchedulerConfig:
+class SchedulerConfig(PickledByFields):
     max_num_batched_tokens: int
     max_num_seqs: int
     max_model_len: int
@@ -120,7 +122,7 @@ class ScheduledRequest(NamedTuple):
 
 
 @dataclass(frozen=True)
-class SchedulerOutput:
+class SchedulerOutput(PickledByFields):
     scheduled: tuple[ScheduledRequest, ...]
     total_num_scheduled_tokens: int
     preempted_request_ids: tuple[str, ...]
@@ -162,7 +164,7 @@ class RequestUpdate(NamedTuple):
 
 
 @dataclass(frozen=True)
-class SchedulerStats:
+class SchedulerStats(PickledByFields):
     num_requests: int  # accepted by add_request
     num_waiting: int
     num_running: int
@@ -222,9 +224,8 @@ class Scheduler:
         self._group_updates: list[RequestUpdate] = []
         self._group_requests: list[tuple[Request, int]] = []  # (request, its first token of the group)
         # One-token blocks change every decode (a block each step), as do drafts and multi-step groups.
-        bulk = (decode_token is not None and config.block_size > 1 and not config.num_speculative_tokens
-                and config.num_scheduler_steps == 1)
-        self._bulk = BulkDecodes(decode_token) if bulk else None
+        bulk = config.block_size > 1 and not config.num_speculative_tokens and config.num_scheduler_steps == 1
+        self._bulk = BulkDecodes(decode_token) if bulk and decode_token is not None else None
 
     # ---- intake ---------------------------------------------------------------------------
 
@@ -268,7 +269,7 @@ class Scheduler:
         if request.is_finished:
             return False
         if request.bulk_since >= 0:
-            self._bulk.leave(request)
+            self._members.leave(request)
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
             self._remaining_outputs -= request.max_tokens - request.num_output_tokens
@@ -405,7 +406,7 @@ class Scheduler:
                     if not prefills_only and victim_index < i:  # counted in this step already
                         step.budget += 1
                         step.num_bulk -= 1
-                    self._bulk.leave(victim)
+                    self._members.leave(victim)
                 self._preempt(victim, step)
                 if victim is request:
                     break
@@ -425,11 +426,17 @@ class Scheduler:
         # request admitted can be part-way through its prompt (anyone admitted after it found budget
         # left, so it had finished). schedule() checks that no bulk decode was missed.
 
+    @property
+    def _members(self) -> BulkDecodes:
+        """The bulk decodes, where the caller holds a request in bulk or an owed event: they are on."""
+        assert self._bulk is not None, "bulk decodes are off, so no request can be in bulk"
+        return self._bulk
+
     def _bulk_event(self, request: Request) -> bool:
         """A bulk decode looked at in this step: a block it could not owe, taken here in its place, keeps
         it in bulk (True); its last token, or a pool without a free block, hands it back to one-by-one
         handling (False)."""
-        bulk = self._bulk
+        bulk = self._members
         bulk.sync(request)
         if request.num_output_tokens + 1 < request.max_tokens and self.kv_cache_manager.allocate_decode_slot(request):
             self._keep_owed_takes()
@@ -442,7 +449,7 @@ class Scheduler:
         """A member whose fields are exact now (its decode in bulk step `steps` has its slot, or is
         next): owe its next block event, or make it the step it is looked at; with nothing owed it
         is looked at for its last token."""
-        bulk, kv = self._bulk, self.kv_cache_manager
+        bulk, kv = self._members, self.kv_cache_manager
         # Counted in decode steps from bulk step `steps` (0).
         take, full = kv.decode_block_steps(request)
         last = request.max_tokens - request.num_output_tokens - 1
@@ -456,7 +463,7 @@ class Scheduler:
     def _settle(self, step: int, seq: int) -> None:
         """Pay the block events bulk decodes owe before place `seq` of bulk step `step`, in the order
         one by one meets them (engine/core/bulk_decodes.py)."""
-        bulk, kv = self._bulk, self.kv_cache_manager
+        bulk, kv = self._members, self.kv_cache_manager
         bs = self.config.block_size
         # After a block's registration comes the block after it; after a block, its registration once
         # full (the step before the next block), or without prefix caching that next block.
@@ -484,7 +491,7 @@ class Scheduler:
 
     def _join_bulk(self, request: Request) -> None:
         """After a step that sampled for it: into bulk, unless its next decode is its last token anyway."""
-        bulk = self._bulk
+        bulk = self._members
         params = request.sampling_params
         if (bulk.token == request.eos_token_id and not params.ignore_eos) or bulk.token in params.stop_token_ids:
             return  # the decode token ends it
@@ -778,7 +785,7 @@ class Scheduler:
     def get_request(self, request_id: str) -> Request:
         request = self.requests[request_id]
         if request.bulk_since >= 0:
-            self._bulk.sync(request)
+            self._members.sync(request)
         return request
 
     @property

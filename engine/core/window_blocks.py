@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.core.block_pool import KVCacheBlock
+from engine.core.by_fields import PickledByFields
 
 
 @dataclass(frozen=True)
-class WindowGroups:
+class WindowGroups(PickledByFields):
     """`groups` groups of sliding-window layers with a window of `window_tokens` tokens, beside the
     full-attention group(s) a KVCacheManager always keeps."""
 
@@ -57,7 +58,7 @@ def blocks_to_hold(num_tokens: int, block_size: int, window: WindowGroups | None
 
 
 @dataclass(frozen=True)
-class WindowChange:
+class WindowChange(PickledByFields):
     """What one allocation does to a request's window blocks, all groups together."""
 
     drop: int  # blocks given back: the leading positions, now outside the window

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from engine.catalog import resolve_model
+from engine.core import Request, Scheduler
 from engine.errors import InputError
 from planner.calibrate import (
     Calibration, StepMeasurement, calibrate, detect_device, fit_cost_params, grid_blocks_needed, load_calibration,
@@ -90,8 +91,19 @@ def test_a_grid_batch_of_decodes_computes_distinct_tokens(tiny: Path, monkeypatc
     llm = LLM(str(tiny), device="cpu", dtype="float32", random_weights=True,
               num_kv_blocks=grid_blocks_needed(grid, 16, 2), enable_prefix_caching=False)
     prompts: list[list[int]] = []
-    add = llm.scheduler.add_request
-    monkeypatch.setattr(llm.scheduler, "add_request", lambda request: (prompts.append(request.prompt_token_ids), add(request))[1])
+
+    class Recording:  # the scheduler, recording what it is given (a compiled core's methods cannot be patched)
+        def __init__(self, scheduler: Scheduler) -> None:
+            self._scheduler = scheduler
+
+        def add_request(self, request: Request) -> None:
+            prompts.append(request.prompt_token_ids)
+            self._scheduler.add_request(request)
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self._scheduler, name)
+
+    monkeypatch.setattr(llm, "scheduler", Recording(llm.scheduler))
     measure_steps(llm, grid, repeats=2)
     assert len(prompts) == 8 and len({p[-1] for p in prompts}) == 8
 

@@ -8,7 +8,7 @@ import pytest
 
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs
-from engine.core.request import SamplingParams
+from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.errors import InputError
 from planner.costmodel import OPERATORS, CostModel, CostParams, expected_distinct_experts, gemm_compute_dtype
