@@ -31,7 +31,7 @@ bytes read at the link's bandwidth.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -45,6 +45,8 @@ def bus_factor(kind: Collective, ranks: int) -> float:
     return (2.0 if kind == "all_reduce" else 1.0) * (ranks - 1) / ranks
 
 
+# Payloads whose price one CollectiveCost keeps (a step's payload is rows x bytes per row: one per row count).
+MAX_MEMO_PAYLOADS = 8192
 # vLLM's custom all-reduce runs on these group sizes only (CustomAllreduce._SUPPORTED_WORLD_SIZES).
 CUSTOM_ALL_REDUCE_RANKS = frozenset({2, 4, 6, 8})
 
@@ -82,6 +84,10 @@ class CollectiveCost:
     time_scale: float = 1.0  # CostParams.collective_time_scale
     # Payloads under this many bytes take the engine's custom all-reduce (0: none, every call is NCCL's).
     custom_max_bytes: int = 0
+    # Seconds by payload, for the simulator's one step at a time: a step's payload follows its rows,
+    # which recur, and pricing one on a curve (logs, interpolation) cost more than the rest of a
+    # tensor-parallel decode step's pricing together.
+    _memo: dict[float, float] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def curve(self) -> CollectiveCurve | None:
@@ -89,6 +95,16 @@ class CollectiveCost:
 
     def seconds(self, payload_bytes: Number) -> Number:
         """Seconds of one call moving `payload_bytes` (nccl-tests' size); arrays price many at once."""
+        if isinstance(payload_bytes, np.ndarray):
+            return self._price(payload_bytes)
+        seconds = self._memo.get(payload_bytes)
+        if seconds is None:
+            if len(self._memo) >= MAX_MEMO_PAYLOADS:
+                self._memo.clear()
+            seconds = self._memo[payload_bytes] = float(self._price(payload_bytes))
+        return seconds
+
+    def _price(self, payload_bytes: Number) -> Number:
         if not self.custom_max_bytes:
             return self._nccl_seconds(payload_bytes)
         if isinstance(payload_bytes, np.ndarray):

@@ -164,7 +164,12 @@ def enumerate_candidates(model: ModelConfig, profiles: Sequence[HardwareProfile]
                 if tried[-1].memory.fits:
                     break
             out += tried
-    return out
+    # A knob setting that is the engine's own default on this hardware (vLLM's 2,048 tokens and 256
+    # sequences on an A100) makes the same deployment as the defaults: each is searched once.
+    unique: dict[str, Candidate] = {}
+    for c in out:
+        unique.setdefault(c.dep.model_dump_json(), c)
+    return list(unique.values())
 
 
 def variants(candidates: Sequence[Candidate], knobs: EngineKnobs, ratios: Sequence[tuple[int, int]],

@@ -11,7 +11,7 @@ import pytest
 
 from engine.catalog import resolve_model
 from planner.costmodel import OPERATORS, CostModel, CostParams
-from planner.costmodel.comm import CollectiveCost, bus_factor, custom_all_reduce_stages
+from planner.costmodel.comm import MAX_MEMO_PAYLOADS, CollectiveCost, bus_factor, custom_all_reduce_stages
 from planner.costmodel.model import COMM_OPERATORS
 from planner.engines import get_engine
 from planner.hardware import get_hardware
@@ -84,6 +84,19 @@ def test_a_measured_custom_all_reduce_curve_prices_the_kernel_up_to_its_last_poi
     with pytest.raises(ValidationError, match="one curve per rank count"):
         LINK.model_copy(update={"custom_all_reduce": (two, two)}).model_validate(
             {**LINK.model_dump(), "custom_all_reduce": [two.model_dump(), two.model_dump()]})
+
+
+def test_a_payload_priced_again_costs_what_it_cost_the_first_time() -> None:
+    """One step at a time, prices are kept by payload (CollectiveCost._memo): a second call, and
+    calls past the memo's bound, give the first call's seconds, and arrays price alike."""
+    cost = CollectiveCost("all_reduce", 8, LINK, 0.8, time_scale=1.5, custom_max_bytes=8 << 20)
+    sizes = np.geomspace(1.0, 1e9, 300)
+    first = [cost.seconds(float(b)) for b in sizes]
+    assert [cost.seconds(float(b)) for b in sizes] == first
+    assert first == pytest.approx(cost.seconds(sizes), rel=1e-12)
+    for b in range(MAX_MEMO_PAYLOADS + 10):  # the memo is cleared when full, not grown
+        cost.seconds(float(b))
+    assert [cost.seconds(float(b)) for b in sizes] == first
 
 
 def test_hopper_decode_all_reduces_cost_what_the_kernel_was_measured_at() -> None:
