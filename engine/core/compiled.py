@@ -19,13 +19,11 @@ import json
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# Every module of the core but the package's __init__ (which runs check() first), this one, and
+# Left interpreted: the package's __init__ (which runs check() first), this module, and
 # sampling_params (the user's settings: its checks name the field, where a compiled dataclass would
-# refuse a wrong type with mypyc's own message first).
-MODULES: tuple[str, ...] = (
-    "block_pool", "bulk_decodes", "by_fields", "errors", "kv_cache_manager", "kv_tiers", "metrics", "request",
-    "request_queue", "scheduler", "speculative", "step_loop", "window_blocks",
-)
+# refuse a wrong type with mypyc's own message first). Every other module of the core is compiled.
+INTERPRETED = frozenset({"__init__", "compiled", "sampling_params"})
+MODULES: tuple[str, ...] = tuple(sorted(p.stem for p in HERE.glob("*.py") if p.stem not in INTERPRETED))
 MANIFEST = HERE / "_compiled.json"  # what each extension was compiled from
 GROUP = "engine.core._core"  # mypyc's shared library: engine/core/_core__mypyc.*.so
 

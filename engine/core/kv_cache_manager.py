@@ -5,9 +5,10 @@ with sliding-window groups, the window's blocks beside the full-attention ones (
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from hashlib import blake2b
+import operator
 
 from engine.core.block_pool import BlockPool, KVCacheBlock
 from engine.core.by_fields import PickledByFields
@@ -70,10 +71,13 @@ class PrefixCacheStats(PickledByFields):
         return self.all_hit_tokens / self.query_tokens if self.query_tokens else 0.0
 
     def __add__(self, other: PrefixCacheStats) -> PrefixCacheStats:
-        return PrefixCacheStats(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+        return self._combine(other, operator.add)
 
     def __sub__(self, other: PrefixCacheStats) -> PrefixCacheStats:
-        return PrefixCacheStats(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
+        return self._combine(other, operator.sub)
+
+    def _combine(self, other: PrefixCacheStats, op: Callable[[int, int], int]) -> PrefixCacheStats:
+        return PrefixCacheStats(*(op(getattr(self, f.name), getattr(other, f.name)) for f in fields(self)))
 
 
 class KVCacheManager:
