@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import NamedTuple, Protocol
 
+from engine.core.bulk_decodes import BulkShape
 from engine.core.metrics import StepSample
 from engine.core.request import Request
 from engine.core.scheduler import RequestUpdate, Scheduler, SchedulerOutput
@@ -125,6 +126,33 @@ class StepLoop:
                 if update.finished:
                     self.on_finished(self.scheduler.get_request(update.request_id))
         return updates
+
+    def run_bulk(self, first: BulkShape, durations_s: Sequence[float], start_s: float,
+                 before_s: float) -> tuple[int, float]:
+        """Steps of bulk decodes only (Scheduler.bulk_run), back to back from `start_s`: the i-th has the
+        shape `first` grown by i tokens a request and lasts durations_s[i], as the executor priced it
+        ahead. Each is scheduled and updated as launch() and complete() do, on a clock that the caller
+        keeps (the simulator's). Stops at a step that is not certain to be one, or that would not end
+        before `before_s`; returns how many ran and when the last ended."""
+        scheduler, now, ran = self.scheduler, start_s, 0
+        n = first.num_requests
+        for duration in durations_s:
+            end = now + duration
+            if not end < before_s or not scheduler.bulk_run()[0]:
+                break
+            output = scheduler.schedule(now)
+            expected = BulkShape(n, first.context_tokens + ran * n, first.max_context_len + ran)
+            if output.scheduled or output.kv_transfers is not None or output.bulk_decodes != expected:
+                raise RuntimeError(f"step {ran} of a bulk run is not {expected}: Scheduler.bulk_run promised "
+                                   "the same bulk decodes only, each a token longer a step")
+            if output.finished_request_ids:
+                self.executor.forget(output.finished_request_ids)
+            scheduler.update(output, {}, end)
+            if self.on_step is not None:
+                self.on_step(output, StepSample(self.replica, now, end, output.kv_cache_usage, output.num_running,
+                                                output.num_waiting, output.total_num_scheduled_tokens))
+            now, ran = end, ran + 1
+        return ran, now
 
     def _propose(self) -> tuple[dict[str, int], dict[str, int]]:
         assert self.proposer is not None

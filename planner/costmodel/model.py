@@ -34,6 +34,7 @@ from typing import NamedTuple
 import numpy as np
 
 from engine.config import ModelConfig
+from engine.core.bulk_decodes import BulkShape
 from engine.core.scheduler import SchedulerOutput
 from engine.errors import InputError
 from planner.costmodel.comm import CUSTOM_ALL_REDUCE_RANKS, CollectiveCost
@@ -93,6 +94,15 @@ class StepCost(NamedTuple):
 
 
 NO_COST = StepCost(0.0, 0.0, 0.0)
+
+
+class StepCosts(NamedTuple):
+    """StepCost's fields for many steps, as arrays."""
+
+    seconds: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+    comm_seconds: np.ndarray
 # Scalar steps' row terms are memoised per (dense rows, sampled rows): decode steps repeat a few
 # batch sizes all run long. Bounded, as prefill chunks can take many sizes.
 _MAX_MEMO_ROWS = 8192
@@ -227,6 +237,15 @@ class CostModel:
             return StepCost(copy_s, 0.0, 0.0) if copy_s else NO_COST
         times, flops, nbytes = self.times(self.reader.read(output), self._draft_cost(output), copy_s)
         return StepCost(sum(times), flops, nbytes, sum(times[i] for i in _COMM_INDICES))
+
+    def bulk_run(self, first: BulkShape, count: int) -> StepCosts:
+        """Each step of a run of bulk decodes only from `first` (ShapeReader.bulk_run: up to `count`
+        steps), priced at once: what step() gives each of them."""
+        times, flops, nbytes = self.times(self.reader.bulk_run(first, count))
+        seconds = np.asarray(sum(times), dtype=float)
+        steps = seconds.size
+        return StepCosts(seconds, np.broadcast_to(flops, steps), np.broadcast_to(nbytes, steps),
+                         np.broadcast_to(sum(times[i] for i in _COMM_INDICES), steps))
 
     def breakdown(self, output: SchedulerOutput) -> dict[str, float]:
         """Seconds per operator (keys: OPERATORS); the values sum to step_time(output)."""

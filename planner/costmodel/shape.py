@@ -7,7 +7,7 @@ fit evaluates a whole run's steps at once); the operator formulas are written fo
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import numpy as np
 
@@ -120,6 +120,22 @@ class ShapeReader:
             requests, sampled, longest = requests + n, sampled + n, max(longest, bulk.max_context_len)
             d_tok, d_pairs, d_kv = d_tok + n, d_pairs + context, d_kv + context
         return self._shape(d_tok, p_tok, requests, sampled, d_pairs, d_kv, p_pairs, p_kv, longest)
+
+    def bulk_run(self, first: BulkShape, count: int) -> StepShape:
+        """Up to `count` steps of the bulk decodes `first`, each request a token longer a step
+        (engine/core/scheduler.py: Scheduler.bulk_run), with array fields: what `of` gives each step.
+        Fewer where a longest context past the captured graphs' would make later steps eager."""
+        s = self.of((), first)
+        limit = self._graphs.max_context
+        if s.graph and limit is not None:
+            count = min(count, limit - first.max_context_len + 1)
+        i = np.arange(count, dtype=float)
+        n = first.num_requests
+        if self._dense:  # every decode reads the batch's longest
+            kv = float(n) * (first.max_context_len + i) * self._layers
+        else:
+            kv = (first.context_tokens + i * n) * self._layers
+        return replace(s, decode_pairs=kv, decode_kv=kv)
 
     def _dense_shape(self, rows: Iterable[tuple[int, int, bool, int]], bulk: BulkShape) -> StepShape:
         """Pairs and KV reads of a kernel that neither skips masked pairs nor honours windows: each

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 
 from engine.core import ExecutedStep, SchedulerOutput
 from planner.costmodel import CostModel
+from planner.costmodel.model import StepCosts
 from planner.sim.speculative import SyntheticDrafts
 
 SYNTHETIC_TOKEN_ID = 0
@@ -34,6 +35,15 @@ class CostModelExecutor:
         else:
             sampled = self.drafts.sampled(output)
         return ExecutedStep(sampled, cost.seconds)
+
+    def account(self, costs: StepCosts, steps: int) -> None:
+        """Count the first `steps` of steps priced at once (CostModel.bulk_run) as execute() counts
+        each: one after another, so the sums are the same floats."""
+        for flops, nbytes, comm_s in zip(costs.flops[:steps].tolist(), costs.bytes[:steps].tolist(),
+                                         costs.comm_seconds[:steps].tolist(), strict=True):
+            self.flops += flops
+            self.bytes += nbytes
+            self.comm_s += comm_s
 
     def forget(self, request_ids: Iterable[str]) -> None:
         """Nothing to drop: the cost model keeps no per-request state."""

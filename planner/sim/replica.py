@@ -11,6 +11,12 @@ is completed at once, on the replica's own clock, which runs ahead of SimPy's: n
 meanwhile, so nobody can tell, and the next step that needs SimPy first brings its clock exactly
 onto its own start (`_catch_up`). That saves a SimPy event per step for the long runs of
 decode-only steps between arrivals.
+
+Where the scheduler is certain that the next steps are the same bulk decodes, each a token longer
+(`Scheduler.bulk_run`: nobody waits, no member is looked at), the cost model prices a run of them
+at once and the loop runs them back to back (`StepLoop.run_bulk`), each scheduled and updated as
+one by one, as long as each ends before anything else is due: a lightly loaded replica decoding
+one request alone, token after token, costs one pricing a run instead of one a step.
 """
 
 from __future__ import annotations
@@ -20,7 +26,13 @@ from collections.abc import Callable
 import simpy
 
 from engine.core import Request, SchedulerOutput, StepLoop, StepSample
+from planner.sim.executor import CostModelExecutor
 from planner.sim.trace import TraceRecorder
+
+
+# A run priced at once costs a few dozen array operations: worth it from this many steps on. Runs
+# are priced up to this many steps at a time.
+MIN_RUN_STEPS, MAX_RUN_STEPS = 8, 4096
 
 
 class Replica:
@@ -28,12 +40,13 @@ class Replica:
         self,
         env: simpy.Environment,
         loop: StepLoop,
+        executor: CostModelExecutor,
         on_finished: Callable[[Request], None],
         samples: list[StepSample] | None,
         recorder: TraceRecorder | None = None,
         api_hold_s: float = 0.0,
     ) -> None:
-        self.env, self.loop, self.index = env, loop, loop.replica
+        self.env, self.loop, self.executor, self.index = env, loop, executor, loop.replica
         # The loop's clock: SimPy's, or ahead of it after steps completed at once (module docstring).
         self.now = env.now
         loop.clock = lambda: self.now
@@ -109,6 +122,7 @@ class Replica:
             if not launched.output.scheduled and self.recorder is None and not self.hold_s and end < env.peek():
                 self.now = end  # completed at once (module docstring)
                 loop.complete(launched)
+                self._run_bulk(duration)
                 continue
             if env.now < self.now:  # behind after steps completed at once
                 yield from _catch_up(env, self.now)
@@ -122,6 +136,24 @@ class Replica:
                 hold, self.hold_s, self.api_holds = self.hold_s, 0.0, 0
                 yield env.timeout(hold)
                 self.now = env.now
+
+
+    def _run_bulk(self, last_duration_s: float) -> None:
+        """After a step completed at once: the steps that are certain to be the same bulk decodes,
+        priced at once and run back to back while each ends before anything else is due (module
+        docstring). Steps take no less time as contexts grow, so no more than the time left over the
+        last step's fit before the next event."""
+        ahead, first = self.scheduler.bulk_run()
+        before = self.env.peek()
+        if last_duration_s <= 0:
+            return
+        fit = (before - self.now) / last_duration_s  # inf when nothing else is due at all
+        count = min(ahead, MAX_RUN_STEPS, int(fit) + 1 if fit < MAX_RUN_STEPS else MAX_RUN_STEPS)
+        if count < MIN_RUN_STEPS:
+            return
+        costs = self.executor.cost_model.bulk_run(first, count)
+        ran, self.now = self.loop.run_bulk(first, costs.seconds.tolist(), self.now, before)
+        self.executor.account(costs, ran)
 
 
 def _catch_up(env: simpy.Environment, to: float):  # noqa: ANN202 (a SimPy process generator)

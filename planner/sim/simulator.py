@@ -137,7 +137,7 @@ class ReplicaTemplate:
             self.spec.num_speculative_tokens, self.acceptance, (seed, index), SYNTHETIC_TOKEN_ID, self.spec.proposal_rate)
         executor = CostModelExecutor(self.cost_model, drafts)
         loop = StepLoop(scheduler, executor, lambda: env.now, proposer=drafts, replica=index)
-        return Replica(env, loop, on_finished, samples, recorder, self.cost_model.api_hold_s), executor
+        return Replica(env, loop, executor, on_finished, samples, recorder, self.cost_model.api_hold_s), executor
 
 
 def simulate(

@@ -32,7 +32,7 @@ MODELS = {name: resolve_model(name) for name in ("llama-3.1-8b", "qwen3-30b-a3b"
 @st.composite
 def runs(draw: st.DrawFn) -> dict[str, object]:
     arrival = draw(st.sampled_from([
-        PoissonArrivals(rate_per_s=8.0), PoissonArrivals(rate_per_s=40.0), GammaArrivals(rate_per_s=20.0, cv=3.0),
+        PoissonArrivals(rate_per_s=0.5), PoissonArrivals(rate_per_s=8.0), PoissonArrivals(rate_per_s=40.0), GammaArrivals(rate_per_s=20.0, cv=3.0),
         ClosedLoopArrivals(concurrency=12), OfflineArrivals(max_concurrency=24),
     ]))
     extra: dict[str, object] = {}
@@ -50,7 +50,8 @@ def runs(draw: st.DrawFn) -> dict[str, object]:
     budget = 16384 if engine in ("trtllm-1.2", "vllm-0.6") else draw(st.sampled_from([256, 2048]))
     knobs = EngineKnobs(max_num_seqs=draw(st.sampled_from([4, 16, 64])), max_num_batched_tokens=budget,
                         enable_prefix_caching=draw(st.booleans()))
-    dep = Deployment(hardware="h100-sxm", replicas=draw(st.integers(1, 3)), knobs=knobs, engine=engine)
+    dep = Deployment(hardware="h100-sxm", replicas=draw(st.integers(1, 3)), knobs=knobs, engine=engine,
+                     tensor_parallel=draw(st.sampled_from([1, 2])))
     model = draw(st.sampled_from(sorted(MODELS)))
     params = CostParams.defaults(H100)
     if draw(st.booleans()):  # the CPU engine's torch attention: decodes padded to the batch's longest
@@ -157,3 +158,47 @@ def test_bulk_decodes_exact_when_a_step_ends_long_after_simpys_clock() -> None:
     bulk = simulate(model, H100, dep, workload, bulk_decodes=True, calibration=params)
     assert bulk.record.requests == one.record.requests
     assert bulk.record.samples == one.record.samples
+
+
+@pytest.mark.parametrize("engine,tp,pp,dense", [("vllm-0.11", 1, 1, False), ("vllm-0.11", 2, 2, False),
+                                                ("vllm-0.6", 1, 1, False), ("sglang-0.5", 4, 1, True)])
+def test_a_bulk_run_is_priced_as_each_of_its_steps(engine: str, tp: int, pp: int, dense: bool) -> None:
+    """CostModel.bulk_run prices a run's steps at once, with arrays: every step the float step() gives
+    it alone, across the graphs' longest context (vLLM 0.6 runs longer contexts eagerly)."""
+    from engine.core import SchedulerOutput
+    from engine.core.bulk_decodes import BulkShape
+    from planner.costmodel import CostModel
+
+    model = MODELS["llama-3.1-8b"]
+    params = replace(CostParams.defaults(H100), attention_pairs="dense") if dense else None
+    cm = CostModel(model, H100, Deployment(hardware="h100-sxm", engine=engine, tensor_parallel=tp,
+                                           pipeline_parallel=pp), params)
+    for n, longest in ((1, 700), (3, 8100), (37, 20_000)):
+        first = BulkShape(n, n * longest - n * (n - 1), longest)
+        run = cm.bulk_run(first, 300)
+        assert 1 <= len(run.seconds) <= 300
+        for i, (seconds, flops, nbytes, comm_s) in enumerate(zip(*run, strict=True)):
+            shape = BulkShape(n, first.context_tokens + i * n, longest + i)
+            alone = cm.step(SchedulerOutput((), n, (), (), 0, n, 0.0, shape))
+            assert (seconds, flops, nbytes, comm_s) == tuple(alone)
+
+
+def test_a_lone_request_decodes_in_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast path is taken: requests far apart decode alone, their steps priced in runs, and the
+    run gives what one by one gives."""
+    from planner.costmodel import CostModel
+
+    priced: list[int] = []
+    bulk_run = CostModel.bulk_run
+    monkeypatch.setattr(CostModel, "bulk_run", lambda self, first, count: priced.append(count) or bulk_run(self, first, count))
+    workload = Workload(name="t", arrival=PoissonArrivals(rate_per_s=0.2), num_requests=20, seed=3,
+                        input_tokens=LognormalLength(median_tokens=200, sigma=0.5, max_tokens=1000),
+                        output_tokens=LognormalLength(median_tokens=300, sigma=0.3, max_tokens=800))
+    model, dep = MODELS["llama-3.1-8b"], Deployment(hardware="h100-sxm")
+    one = simulate(model, H100, dep, workload, bulk_decodes=False)
+    assert not priced
+    fast = simulate(model, H100, dep, workload)
+    assert sum(priced) > fast.summary.num_steps / 2
+    assert fast.record.requests == one.record.requests
+    assert fast.record.samples == one.record.samples
+    assert fast.summary == one.summary
