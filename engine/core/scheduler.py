@@ -782,18 +782,22 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.waiting) or bool(self.running)
 
-    def bulk_run(self) -> tuple[int, BulkShape]:
-        """How many steps from the next one are certain to be bulk decodes only, and the next one's
-        shape; (0, NO_BULK) when the next is not one. Nobody waits and no member is looked at before
-        then, so the members stay the same: each step they are one token longer (the shape's context
-        grows by their count, its longest by one). An owed block event may turn into a visit on the
-        way (a pool run short), so the run is asked again before each of its steps."""
+    def bulk_steps_ahead(self) -> int:
+        """How many steps from the next one are certain to be bulk decodes only (0: the next is not
+        one). Nobody waits and no member is looked at before then, so the members stay the same:
+        each step they are one token longer. An owed block event may turn into a visit on the way (a
+        pool run short), so a run asks again before each of its steps."""
         bulk = self._bulk
         if (bulk is None or self._pending is not None or self.waiting or not bulk.num_requests
                 or len(self.running) != bulk.num_requests):
-            return 0, NO_BULK
-        ahead = bulk.next_visit() - bulk.steps
-        return (ahead, bulk.shape()) if ahead > 0 else (0, NO_BULK)
+            return 0
+        return max(0, bulk.next_visit() - bulk.steps)
+
+    def bulk_run(self) -> tuple[int, BulkShape]:
+        """bulk_steps_ahead(), and the next step's shape if it is one (NO_BULK if not): the run's
+        shapes follow, its context growing by the members' count a step, its longest by one."""
+        ahead = self.bulk_steps_ahead()
+        return (ahead, self._members.shape()) if ahead else (0, NO_BULK)
 
     def get_request(self, request_id: str) -> Request:
         request = self.requests[request_id]

@@ -138,7 +138,7 @@ class StepLoop:
         n = first.num_requests
         for duration in durations_s:
             end = now + duration
-            if not end < before_s or not scheduler.bulk_run()[0]:
+            if not end < before_s or not scheduler.bulk_steps_ahead():
                 break
             output = scheduler.schedule(now)
             expected = BulkShape(n, first.context_tokens + ran * n, first.max_context_len + ran)
