@@ -103,6 +103,8 @@ class StepCosts(NamedTuple):
     flops: np.ndarray
     bytes: np.ndarray
     comm_seconds: np.ndarray
+
+
 # Scalar steps' row terms are memoised per (dense rows, sampled rows): decode steps repeat a few
 # batch sizes all run long. Bounded, as prefill chunks can take many sizes.
 _MAX_MEMO_ROWS = 8192

@@ -137,16 +137,15 @@ class Replica:
                 yield env.timeout(hold)
                 self.now = env.now
 
-
     def _run_bulk(self, last_duration_s: float) -> None:
         """After a step completed at once: the steps that are certain to be the same bulk decodes,
         priced at once and run back to back while each ends before anything else is due (module
         docstring). Steps take no less time as contexts grow, so no more than the time left over the
         last step's fit before the next event."""
-        ahead, first = self.scheduler.bulk_run()
-        before = self.env.peek()
         if last_duration_s <= 0:
             return
+        ahead, first = self.scheduler.bulk_run()
+        before = self.env.peek()
         fit = (before - self.now) / last_duration_s  # inf when nothing else is due at all
         count = min(ahead, MAX_RUN_STEPS, int(fit) + 1 if fit < MAX_RUN_STEPS else MAX_RUN_STEPS)
         if count < MIN_RUN_STEPS:
