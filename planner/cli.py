@@ -647,7 +647,10 @@ def stages() -> Iterator[Progress]:
 def cmd_calibrate_public(args: argparse.Namespace) -> None:
     from planner.costmodel.fitted import PUBLIC_FIT_FILE
     from planner.public.calibration import PUBLIC_ROUNDS, calibrate_public, write_fit
-    from planner.public.report import TARGETS_PCT, group_errors, set_aside_summary, validation_of, write_report
+    from planner.public.data import public_runs
+    from planner.public.report import (
+        TARGETS_PCT, client_setups, group_errors, set_aside_summary, validation_of, write_report,
+    )
 
     if args.public_report:
         output_file(args.public_report, "public_report")  # before hours of fitting, not after
@@ -660,7 +663,8 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
     path = write_fit(result, out)
     if args.public_report:
         # The fit's own predictions are the validation's: the same figures, folds and simulator.
-        write_report(validation_of(result.figures, result.skipped, path), result, command, args.public_report)
+        write_report(validation_of(result.figures, result.skipped, path, client_setups(public_runs())), result, command,
+                     args.public_report)
     t = Table(title=f"public fit: {len(result.figures)} figures, {len(result.folds['source'])} sources, "
                     f"{len(result.folds['publisher'])} publishers, {set_aside_summary(result.skipped)}")
     for col in ("metric family", "figures", "held-out median |error| %", "in-sample median |error| %", "target %"):

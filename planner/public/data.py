@@ -173,6 +173,15 @@ class Client(_Data):
             raise ValueError("served_before lists the server's whole history: it cannot also be unpublished")
         return self
 
+    @property
+    def setup(self) -> str:
+        """How the requests were offered, in the classes the validation report groups by: every request
+        at once, an open-loop Poisson stream, or a few / many users back to back."""
+        if self.arrival == "closed_loop":
+            assert self.max_concurrency is not None  # _consistent
+            return "closed loop, 1-4 users" if self.max_concurrency <= 4 else "closed loop, 5+ users"
+        return "Poisson arrivals" if self.arrival == "poisson" else "offline (every request at once)"
+
 
 class Deployment(_Data):
     """What served the run, in ServePlan's names."""

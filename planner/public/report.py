@@ -1,7 +1,7 @@
 """`serveplan validate --public`: how close the simulator comes to published GPU measurements.
 
 Reads the public fit (hwprofiles/calibrations/public-gpu.json) and reports signed and absolute
-errors per figure and grouped by metric family, engine, GPU and source: held-out first (each
+errors per figure and grouped by metric family, benchmark client, engine, GPU and source: held-out first (each
 figure predicted by the fit that never saw its source), in-sample beside it. The markdown goes to
 docs/validation-public.md with a predicted-vs-measured plot beside it.
 """
@@ -9,7 +9,7 @@ docs/validation-public.md with a predicted-vs-measured plot beside it.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +50,7 @@ class PublicValidation(BaseModel):
     runs: int
     skipped: list[SkippedRun]
     by_metric_family: list[GroupError]
+    by_client: list[GroupError] = Field(description="By how the benchmark client offered the requests, and metric family")
     by_engine: list[GroupError]
     by_gpu: list[GroupError]
     by_source: list[GroupError]
@@ -104,17 +105,25 @@ def validate_public(path: str | Path = PUBLIC_FIT_FILE, *, workers: int = 1, run
     folds = {u: {name: Figures(f.families, f.engines) for name, f in table.items()} for u, table in fit.folds.items()}
     results, refused = predict_public(prepared, Figures(fit.model.families, fit.model.engines), folds,
                                       workers=workers, progress=progress)
-    return validation_of(results, skipped + refused, path), fit
+    return validation_of(results, skipped + refused, path, client_setups(r.run for r in prepared)), fit
 
 
-def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun], fit_file: str | Path) -> PublicValidation:
-    """The errors of predicted figures grouped every way the report shows them, against the targets."""
+def client_setups(runs: Iterable[PublicRun]) -> dict[str, str]:
+    """run key -> how its benchmark client offered the requests (Client.setup)."""
+    return {run.run_key: run.client.setup for run in runs}
+
+
+def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun], fit_file: str | Path,
+                  clients: Mapping[str, str]) -> PublicValidation:
+    """The errors of predicted figures grouped every way the report shows them, against the targets;
+    `clients` (client_setups) gives each figure's run its benchmark client's setup."""
     by_family = group_errors(results, lambda r: r.family)
     met = {g.group: g.held_out_median_abs_pct <= TARGETS_PCT[g.group] for g in by_family if g.group in TARGETS_PCT}
     return PublicValidation(
         fit_file=_shown(fit_file), figures=len(results), sources=len({r.source_key for r in results}),
         runs=len({r.run_key for r in results}), skipped=list(skipped),
-        by_metric_family=by_family, by_engine=group_errors(results, lambda r: r.engine),
+        by_metric_family=by_family, by_client=group_errors(results, lambda r: f"{clients[r.run_key]}: {r.family}"),
+        by_engine=group_errors(results, lambda r: r.engine),
         by_gpu=group_errors(results, lambda r: r.hardware), by_source=group_errors(results, lambda r: r.source_key),
         bands=bands(results), targets_pct=TARGETS_PCT, met=met, figure_errors=list(results),
     )
@@ -168,6 +177,13 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
           + f" | {b.held_out_coverage:.0%} | {b.figures} |" for name, b in
           ((f"{n} (pooled with {', '.join(b.pooled_with)})" if b.pooled_with else n, b) for n, b in v.bands.items())),
         "",
+        "## By benchmark client",
+        "",
+        "How the publication's client offered the requests (offline: all at once; Poisson: an open-loop stream at a "
+        "rate; closed loop: a fixed number of users, each sending its next request when the last one ends), per "
+        "metric family.",
+        "",
+        *_table(v.by_client), "",
         "## By engine", "", *_table(v.by_engine), "",
         "## By GPU", "", *_table(v.by_gpu), "",
         "## By source", "", *_table(v.by_source), "",

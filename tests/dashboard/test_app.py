@@ -446,6 +446,7 @@ def _public_json() -> str:
     by_family = group_errors(rows, lambda r: r.family)
     return PublicValidation(
         fit_file="fit.json", figures=len(rows), sources=3, runs=6, skipped=[], by_metric_family=by_family,
+        by_client=group_errors(rows, lambda r: f"offline (every request at once): {r.family}"),
         by_engine=group_errors(rows, lambda r: r.engine), by_gpu=group_errors(rows, lambda r: r.hardware),
         by_source=group_errors(rows, lambda r: r.source_key), bands=bands(rows), targets_pct=TARGETS_PCT,
         met={g.group: g.held_out_median_abs_pct <= TARGETS_PCT[g.group] for g in by_family}, figure_errors=rows,

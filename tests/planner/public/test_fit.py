@@ -18,7 +18,7 @@ from planner.public.data import PublicRun, public_runs
 from planner.public.fit import (FIT_TOLERANCE, PLAUSIBLE, SETTLED_X, START_MARGIN, Figures, Space, Traced, fit,
                                 fit_folds, fit_rounds, simulate_runs, surrogate, trace_run)
 from planner.public.replay import ReplayRun, prepare
-from planner.public.report import PublicValidation, validate_public, validation_of, write_report
+from planner.public.report import PublicValidation, client_setups, validate_public, validation_of, write_report
 from planner.specs import SLO
 
 # Four runs of at most ten requests: Qwen2.5-7B on one or two A100s under vLLM 0.11.
@@ -262,9 +262,9 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path) -> No
     assert {g.group for g in report.by_metric_family} == {f.family for f in result.figures}
     assert report.bands.keys() == result.model.bands.keys()
     # `calibrate --public --report` reports the fit's own predictions: the same groups as re-simulating.
-    own = validation_of(result.figures, result.skipped, path)
+    own = validation_of(result.figures, result.skipped, path, client_setups(runs))
     assert own.fit_file == str(path)  # outside the project: as given
-    assert validation_of([], [], PUBLIC_FIT_FILE).fit_file == "hwprofiles/calibrations/public-gpu.json"
+    assert validation_of([], [], PUBLIC_FIT_FILE, {}).fit_file == "hwprofiles/calibrations/public-gpu.json"
     assert own.model_dump(exclude={"figure_errors"}) == report.model_dump(exclude={"figure_errors"})
     out = write_report(own, result, "test", tmp_path / "report.md")
     assert PublicValidation.model_validate_json(out.with_suffix(".json").read_text()) == own
