@@ -4,7 +4,9 @@ Two schedulers take the same requests, aborts and sampled tokens; one is given t
 and applies decodes in bulk. After every step both must agree on everything a simulator or a
 runner could observe: the step's shape (requests, prefill and decode tokens, summed and longest
 decode context), preemptions, finishes, cache use, the block pool down to the order of its free
-queue and every request's blocks; and at the end on every request's tokens and timestamps.
+queue and every request's blocks; and at the end on every request's tokens and timestamps. A step
+the bulk scheduler promised to be bulk decodes only (Scheduler.bulk_run) must be one, of the shape
+it said.
 """
 
 from __future__ import annotations
@@ -132,8 +134,11 @@ def _run_pair(config: SchedulerConfig, num_blocks: int, plan: list[tuple[int, Re
                     assert one.abort_request(rid, now) == bulk.abort_request(rid, now)
 
         abort(between=False)
+        ahead, first = bulk.bulk_run()  # a promise the simulator's runs of bulk decodes rely on
         a, b = one.schedule(now), bulk.schedule(now)
         assert _shape(a) == _shape(b)
+        if ahead:
+            assert b.scheduled == () and b.kv_transfers is None and b.bulk_decodes == first
         outputs.append(b)
         abort(between=True)  # an abort between schedule() and update()
         ua, ub = one.update(a, _sampled(a), now), bulk.update(b, _sampled(b), now)
