@@ -101,10 +101,7 @@ class StepLoop:
         rooms, proposed = self._propose() if self.proposer is not None else ({}, {})
         start = self.clock()
         output = self.scheduler.schedule(start)
-        if output.finished_request_ids:
-            self.executor.forget(output.finished_request_ids)
-            if self.proposer is not None:
-                self.proposer.forget(output.finished_request_ids)
+        self._forget_finished(output)
         if self.spec_stats is not None:
             self.spec_stats.draft_s += start - propose_start
         if not output.has_work:
@@ -119,8 +116,7 @@ class StepLoop:
         if self.spec_stats is not None:
             self._record_speculation(launched, now)
         if self.on_step is not None:
-            self.on_step(output, StepSample(self.replica, launched.start_s, now, output.kv_cache_usage,
-                                            output.num_running, output.num_waiting, output.total_num_scheduled_tokens))
+            self.on_step(output, self._sample(output, launched.start_s, now))
         if self.on_finished is not None:
             for update in updates:
                 if update.finished:
@@ -145,14 +141,23 @@ class StepLoop:
             if output.scheduled or output.kv_transfers is not None or output.bulk_decodes != expected:
                 raise RuntimeError(f"step {ran} of a bulk run is not {expected}: Scheduler.bulk_run promised "
                                    "the same bulk decodes only, each a token longer a step")
-            if output.finished_request_ids:
-                self.executor.forget(output.finished_request_ids)
+            self._forget_finished(output)
             scheduler.update(output, {}, end)
             if self.on_step is not None:
-                self.on_step(output, StepSample(self.replica, now, end, output.kv_cache_usage, output.num_running,
-                                                output.num_waiting, output.total_num_scheduled_tokens))
+                self.on_step(output, self._sample(output, now, end))
             now, ran = end, ran + 1
         return ran, now
+
+    def _forget_finished(self, output: SchedulerOutput) -> None:
+        """The executor (and proposer) drop the state of requests that finished since the last step."""
+        if output.finished_request_ids:
+            self.executor.forget(output.finished_request_ids)
+            if self.proposer is not None:
+                self.proposer.forget(output.finished_request_ids)
+
+    def _sample(self, output: SchedulerOutput, start_s: float, end_s: float) -> StepSample:
+        return StepSample(self.replica, start_s, end_s, output.kv_cache_usage, output.num_running, output.num_waiting,
+                          output.total_num_scheduled_tokens)
 
     def _propose(self) -> tuple[dict[str, int], dict[str, int]]:
         assert self.proposer is not None

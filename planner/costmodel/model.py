@@ -144,6 +144,11 @@ def gemm_compute_dtype(weight_dtype: str, hw: HardwareProfile) -> tuple[str, boo
     return hw.peak_flops("bf16")[1], True  # weight-only: bf16 math, dequantise each weight read
 
 
+def _totals(times: tuple[Number, ...]) -> tuple[Number, Number]:
+    """A step's seconds (every operator of `times`, in OPERATORS order) and those of its collectives."""
+    return sum(times), sum(times[i] for i in _COMM_INDICES)
+
+
 def _max(a: Number, b: Number) -> Number:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.maximum(a, b)
@@ -238,16 +243,16 @@ class CostModel:
         if output.is_empty:
             return StepCost(copy_s, 0.0, 0.0) if copy_s else NO_COST
         times, flops, nbytes = self.times(self.reader.read(output), self._draft_cost(output), copy_s)
-        return StepCost(sum(times), flops, nbytes, sum(times[i] for i in _COMM_INDICES))
+        seconds, comm_s = _totals(times)
+        return StepCost(seconds, flops, nbytes, comm_s)
 
     def bulk_run(self, first: BulkShape, count: int) -> StepCosts:
         """Each step of a run of bulk decodes only from `first` (ShapeReader.bulk_run: up to `count`
         steps), priced at once: what step() gives each of them."""
         times, flops, nbytes = self.times(self.reader.bulk_run(first, count))
-        seconds = np.asarray(sum(times), dtype=float)
-        steps = seconds.size
-        return StepCosts(seconds, np.broadcast_to(flops, steps), np.broadcast_to(nbytes, steps),
-                         np.broadcast_to(sum(times[i] for i in _COMM_INDICES), steps))
+        seconds, comm_s = _totals(times)
+        steps = np.size(seconds)
+        return StepCosts(*(np.broadcast_to(v, steps) for v in (seconds, flops, nbytes, comm_s)))
 
     def breakdown(self, output: SchedulerOutput) -> dict[str, float]:
         """Seconds per operator (keys: OPERATORS); the values sum to step_time(output)."""
@@ -261,7 +266,8 @@ class CostModel:
         if not requests or any(q < 1 or c < 0 for q, c, _ in requests):
             raise InputError("tokens", requests[:1], "need at least one request with >= 1 token and >= 0 cached")
         times, flops, nbytes = self.times(self.reader.of_requests(requests))
-        return StepCost(sum(times), flops, nbytes, sum(times[i] for i in _COMM_INDICES))
+        seconds, comm_s = _totals(times)
+        return StepCost(seconds, flops, nbytes, comm_s)
 
     def shape_breakdown(self, requests: list[tuple[int, int, bool]]) -> dict[str, float]:
         return dict(zip(OPERATORS, self.times(self.reader.of_requests(requests))[0], strict=True))
