@@ -9,8 +9,10 @@ by their prefill queue as well as the roofline (peer: the roofline alone; the re
 every hardware's best plan must cost the same on as many GPUs; among plans of equal cost the search
 keeps the first it finds, which the bound's order can change, and the report differs in why pruned
 candidates lost); `bulk-runs`, the simulator's runs of bulk decodes priced at once (planner/sim/
-replica.py; peer: every step priced alone; answers and reports identical).
-The bench stops if they differ. The question is the README's (Llama-3.1-70B, chat, 20 req/s, P99
+replica.py; peer: every step priced alone; answers and reports identical); `answer-only`, no
+hardware sized that cannot beat the cheapest answer on any (`plan(..., every_hardware=False)`; peer:
+every hardware's own cheapest deployment; the recommendation must be the same deployment at the
+same cost). The bench stops if they differ. The question is the README's (Llama-3.1-70B, chat, 20 req/s, P99
 TTFT <= 1 s), on the hardware given, serially and without the plan cache, so that every simulation
 runs in this process and its CPU time is counted. Reported: CPU seconds of each (the lower of the
 repeats), their ratio, and the simulations each ran with how many of their requests finished.
@@ -25,8 +27,11 @@ from planner.search import PlanResult, cache, plan
 from planner.sim import replica, simulate
 
 QUESTION = dict(model="llama-3.1-70b", workload="chat", rate_per_s=20.0, slo="ttft_p99_ms<=1000")
-SAVINGS = {"stopped-probes": "stop_missed_probes", "ttft-bound": "ttft_queue_bound", "bulk-runs": "bulk_runs"}
+# saving -> the plan flag and its value with the saving (the peer runs the other value)
+SAVINGS = {"stopped-probes": ("stop_missed_probes", True), "ttft-bound": ("ttft_queue_bound", True),
+           "bulk-runs": ("bulk_runs", True), "answer-only": ("every_hardware", False)}
 EXACT = ("stopped-probes", "bulk-runs")  # savings whose plans must be identical
+ANSWER_ONLY = ("answer-only",)  # savings that keep the recommendation only
 
 
 def timed_plan(hardware: list[str], flags: dict[str, bool]) -> tuple[PlanResult, float, list[tuple[int, int]]]:
@@ -52,10 +57,10 @@ def timed_plan(hardware: list[str], flags: dict[str, bool]) -> tuple[PlanResult,
         replica.MIN_RUN_STEPS = min_run
 
 
-def answers(r: PlanResult) -> list[tuple[str, int | None, float | None]]:
-    """The recommendation's and each hardware's best plan's hardware, GPUs and cost."""
+def answers(r: PlanResult, every_hardware: bool = True) -> list[tuple[str, int | None, float | None]]:
+    """The recommendation's and (with `every_hardware`) each hardware's best plan's hardware, GPUs and cost."""
     return [(p.deployment.hardware, p.gpus, p.usd_per_hour)
-            for p in ([r.recommended] if r.recommended else []) + r.per_hardware]
+            for p in ([r.recommended] if r.recommended else []) + (r.per_hardware if every_hardware else [])]
 
 
 def main() -> None:
@@ -64,17 +69,18 @@ def main() -> None:
     ap.add_argument("--hw", nargs="+", default=["mi300x"], help="hardware profiles to plan over")
     ap.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
-    flag = SAVINGS[args.saving]
+    flag, value = SAVINGS[args.saving]
     best: dict[bool, tuple[PlanResult, float, list[tuple[int, int]]]] = {}
     for _ in range(args.repeats):
         for on in (False, True):
-            got = timed_plan(args.hw, {flag: on})
+            got = timed_plan(args.hw, {flag: value if on else not value})
             if on not in best or got[1] < best[on][1]:
                 best[on] = got
-    same = (best[True][0] == best[False][0] if args.saving in EXACT
-            else answers(best[True][0]) == answers(best[False][0]))
+    every = args.saving not in ANSWER_ONLY
+    with_, without = answers(best[True][0], every), answers(best[False][0], every)
+    same = best[True][0] == best[False][0] if args.saving in EXACT else with_ == without
     if not same:
-        diff = [f"{a} vs {b}" for a, b in zip(answers(best[True][0]), answers(best[False][0]), strict=False) if a != b]
+        diff = [f"{a} vs {b}" for a, b in zip(with_, without, strict=False) if a != b]
         raise SystemExit(f"the two plans differ: {args.saving} changed the answer (with vs without): {'; '.join(diff)}")
     rec = best[True][0].recommended
     print(f"question: {QUESTION} on {args.hw}; answer (identical): "

@@ -32,7 +32,7 @@ from planner.metrics import RunSummary
 from planner.playback import Replay
 from planner.public.report import PublicValidation
 from planner import search
-from planner.search import PlanResult
+from planner.search import CandidatePlan, PlanResult
 from planner.search.cache import RunCache
 from planner.sim import simulate
 from planner.tiers import kv_tiers
@@ -154,13 +154,21 @@ def plan_result(model_name: str, workload: Workload, rate_per_s: float, slo_text
                 max_gpus: int, budget: float | None, weight_dtypes: tuple[str, ...] | None, kv_dtypes: tuple[str, ...],
                 knobs_grid: tuple[EngineKnobs, ...], headroom: float, max_quality_loss_pct: float,
                 prefix_caching: bool | None, requests_per_probe: int, pd_ratios: str = "auto",
-                offload: str = "auto") -> PlanResult:
+                offload: str = "auto", every_hardware: bool = True) -> PlanResult:
     # The bar is created inside the cached function so that Streamlit can replay it on a cache
     # hit (an element created outside could not be replayed); it is emptied once done.
     bar = st.progress(0.0, text="Planning: screening candidates…")
 
+    first = st.empty()
+
     def on_progress(done: int, total: int) -> None:
         bar.progress(done / max(total, 1), text=f"Planning: {done} of {total} candidates settled")
+
+    def on_answer(answer: CandidatePlan | None) -> None:
+        """The recommendation as soon as it is known, while every hardware is sized for the comparison."""
+        if answer is not None:
+            first.info(f"Answer: {answer.replicas} × {answer.label}, US${answer.usd_per_hour:,.2f}/h; sizing every "
+                       "hardware for the comparison…")
 
     # Serial: Streamlit serves from a threaded process, and a fork-based pool there is fragile.
     # The CLI's on-disk cache is shared (read at call time, so tests can point it elsewhere).
@@ -169,10 +177,12 @@ def plan_result(model_name: str, workload: Workload, rate_per_s: float, slo_text
                          weight_dtypes=None if weight_dtypes is None else list(weight_dtypes),
                          kv_dtypes=list(kv_dtypes), knobs_grid=list(knobs_grid), headroom=headroom,
                          max_quality_loss_pct=max_quality_loss_pct, prefix_caching=prefix_caching, widen=True,
-                         pd_ratios=pd_ratios, offload=offload,
+                         pd_ratios=pd_ratios, offload=offload, every_hardware=every_hardware,
                          requests_per_probe=requests_per_probe, executor="serial",
-                         cache_dir=search.DEFAULT_CACHE_DIR, progress=False, on_progress=on_progress)
+                         cache_dir=search.DEFAULT_CACHE_DIR, progress=False, on_progress=on_progress,
+                         on_answer=on_answer)
     bar.empty()
+    first.empty()
     return result
 
 

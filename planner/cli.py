@@ -769,7 +769,16 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if is_trace and not args.json:
         console.print(f"planned for the {workload.description}")
     started = time.perf_counter()
-    result = plan(args.model, workload, rate, slo, pd_ratios=args.pd_ratios, **_search_args(args))
+
+    def first(answer: CandidatePlan | None) -> None:
+        """The recommendation as soon as it is known, before every hardware is sized for the comparison."""
+        found = ("nothing meets the SLO" + (" within the budget" if args.budget_usd_per_hour else "") if answer is None
+                 else f"{answer.replicas} x {answer.label}, US${answer.usd_per_hour:,.2f}/h")
+        console.print(f"[bold]answer[/bold] after {time.perf_counter() - started:.1f} s: {found}; sizing every "
+                      "hardware for the comparison (--no-every-hardware skips it)")
+
+    result = plan(args.model, workload, rate, slo, pd_ratios=args.pd_ratios, on_answer=None if args.json else first,
+                  **_search_args(args))
     if args.json:
         print_json(result)
     else:
@@ -804,6 +813,7 @@ def _search_args(args: argparse.Namespace) -> dict[str, Any]:
         budget_usd_per_hour=args.budget_usd_per_hour, weight_dtypes=_csv(args.weight_dtypes),
         kv_dtypes=_csv(args.kv_dtypes), engine=args.engine, headroom=args.headroom, confidence=args.confidence,
         max_quality_loss_pct=args.max_quality_loss_pct, offload=args.offload, prefix_caching=args.enable_prefix_caching,
+        every_hardware=args.every_hardware,
         fit=fit_from_args(args), widen=True, requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
         cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True)
 

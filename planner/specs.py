@@ -463,6 +463,12 @@ class PlanSettings(Spec):
     confidence: Annotated[float | None, Knob("--confidence", "Confidence", "probability")] = Field(
         None, ge=0.5, le=0.95, description="Size against the pessimistic bound that measurements stay within this "
         "often (from the public fit's held-out errors) instead of the prediction itself (default: the prediction)")
+    every_hardware: Annotated[bool, Knob("--every-hardware", "Size every hardware")] = Field(
+        True, description="Size each hardware's own cheapest deployment, so that every hardware has a simulated "
+        "answer (the CLI prints the recommendation first, found without them, then sizes the rest); off: a candidate "
+        "that cannot beat the cheapest answer on any hardware is not simulated, and a hardware that cannot win says "
+        "the least it would cost (the same recommendation, far sooner: most of a plan's simulations are of hardware "
+        "that cannot win)")
     max_quality_loss_pct: Annotated[float, Knob("--max-quality-loss", "Max quality loss", "%")] = Field(
         DEFAULT_MAX_QUALITY_LOSS_PCT, ge=0, le=NO_QUALITY_LIMIT_PCT, description=(
             "Leave out weight/KV formats whose published quality loss (weights + KV cache, % of the 16-bit score; "

@@ -168,6 +168,7 @@ def render() -> None:
         headroom = setting_input(state, PLAN["headroom"], step=0.05)
         pd_ratios = setting_input(state, PLAN["pd_ratios"])
         offload = setting_input(state, PLAN["offload"])
+        every_hardware = setting_input(state, PLAN["every_hardware"])
         submitted = st.form_submit_button("Run plan", type="primary", icon=":material/play_arrow:")
     # A shared link carries run=true, so the recipient sees the plan without pressing the button.
     state.bind("run", False)
@@ -199,7 +200,7 @@ def render() -> None:
         model, workload, rate, slo, profiles, max_gpus, budget,
         # The default formats as the CLI's default: fp8 weights only where the hardware has them.
         None if set(weights) == set(DEFAULT_WEIGHT_DTYPES) else tuple(weights), tuple(kvs), knobs, headroom,
-        quality_loss, prefix_caching, requests, pd_ratios, offload))
+        quality_loss, prefix_caching, requests, pd_ratios, offload, every_hardware))
     _show(result)
 
 

@@ -12,6 +12,7 @@ would (`widen`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 import logging
 import math
 from pathlib import Path
@@ -31,7 +32,9 @@ from planner.search.capacity import (
 )
 from planner.search.executors import EXECUTORS, Executor, Runner, progress_bar
 from planner.quality import DEFAULT_MAX_QUALITY_LOSS_PCT, NO_QUALITY_LIMIT_PCT, deployment_loss_pct, within_budget
-from planner.search.report import CandidatePlan, PDComparison, PlanResult, SearchSpace, Verdict, Widening, assemble
+from planner.search.report import (
+    CandidatePlan, PDComparison, PlanResult, SearchSpace, Verdict, Widening, answer, assemble,
+)
 from planner.search.screen import Shape, screen_candidate
 from planner.search.ttft_bound import ProbeRequests
 from planner.search.space import (
@@ -88,6 +91,8 @@ def plan(
     on_progress: Callable[[int, int], None] | None = None,
     stop_missed_probes: bool = True,
     ttft_queue_bound: bool = True,
+    every_hardware: bool = True,
+    on_answer: Callable[[CandidatePlan | None], None] | None = None,
 ) -> PlanResult:
     """The cheapest deployment of `model` serving `workload` at `rate_per_s` within `slo`.
 
@@ -109,6 +114,11 @@ def plan(
     less time; False runs each to its end (a benchmark's peer). Under a TTFT target, candidates are
     also bounded by their prefill queue (`ttft_queue_bound`, planner/search/ttft_bound.py): the same
     answer with fewer candidates and probes simulated; False bounds them by the roofline alone.
+    `every_hardware` sizes each hardware's own cheapest deployment; False does not simulate a
+    candidate that cannot beat the cheapest answer on any hardware (the same recommendation, in a
+    fraction of the simulations; a hardware that cannot win gets the least it would cost). With
+    `every_hardware` and `on_answer`, the search finds the recommendation that faster way first and
+    hands it to `on_answer` (None: nothing meets the SLO within the budget), then sizes every hardware.
     Every input and limit is checked before any work; bad input raises InputError naming the field
     as front ends declare it (rate, hw, max_gpus, requests_per_probe, ...), for them to map to a
     flag or widget.
@@ -153,7 +163,7 @@ def plan(
     shape = Shape.of(Replay.of(probe_workload(base, rate_per_s, requests_per_probe), vocab_size=cfg.vocab_size,
                                max_model_len=cfg.max_position_embeddings), base)
     q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs, margin, fit,
-                 stop_missed_probes)
+                 stop_missed_probes, every_hardware)
     tried = knobs if prefix_caching is None else [k.model_copy(update={"enable_prefix_caching": prefix_caching})
                                                   for k in knobs]
     candidates = enumerate_candidates(cfg, profiles, max_gpus_per_replica, weights, kvs, tried, shape.longest_tokens, engine,
@@ -176,7 +186,11 @@ def plan(
              for c in candidates]
     live = sum(s.screen.capacity_bound_per_s is not None for s in found)
     with runner, progress_bar(progress, live, on_progress) as advance:
-        found = branch_and_bound(q, found, runner, advance)
+        first: list[Searched] = []
+        if every_hardware and on_answer is not None:
+            first = branch_and_bound(replace(q, every_hardware=False), found, runner, lambda: None)
+            on_answer(answer(q, shape, first))
+        found = branch_and_bound(q, found, runner, advance, first)
     for note in (n for s in found if s.outcome is not None for n in s.outcome.notes):
         _log.warning(note)
 
@@ -215,7 +229,7 @@ def plan(
                      max_quality_loss_pct=max_quality_loss_pct, prefix_caching=prefix_caching, fit=fit, widen=False,
                      requests_per_probe=requests_per_probe, executor=executor, workers=workers, cache_dir=cache_dir,
                      progress=progress, on_progress=on_progress, stop_missed_probes=stop_missed_probes,
-                     ttft_queue_bound=ttft_queue_bound)
+                     ttft_queue_bound=ttft_queue_bound, every_hardware=every_hardware)
         result = result.model_copy(update={"widening": what_to_widen(wider, space)})
     return result
 

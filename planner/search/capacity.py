@@ -5,7 +5,7 @@ bisection over the only rates that change the answer; candidates in branch-and-b
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 import math
 
@@ -66,6 +66,9 @@ class Question:
     # Probes stop once they have missed the SLO for certain (same verdicts; the probe a never-passing
     # search reports runs whole). False runs every probe to its end.
     stop_once_missed: bool = True
+    # Size every hardware's own cheapest candidate (each hardware's answer simulated); False prunes
+    # against the cheapest answer on any hardware as well: the same recommendation, far fewer simulations.
+    every_hardware: bool = True
 
     @property
     def sizing_slo(self) -> SLO:
@@ -100,6 +103,7 @@ class Outcome:
     probes: tuple[Probe, ...]
     replicas: int | None  # smallest count whose share one replica served within the SLO
     cost_capped: bool  # the search stopped where more replicas could no longer win on cost
+    max_replicas: int  # the most replicas it could probe (Task.max_replicas)
     error: str | None = None  # a probe could not run (e.g. a request larger than the KV cache)
     notes: tuple[str, ...] = ()  # bad cache entries met
 
@@ -144,7 +148,7 @@ def capacity_search(task: Task) -> Outcome:
                 failed = mid
     except InputError as exc:  # e.g. a request that needs more KV blocks than a replica holds
         passed, error = None, str(exc)
-    return Outcome(tuple(probes), passed, task.cost_capped, error, tuple(notes))
+    return Outcome(tuple(probes), passed, task.cost_capped, task.max_replicas, error, tuple(notes))
 
 
 @dataclass(frozen=True)
@@ -169,20 +173,28 @@ class Searched:
         return c.usd_per_hour(miss.replicas + 1) if out.cost_capped and miss is not None else None
 
 
-def _task(q: Question, s: Searched, best: float | None) -> Task:
+def _task(q: Question, s: Searched, own_usd: float | None, overall_usd: float | None) -> Task:
+    """The capacity search of candidate `s`, its replica counts capped where they can no longer matter:
+    strictly cheaper than the best on its own hardware (`own_usd`), and no dearer than the best on any
+    (`overall_usd`, None when every hardware is sized), which a tie on cost can still beat on P99 TTFT."""
     c, k = s.candidate, s.screen.min_replicas
     light_cap = k * LIGHT_LOAD_FACTOR
-    # Only replica counts strictly cheaper than the best so far can change the answer.
-    cost_cap = MAX_REPLICAS if best is None else math.ceil(best / c.usd_per_hour(1) - 1e-9) - 1
+    per_replica = c.usd_per_hour(1)
+    cost_cap = min(MAX_REPLICAS if own_usd is None else math.ceil(own_usd / per_replica - 1e-9) - 1,
+                   MAX_REPLICAS if overall_usd is None else math.floor(overall_usd / per_replica + 1e-9))
     return Task(q, c.hw, c.dep, k, max(k, min(light_cap, cost_cap, MAX_REPLICAS)), cost_cap < light_cap)
 
 
-def branch_and_bound(q: Question, found: list[Searched], runner: Runner, advance: Callable[[], None]) -> list[Searched]:
+def branch_and_bound(q: Question, found: list[Searched], runner: Runner, advance: Callable[[], None],
+                     earlier: Sequence[Searched] = ()) -> list[Searched]:
     """`found` with an outcome for each candidate simulated. Cheapest lower bound first; a candidate
-    whose bound is not below the best cost so far on its own hardware cannot change that hardware's
-    answer and is not simulated, so that every hardware gets its cheapest feasible candidate in one
-    run. The best costs are updated between batches only, so the result does not depend on the
-    workers or their speed."""
+    is not simulated when its bound is not below the best cost so far on its own hardware (it cannot
+    change that hardware's answer) or, unless `q.every_hardware`, is above the best cost so far on
+    any hardware (it cannot change the recommendation; an equal bound on another hardware can still
+    tie and win on P99 TTFT). The best costs are updated between batches only, so the result does
+    not depend on the workers or their speed. `earlier` is `found` as searched before with the other
+    `q.every_hardware`: a candidate whose search would probe the same replica counts takes its
+    earlier outcome instead of simulating again, so the result is the same as without it."""
     found = list(found)
 
     def order(i: int) -> tuple[float, float, str]:
@@ -198,20 +210,37 @@ def branch_and_bound(q: Question, found: list[Searched], runner: Runner, advance
     def hardware(i: int) -> str:
         return found[i].candidate.hw.name
 
+    def overall() -> float | None:
+        return None if q.every_hardware else min(best.values(), default=None)
+
+    def pruned(i: int) -> bool:
+        own, lowest = best.get(hardware(i)), overall()
+        return (own is not None and bound(i) >= own) or (lowest is not None and bound(i) > lowest)
+
+    def searched_before(i: int, task: Task) -> Outcome | None:
+        before = earlier[i].outcome if earlier else None
+        same = before is not None and (before.max_replicas, before.cost_capped) == (task.max_replicas, task.cost_capped)
+        return before if same else None
+
     pending = deque(sorted((i for i, s in enumerate(found) if s.screen.capacity_bound_per_s is not None), key=order))
     best: dict[str, float] = {}  # hardware -> its cheapest feasible cost so far
     while pending:
         batch: list[int] = []
         while pending and len(batch) < BATCH_SIZE:
             i = pending.popleft()
-            if hardware(i) in best and bound(i) >= best[hardware(i)]:
+            if pruned(i):
                 advance()
             else:
                 batch.append(i)
-        outcomes = runner.run([_task(q, found[i], best.get(hardware(i))) for i in batch], advance)
-        for i, outcome in zip(batch, outcomes, strict=True):
-            found[i] = replace(found[i], outcome=outcome)
-            if outcome.replicas is not None:
-                cost = found[i].candidate.usd_per_hour(outcome.replicas)
+        tasks = {i: _task(q, found[i], best.get(hardware(i)), overall()) for i in batch}
+        outcomes = {i: o for i in batch if (o := searched_before(i, tasks[i])) is not None}
+        for _ in outcomes:
+            advance()
+        todo = [i for i in batch if i not in outcomes]
+        outcomes |= zip(todo, runner.run([tasks[i] for i in todo], advance), strict=True)
+        for i in batch:
+            found[i] = replace(found[i], outcome=outcomes[i])
+            if outcomes[i].replicas is not None:
+                cost = found[i].candidate.usd_per_hour(outcomes[i].replicas)
                 best[hardware(i)] = min(cost, best.get(hardware(i), cost))
     return found

@@ -164,20 +164,18 @@ def _verdict(s: Searched, best: Searched | None, hw_best: Searched | None, budge
     own hardware (`hw_best`), against which it was pruned."""
     c, sc, out = s.candidate, s.screen, s.outcome
     best_usd = best.cost_bound_usd_per_hour if best is not None else None
-    hw_usd = hw_best.cost_bound_usd_per_hour if hw_best is not None else None
     if sc.memory_problem is not None:
         return "memory", f"memory: {sc.memory_problem}"
     if sc.slo_problem is not None:
         return "slo", f"SLO: {sc.slo_problem}"
-    if out is None:  # pruned: its bound could not beat its hardware's best
-        assert sc.capacity_bound_per_s is not None and hw_usd is not None
+    if out is None:  # pruned: its bound could not beat its hardware's best, or the best on any
+        assert sc.capacity_bound_per_s is not None
         if sc.ttft_min_replicas is not None and sc.ttft_min_replicas == sc.min_replicas > 1:
             basis = (f"with fewer than {sc.min_replicas} replicas the TTFT target is missed even with every prompt "
                      "prefilled at full speed in arrival order")
         else:
             basis = f"even at its analytic capacity (≤ {sc.capacity_bound_per_s * CAPACITY_SLACK:,.2f} req/s per replica)"
-        return "cost", (f"cost: at least US${s.cost_bound_usd_per_hour:,.2f}/h {basis}, "
-                        f"not below the best on {c.hw.name}, US${hw_usd:,.2f}/h")
+        return "cost", f"cost: at least US${s.cost_bound_usd_per_hour:,.2f}/h {basis}, {_beaten_by(s, best, hw_best)}"
     if out.error is not None:
         return "memory", f"memory: {out.error}"
     miss = out.lightest_miss
@@ -185,10 +183,10 @@ def _verdict(s: Searched, best: Searched | None, hw_best: Searched | None, budge
         assert miss is not None  # every search probes at least once
         checks = ", ".join(f"{k.target} {k.observed_ms:,.0f} > {k.limit_ms:g}" for k in miss.summary.goodput.checks
                            if not k.met) or f"goodput {miss.summary.goodput.share:.1%}"
-        if out.cost_capped and hw_usd is not None:
+        if out.cost_capped:
             return "cost", (f"cost: misses the SLO at {miss.rate_per_s:,.2f} req/s per replica ({checks}); "
-                            f"{miss.replicas + 1}+ replicas = US${s.cost_bound_usd_per_hour:,.2f}/h or more "
-                            f"vs the best on {c.hw.name}, US${hw_usd:,.2f}/h")
+                            f"{miss.replicas + 1}+ replicas = US${s.cost_bound_usd_per_hour:,.2f}/h or more, "
+                            f"{_beaten_by(s, best, hw_best)}")
         return "slo", f"SLO: misses it even at {miss.rate_per_s:,.2f} req/s per replica ({checks})"
     cost = c.usd_per_hour(out.replicas)
     if budget is not None and cost > budget:
@@ -198,6 +196,17 @@ def _verdict(s: Searched, best: Searched | None, hw_best: Searched | None, budge
     assert best_usd is not None
     return "cost", (f"cost: US${cost:,.2f}/h vs the best US${best_usd:,.2f}/h" if cost > best_usd else
                     f"cost: ties the best US${cost:,.2f}/h with a higher P99 TTFT")
+
+
+def _beaten_by(s: Searched, best: Searched | None, hw_best: Searched | None) -> str:
+    """What a candidate ruled out on cost lost to: its own hardware's best where its bound is not below
+    that, else the cheapest feasible candidate on any hardware (plan(..., every_hardware=False))."""
+    bound = s.cost_bound_usd_per_hour
+    assert bound is not None
+    if hw_best is not None and hw_best.cost_bound_usd_per_hour is not None and bound >= hw_best.cost_bound_usd_per_hour:
+        return f"not below the best on {s.candidate.hw.name}, US${hw_best.cost_bound_usd_per_hour:,.2f}/h"
+    assert best is not None and best.cost_bound_usd_per_hour is not None
+    return f"above the cheapest on any hardware, US${best.cost_bound_usd_per_hour:,.2f}/h ({best.candidate.label})"
 
 
 def _candidate_plan(s: Searched, verdict: Verdict, reason: str, hours_per_million_tokens: float) -> CandidatePlan:
@@ -239,18 +248,13 @@ def assemble(q: Question, shape: Shape, found: list[Searched], space: SearchSpac
              verify: Callable[[Deployment], RunSummary], capacity: Callable[[CandidatePlan], SLOCapacity]) -> PlanResult:
     """The PlanResult; `verify` simulates the recommended deployment at the target rate, `capacity`
     finds its highest rate within the SLO."""
-    def cost_key(s: Searched) -> tuple[float, float, str]:
-        assert s.outcome is not None and s.outcome.sized is not None and s.cost_bound_usd_per_hour is not None
-        return s.cost_bound_usd_per_hour, s.outcome.sized.summary.ttft_ms.p99, s.candidate.label
-
-    feasible = sorted((s for s in found if s.outcome is not None and s.outcome.sized is not None), key=cost_key)
+    feasible = _feasible(found)
     best = feasible[0] if feasible else None
     hw_best: dict[str, Searched] = {}
     for s in feasible:
         hw_best.setdefault(s.candidate.hw.name, s)
-    hours_per_million_tokens = 1e6 / (q.rate_per_s * shape.requests_per_arrival * shape.mean_output_tokens * 3600)
     plans = {id(s): _candidate_plan(s, *_verdict(s, best, hw_best.get(s.candidate.hw.name), q.budget_usd_per_hour),
-                                    hours_per_million_tokens) for s in found}
+                                    _hours_per_million_tokens(q, shape)) for s in found}
     ranked = [plans[id(s)] for s in feasible]
     recommended = ranked[0] if ranked and ranked[0].verdict == "recommended" else None
     rejected = sorted((p for p in plans.values() if p is not recommended), key=_closeness)
@@ -288,6 +292,28 @@ def assemble(q: Question, shape: Shape, found: list[Searched], space: SearchSpac
         candidates=len(found), simulated_candidates=len(simulated), probes=sum(len(o.probes) for o in simulated),
         assumptions=_assumptions(q, shape, space),
     )
+
+
+def answer(q: Question, shape: Shape, found: list[Searched]) -> CandidatePlan | None:
+    """The recommendation alone, as assemble() makes it, without its verification and capacity."""
+    feasible = _feasible(found)
+    if not feasible:
+        return None
+    verdict, reason = _verdict(feasible[0], feasible[0], feasible[0], q.budget_usd_per_hour)
+    return _candidate_plan(feasible[0], verdict, reason, _hours_per_million_tokens(q, shape)) if verdict == "recommended" else None
+
+
+def _feasible(found: list[Searched]) -> list[Searched]:
+    """The candidates that met the SLO, cheapest first; among equal costs, the lower P99 TTFT."""
+    def cost_key(s: Searched) -> tuple[float, float, str]:
+        assert s.outcome is not None and s.outcome.sized is not None and s.cost_bound_usd_per_hour is not None
+        return s.cost_bound_usd_per_hour, s.outcome.sized.summary.ttft_ms.p99, s.candidate.label
+
+    return sorted((s for s in found if s.outcome is not None and s.outcome.sized is not None), key=cost_key)
+
+
+def _hours_per_million_tokens(q: Question, shape: Shape) -> float:
+    return 1e6 / (q.rate_per_s * shape.requests_per_arrival * shape.mean_output_tokens * 3600)
 
 
 def _best(plans: list[CandidatePlan]) -> CandidatePlan | None:

@@ -72,10 +72,11 @@ def test_plan_page_defaults_are_the_clis():
 
     cli = vars(build_parser().parse_args(["plan", "--slo", "ttft_p99_ms<=500"]))
     at = open_page("plan")
-    shown = {w.key: w.value for w in [*at.sidebar.number_input, *at.sidebar.selectbox, *at.sidebar.text_input]}
+    shown = {w.key: w.value for w in [*at.sidebar.number_input, *at.sidebar.selectbox, *at.sidebar.text_input,
+                                      *at.sidebar.checkbox]}
     drawn = [s for s in settings(PlanSettings) if f"plan.{s.url_name}" in shown]
     assert {s.name for s in drawn} >= {"max_gpus_per_replica", "budget_usd_per_hour", "headroom", "pd_ratios", "offload",
-                                       "max_quality_loss_pct"}
+                                       "max_quality_loss_pct", "every_hardware"}
     assert {s.name: shown[f"plan.{s.url_name}"] for s in drawn} == {s.name: cli[s.name] for s in drawn}
     assert shown["plan.prefix_caching"] == cli["enable_prefix_caching"]
     assert shown["plan.requests"] == cli["requests_per_probe"]

@@ -154,6 +154,34 @@ def test_every_hardware_gets_its_cheapest_feasible_candidate_in_one_run(cache_di
     assert simulate(get_hardware_model(), get_hardware("l40s"), one, w, slo=SLO.parse(SLO_TEXT)).summary.goodput.slo_met
 
 
+def test_without_every_hardware_the_recommendation_is_the_same_from_fewer_simulations(cache_dir) -> None:
+    """Pruned against the cheapest answer on any hardware, L40S is not sized: its answer is the least
+    it would cost, above L4's, and the recommendation is L4's, as when every hardware is sized."""
+    every = plan(MODEL, get_workload("chat"), 15.0, SLO_TEXT, cache_dir=cache_dir, **SPACE)
+    fast = plan(MODEL, get_workload("chat"), 15.0, SLO_TEXT, cache_dir=cache_dir, every_hardware=False, **SPACE)
+    assert fast.recommended is not None and every.recommended is not None
+    assert (fast.recommended.label, fast.recommended.replicas, fast.recommended.usd_per_hour) == (
+        every.recommended.label, every.recommended.replicas, every.recommended.usd_per_hour)
+    assert fast.simulated_candidates < every.simulated_candidates and fast.probes < every.probes
+    l40s = next(p for p in fast.per_hardware if p.deployment.hardware == "l40s")
+    assert l40s.replicas is None and l40s.verdict == "cost"
+    assert l40s.cost_bound_usd_per_hour is not None and l40s.cost_bound_usd_per_hour > fast.recommended.usd_per_hour
+    assert f"above the cheapest on any hardware, US${fast.recommended.usd_per_hour:,.2f}/h" in l40s.reason
+
+
+def test_the_answer_comes_first_and_every_hardware_is_sized_as_before(cache_dir) -> None:
+    """plan(on_answer=...) hands over the recommendation found without sizing every hardware, then
+    finishes the very search plan() runs without it: the same result, field for field."""
+    heard: list[object] = []
+    with_answer = plan(MODEL, get_workload("chat"), 15.0, SLO_TEXT, cache_dir=cache_dir, on_answer=heard.append, **SPACE)
+    without = plan(MODEL, get_workload("chat"), 15.0, SLO_TEXT, cache_dir=cache_dir, **SPACE)
+    assert with_answer == without
+    (first,) = heard
+    assert first is not None and with_answer.recommended is not None
+    assert (first.label, first.replicas, first.usd_per_hour) == (
+        with_answer.recommended.label, with_answer.recommended.replicas, with_answer.recommended.usd_per_hour)
+
+
 # --------------------------------------------------------------------------- widening
 
 
@@ -191,6 +219,8 @@ def test_cli_plan_without_a_recommendation_exits_1(capsys: pytest.CaptureFixture
     assert main(argv) == 1
     out = capsys.readouterr().out
     assert "no recommendation" in out and "narrower than the default search" in out
+    # The search's first answer is printed before every hardware is sized (not in --json output).
+    assert out.startswith("answer after ") and "nothing meets the SLO; sizing every hardware" in out.splitlines()[0]
 
 
 def test_cli_plan_switches_prefix_caching_in_every_candidate(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
