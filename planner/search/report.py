@@ -161,7 +161,7 @@ def _slo_miss_ratio(summary: RunSummary) -> float:
 def _verdict(s: Searched, best: Searched | None, hw_best: Searched | None, budget: float | None) -> tuple[Verdict, str]:
     """The one place a candidate's verdict is decided, from its screen and capacity search, the
     best feasible candidate (`best`: the cheapest, ties broken by P99 TTFT) and the best of its
-    own hardware (`hw_best`), against which it was pruned."""
+    own hardware (`hw_best`), against which (or against `best`) it was pruned."""
     c, sc, out = s.candidate, s.screen, s.outcome
     best_usd = best.cost_bound_usd_per_hour if best is not None else None
     if sc.memory_problem is not None:
@@ -253,8 +253,9 @@ def assemble(q: Question, shape: Shape, found: list[Searched], space: SearchSpac
     hw_best: dict[str, Searched] = {}
     for s in feasible:
         hw_best.setdefault(s.candidate.hw.name, s)
+    hours = _hours_per_million_tokens(q, shape)
     plans = {id(s): _candidate_plan(s, *_verdict(s, best, hw_best.get(s.candidate.hw.name), q.budget_usd_per_hour),
-                                    _hours_per_million_tokens(q, shape)) for s in found}
+                                    hours) for s in found}
     ranked = [plans[id(s)] for s in feasible]
     recommended = ranked[0] if ranked and ranked[0].verdict == "recommended" else None
     rejected = sorted((p for p in plans.values() if p is not recommended), key=_closeness)
