@@ -182,6 +182,31 @@ def test_the_answer_comes_first_and_every_hardware_is_sized_as_before(cache_dir)
         with_answer.recommended.label, with_answer.recommended.replicas, with_answer.recommended.usd_per_hour)
 
 
+def test_the_search_per_hardware_reuses_the_first_passs_searches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without a cache, the answer first costs fewer simulations than the two searches run apart (here
+    none more than the search per hardware alone): that search takes each first-pass outcome whose
+    replica range is the same."""
+    from planner.search import cache
+
+    runs: list[object] = []
+
+    def counted(*args: object, **kwargs: object):  # noqa: ANN202
+        runs.append(args[3])
+        return simulate(*args, **kwargs)
+
+    monkeypatch.setattr(cache, "simulate", counted)
+    question = (MODEL, get_workload("chat"), 15.0, SLO_TEXT)
+    first_pass = plan(*question, cache_dir=None, every_hardware=False, **SPACE)
+    counts = []
+    for flags in ({}, {"on_answer": lambda _answer: None}):
+        runs.clear()
+        plan(*question, cache_dir=None, **flags, **SPACE)
+        counts.append(len(runs))
+    per_hardware, both = counts
+    # The first pass's capacity probes, simulated again in full, would make the difference first_pass.probes.
+    assert 0 <= both - per_hardware < first_pass.probes
+
+
 # --------------------------------------------------------------------------- widening
 
 
