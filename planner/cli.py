@@ -769,16 +769,7 @@ def cmd_plan(args: argparse.Namespace) -> None:
     if is_trace and not args.json:
         console.print(f"planned for the {workload.description}")
     started = time.perf_counter()
-
-    def first(answer: CandidatePlan | None) -> None:
-        """The recommendation as soon as it is known, before every hardware is sized for the comparison."""
-        found = ("nothing meets the SLO" + (" within the budget" if args.budget_usd_per_hour else "") if answer is None
-                 else f"{answer.replicas} x {answer.label}, US${answer.usd_per_hour:,.2f}/h")
-        console.print(f"[bold]answer[/bold] after {time.perf_counter() - started:.1f} s: {found}; sizing every "
-                      "hardware for the comparison (--no-every-hardware skips it)")
-
-    result = plan(args.model, workload, rate, slo, pd_ratios=args.pd_ratios, on_answer=None if args.json else first,
-                  **_search_args(args))
+    result = plan(args.model, workload, rate, slo, pd_ratios=args.pd_ratios, **_search_args(args, started))
     if args.json:
         print_json(result)
     else:
@@ -804,9 +795,16 @@ def workload_name(args: argparse.Namespace) -> str:
     return args.workload or "chat"
 
 
-def _search_args(args: argparse.Namespace) -> dict[str, Any]:
-    """The search's settings as `plan` and `plan --traffic` both read them from the flags."""
+def _search_args(args: argparse.Namespace, started: float) -> dict[str, Any]:
+    """The search's settings as `plan` and `plan --traffic` both read them from the flags; without
+    --json, the recommendation is printed as soon as it is known (time counted from `started`)."""
     from planner.search import DEFAULT_CACHE_DIR
+
+    def first(answer: CandidatePlan | None) -> None:
+        found = ("nothing meets the SLO" + (" within the budget" if args.budget_usd_per_hour else "") if answer is None
+                 else f"{answer.replicas} x {answer.label}, US${answer.usd_per_hour:,.2f}/h")
+        console.print(f"[bold]answer[/bold] after {time.perf_counter() - started:.1f} s: {found}; now sizing every "
+                      "hardware (--no-every-hardware skips it)")
 
     return dict(
         hardware=_csv(args.hardware), max_gpus_per_replica=args.max_gpus_per_replica,
@@ -815,7 +813,8 @@ def _search_args(args: argparse.Namespace) -> dict[str, Any]:
         max_quality_loss_pct=args.max_quality_loss_pct, offload=args.offload, prefix_caching=args.enable_prefix_caching,
         every_hardware=args.every_hardware,
         fit=fit_from_args(args), widen=True, requests_per_probe=args.requests_per_probe, executor=args.executor, workers=args.workers,
-        cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True)
+        cache_dir=None if args.no_cache else (args.cache_dir or DEFAULT_CACHE_DIR), progress=True,
+        on_answer=None if args.json else first)
 
 
 def cmd_plan_day(args: argparse.Namespace) -> None:
@@ -842,7 +841,7 @@ def cmd_plan_day(args: argparse.Namespace) -> None:
                 tasks[fleet] = bar.add_task(f"{fleet} fleet, simulated hours", total=day.duration_s / 3600)
             bar.update(tasks[fleet], completed=hours)
 
-        result, day_plan = plan_day(args.model, day, slo, on_hour=on_hour, **_search_args(args))
+        result, day_plan = plan_day(args.model, day, slo, on_hour=on_hour, **_search_args(args, started))
     if args.json:
         print_json({"search": result.model_dump(mode="json"), "day": None if day_plan is None else
                     day_plan.model_dump(mode="json")})

@@ -245,7 +245,7 @@ def test_cli_plan_without_a_recommendation_exits_1(capsys: pytest.CaptureFixture
     out = capsys.readouterr().out
     assert "no recommendation" in out and "narrower than the default search" in out
     # The search's first answer is printed before every hardware is sized (not in --json output).
-    assert out.startswith("answer after ") and "nothing meets the SLO; sizing every hardware" in out.splitlines()[0]
+    assert out.startswith("answer after ") and "nothing meets the SLO; now sizing every hardware" in out.splitlines()[0]
 
 
 def test_cli_plan_switches_prefix_caching_in_every_candidate(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
