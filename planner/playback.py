@@ -109,6 +109,22 @@ class Playback:
         return Submission(due_s, request, prompt)
 
 
+def private_requests(replay: Replay, block_size: int, served: Sequence[Sequence[int]] = ()) -> frozenset[str]:
+    """The requests whose KV blocks no other request can share (Request.private_blocks): prompts
+    of at least a block whose first block no other prompt here, nor anything `served` before, starts
+    with, and that no follow-up turn extends. Block keys chain over every token before them, so a
+    prompt can match another's block only where their first blocks match."""
+    children = follow_ups(replay.requests)
+    firsts: dict[tuple[int, ...], int] = {}
+    for tokens in [*(r.prompt_token_ids for r in replay.requests if r.parent_id is None), *served]:
+        if len(tokens) >= block_size:
+            first = tuple(tokens[:block_size])
+            firsts[first] = firsts.get(first, 0) + 1
+    return frozenset(r.request_id for r in replay.requests
+                     if r.parent_id is None and r.request_id not in children and len(r.prompt_token_ids) >= block_size
+                     and firsts[tuple(r.prompt_token_ids[:block_size])] == 1)
+
+
 def request_lengths(replay: Replay) -> dict[str, tuple[int, int]]:
     """request id -> (prompt tokens, prompt + output tokens) as the request will be submitted.
 

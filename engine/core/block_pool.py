@@ -89,6 +89,7 @@ class BlockPool:
         self._uncached_free: list[KVCacheBlock] = []  # a stack: the head of the queue is its end
         self._cached_free = CachedFreeQueue()
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+        self._last_private_key = 0  # cache_private_blocks' keys count down from -1: never a digest
 
     @property
     def num_free_blocks(self) -> int:
@@ -171,6 +172,20 @@ class BlockPool:
             if block_hash not in self.cached_block_hash_to_block:
                 block.block_hash = block_hash
                 self.cached_block_hash_to_block[block_hash] = block
+
+    def cache_private_blocks(self, blocks: Sequence[KVCacheBlock], start: int, end: int) -> None:
+        """Register blocks[start:end] of a request nobody can share (Request.private_blocks) under
+        keys of their own instead of their content's digests: negative, so no lookup ever finds them,
+        as none would find the digests. Registered, they are freed into the LRU queue and evicted in
+        the order content-hashed blocks would be."""
+        if not self.enable_caching:
+            return
+        for block in blocks[start:end]:
+            if block.block_hash is not None:
+                raise RuntimeError(f"block {block.block_id} is already cached")
+            self._last_private_key -= 1
+            block.block_hash = BlockHash(self._last_private_key)
+            self.cached_block_hash_to_block[block.block_hash] = block
 
     def uncache(self, block: KVCacheBlock) -> None:
         """Forget a block's hash: its KV will never be written (see KVCacheManager.free)."""

@@ -12,7 +12,8 @@ their place, so every decision that depends on order (budget, allocation, preemp
 taken exactly as step by step.
 
 A member's block events (the step that takes its next block and, with prefix caching, the one
-before it, which registers its full block) are not visits either: the member *owes* the event
+before it, which registers its full block; a private request, `Request.private_blocks`, registers
+its blocks when it lets go of them, so only takes) are not visits either: the member *owes* the event
 (`request.bulk_owed`, the bulk step it falls in), and the scheduler pays what is owed in the order
 one by one would meet it (bulk step, then place in the running list: `request.running_seq`), at the
 first thing after it that touches the block pool (anyone's allocation, lookup or release, and the

@@ -156,7 +156,7 @@ class KVCacheManager:
     def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
         """Longest cached prefix of full blocks, and its length in tokens. Pure lookup: nothing
         is touched until allocate_slots commits."""
-        if not self.enable_prefix_caching:
+        if not self.enable_prefix_caching or self._is_private(request):
             return [], 0
         self._update_block_hashes(request)
         # The last known token is always recomputed: its logits are what the next step samples.
@@ -284,9 +284,19 @@ class KVCacheManager:
         computed = request.num_computed_tokens
         # Step j (from 0) needs ceil((computed + j + 1) / bs) blocks and knows computed + j + 1 tokens.
         take = len(self.req_to_blocks[rid]) * bs - computed
-        if not self.enable_prefix_caching:
+        if not self.registers_decode_blocks(request):
             return take, -1
         return take, (self.num_cached_blocks[rid] + 1) * bs - computed - 1
+
+    def registers_decode_blocks(self, request: Request) -> bool:
+        """Whether the request's decodes register each block they fill (prefix caching, and a request
+        others could share: a private one registers its blocks when it lets go of them)."""
+        return self.enable_prefix_caching and not self._is_private(request)
+
+    def _is_private(self, request: Request) -> bool:
+        # Private keys stand in for digests only where nothing else reads a block's key: an offload
+        # tier keeps evicted blocks under it, and window groups register their own blocks.
+        return request.private_blocks and self.tiers is None and self.window is None
 
     def _no_window(self, what: str) -> None:
         # A window's blocks are taken and given back at their own positions: these fast paths count
@@ -300,8 +310,9 @@ class KVCacheManager:
         Registered now, before the forward pass (or the step's copies) fill them, as vLLM does: a
         request admitted later in this same step may hit them, which is sound because the runner
         performs the step's copies and writes the whole batch's KV before attention reads it. Only
-        known tokens are hashed; draft tokens may be rejected."""
-        if not self.enable_prefix_caching:
+        known tokens are hashed; draft tokens may be rejected. A private request's blocks wait for
+        _free_blocks: nobody can look them up meanwhile."""
+        if not self.enable_prefix_caching or self._is_private(request):
             return
         num_full = min(num_tokens, request.num_tokens) // self.block_size
         num_cached = self.num_cached_blocks[request.request_id]
@@ -360,19 +371,22 @@ class KVCacheManager:
         self._cache_full_blocks(request, held, num_computed + num_new_tokens)
         return [b.block_id for b in held]
 
-    def free(self, request: Request) -> None:
-        """Release everything the request holds: device blocks and, if it was swapped out, host slots."""
+    def free(self, request: Request, preempted: bool = False) -> None:
+        """Release everything the request holds: device blocks and, if it was swapped out, host slots.
+        `preempted`: it will be admitted again, and its blocks still cached then are hits."""
         if self.tiers is not None:
             self.tiers.drop_swapped(request.request_id)
-        self._free_blocks(request)
+        self._free_blocks(request, preempted)
 
-    def _free_blocks(self, request: Request) -> None:
+    def _free_blocks(self, request: Request, preempted: bool = False) -> None:
         if self.window is not None:
             self.block_pool.free_blocks(reversed(self.window.pop(request.request_id)))
         blocks = self.req_to_blocks.pop(request.request_id, None)
         self.num_cached_blocks.pop(request.request_id, None)
         if not blocks:
             return
+        if self.enable_prefix_caching and self._is_private(request):
+            self._register_private(request, blocks, preempted)
         # A request preempted or aborted after schedule() but before its step ran holds blocks
         # that were registered but never filled: drop their hashes so nobody hits garbage.
         first_unfilled = request.num_computed_tokens // self.block_size
@@ -380,6 +394,20 @@ class KVCacheManager:
             if block.ref_cnt == 1:
                 self.block_pool.uncache(block)
         self.block_pool.free_blocks(reversed(blocks))
+
+    def _register_private(self, request: Request, blocks: list[KVCacheBlock], preempted: bool) -> None:
+        """What registering a private request's blocks as they filled would have left registered now:
+        its full blocks of computed tokens (those registered but never filled are dropped at free).
+        Nobody else can have looked them up or registered their content meanwhile, so registering
+        them now is the same. A finished request's blocks are never looked up again: private keys.
+        A preempted one's own resume will look them up: their digests, and it is private no more."""
+        num_filled = min(request.num_computed_tokens, request.num_tokens) // self.block_size
+        if not preempted:
+            self.block_pool.cache_private_blocks(blocks, 0, num_filled)
+            return
+        request.private_blocks = False
+        self._update_block_hashes(request)
+        self.block_pool.cache_full_blocks(request, blocks, 0, num_filled)
 
     def served(self, request_id: str, token_ids: Sequence[int]) -> None:
         """Leave the cache as a request of `token_ids` (prompt, then output) that ran alone and

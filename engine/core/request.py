@@ -56,6 +56,10 @@ class Request:
     # prefill instance's transfer (disaggregation), or calibration's synthetic context, whose
     # values do not matter for timing. Taken as computed at first admission, like a prefix hit.
     num_external_computed_tokens: int = 0
+    # No other request can share this one's blocks: the simulator found no other prompt with its first
+    # block, and no follow-up turn will extend it. Its blocks then need no content hash (nobody will
+    # look them up) until a preemption makes its own resume a possible hit (KVCacheManager.free).
+    private_blocks: bool = False
 
     output_token_ids: list[int] = field(init=False)
     status: RequestStatus = field(init=False)

@@ -465,11 +465,11 @@ class Scheduler:
         one by one meets them (engine/core/bulk_decodes.py)."""
         bulk, kv = self._members, self.kv_cache_manager
         bs = self.config.block_size
-        # After a block's registration comes the block after it; after a block, its registration once
-        # full (the step before the next block), or without prefix caching that next block.
-        after_take = bs - 1 if self.config.enable_prefix_caching else bs
         while (owed := bulk.next_owed(step, seq)) is not None:
             request, took = owed
+            # After a block's registration comes the block after it; after a block, its registration
+            # once full (the step before the next block), or where decodes register nothing, that next block.
+            after_take = bs - 1 if kv.registers_decode_blocks(request) else bs
             if not took:
                 kv.cache_decode_block(request)
             elif not kv.take_decode_block(request):
@@ -515,7 +515,7 @@ class Scheduler:
         # Both read num_computed_tokens to spot blocks registered but never filled: reset after.
         swapped = self.config.preemption_mode == "swap" and self.kv_cache_manager.swap_out(victim)
         if not swapped:
-            self.kv_cache_manager.free(victim)
+            self.kv_cache_manager.free(victim, preempted=True)
             victim.num_computed_tokens = 0  # recompute: output tokens are kept and re-prefilled
         self._remaining_outputs -= victim.max_tokens - victim.num_output_tokens
         victim.status = RequestStatus.PREEMPTED

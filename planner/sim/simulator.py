@@ -27,7 +27,7 @@ from planner.costmodel.fitted import FittedModel, prediction_interval
 from planner.engines import EngineProfile, get_engine, resolve_deployment
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import EarlyStop, PricingBasis, RunRecord, RunSummary, SLOWatch, StepSample, summarize
-from planner.playback import Playback, Replay, Submission, check_lengths
+from planner.playback import Playback, Replay, Submission, check_lengths, private_requests
 from planner.sim.disagg import Disaggregated
 from planner.sim.executor import SYNTHETIC_TOKEN_ID, CostModelExecutor
 from planner.sim.frontend import FrontEnd
@@ -189,6 +189,8 @@ def simulate(
     samples: list[StepSample] = []
     finished: list[RequestMetrics] = []  # each request as it finishes; the scheduler drops it
     playback = Playback(replay)
+    private = (private_requests(replay, sched_config.block_size, served_before)
+               if sched_config.enable_prefix_caching else frozenset())
     recorder = TraceRecorder(cost_model.reader, cost_model.api_hold_s, cost_model.api_release == "round") if trace else None
     api = FrontEnd(env, cost_model.front_end_s, cost_model.params.api_latency_s, cost_model.api_release)
 
@@ -196,7 +198,8 @@ def simulate(
         """The client sends now; the engine sees the request once the API server has handled it."""
         wr = sub.request
         request = Request(wr.request_id, list(sub.prompt_token_ids),
-                          SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=env.now)
+                          SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=env.now,
+                          private_blocks=wr.request_id in private)
         if recorder is not None:
             # A gated request goes think_time_s after its gate finishes, and not before it was due.
             due = (wr.arrival_s or 0.0) if gate else sub.due_s

@@ -268,3 +268,46 @@ def test_served_requests_evict_the_least_recently_served():
     kv.served("first-again", first[:8])
     assert kv.get_computed_blocks(make_request("c", second + [0]))[1] == 8
     assert kv.get_computed_blocks(make_request("d", first[:8] + [0]))[1] == 8
+
+
+def _private(request_id: str, prompt: list[int]) -> Request:
+    request = make_request(request_id, prompt)
+    request.private_blocks = True
+    return request
+
+
+def test_a_private_request_hashes_nothing_and_registers_its_filled_blocks_when_it_finishes():
+    """Its blocks go into the LRU queue when freed, as hashed ones would (so they are evicted in the
+    same order), under keys no lookup can find."""
+    kv = KVCacheManager(8, BS)
+    r = _private("a", list(range(10)))
+    _admit(kv, r)
+    assert r.block_hashes == [] and not kv.block_pool.cached_block_hash_to_block
+    r.num_computed_tokens = 10
+    kv.free(r)
+    keys = list(kv.block_pool.cached_block_hash_to_block)
+    assert len(keys) == 2 and all(k < 0 for k in keys)  # the two full blocks of computed tokens
+    assert r.block_hashes == []
+    assert kv.block_pool.free_block_ids()[-2:] == [1, 0]  # the LRU queue's tail, tail first, as hashed
+    assert kv.get_computed_blocks(make_request("b", list(range(10)))) == ([], 0)
+
+
+def test_a_preempted_private_request_resumes_on_its_own_cached_blocks():
+    """Preempted, it will be admitted again and may hit what it computed: its blocks are registered
+    under their digests, and it is private no more."""
+    kv = KVCacheManager(8, BS)
+    r = _private("a", list(range(10)))
+    _admit(kv, r)
+    r.num_computed_tokens = 10
+    kv.free(r, preempted=True)
+    assert not r.private_blocks
+    assert kv.get_computed_blocks(r)[1] == 8
+    assert kv.get_computed_blocks(make_request("b", list(range(10))))[1] == 8  # the same as hashed blocks
+
+
+def test_private_blocks_need_what_only_digests_give_with_offload_tiers():
+    """A host tier keeps evicted blocks under their keys, where a digest is needed: the flag is ignored."""
+    kv = KVCacheManager(8, BS, host_blocks=4)
+    r = _private("a", list(range(10)))
+    _admit(kv, r)
+    assert len(r.block_hashes) == 2 and len(kv.block_pool.cached_block_hash_to_block) == 2

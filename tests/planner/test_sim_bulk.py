@@ -19,7 +19,7 @@ from engine.errors import InputError
 from planner.costmodel import CostParams
 from planner.hardware import get_hardware
 from planner.playback import Replay
-from planner.sim import simulate
+from planner.sim import SimulationResult, simulate, simulator
 from planner.sim.replica import _catch_up
 from planner.specs import SLO, Deployment, EngineKnobs
 from planner.workload import (ClosedLoopArrivals, Conversation, GammaArrivals, LognormalLength, OfflineArrivals,
@@ -27,6 +27,19 @@ from planner.workload import (ClosedLoopArrivals, Conversation, GammaArrivals, L
 
 H100 = get_hardware("h100-sxm")
 MODELS = {name: resolve_model(name) for name in ("llama-3.1-8b", "qwen3-30b-a3b", "gemma-2-9b")}
+
+
+def _assert_same_run(a: SimulationResult, b: SimulationResult) -> None:
+    assert a.record.requests == b.record.requests
+    assert a.record.samples == b.record.samples
+    assert a.summary == b.summary
+
+
+def _hashing_every_block(*args: object, **kwargs: object) -> SimulationResult:
+    """simulate() with no request private (Request.private_blocks): every block hashed as it fills."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(simulator, "private_requests", lambda *_args: frozenset())
+        return simulate(*args, **kwargs)  # type: ignore[arg-type]
 
 
 @st.composite
@@ -74,9 +87,7 @@ def test_bulk_decodes_simulate_exactly_what_one_by_one_simulates(run: dict[str, 
     bulk = simulate(model, H100, dep, workload, bulk_decodes=True, **run)
     if one.summary.preemptions:
         event("preemptions")
-    assert bulk.record.requests == one.record.requests
-    assert bulk.record.samples == one.record.samples
-    assert bulk.summary == one.summary
+    _assert_same_run(bulk, one)
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -120,9 +131,7 @@ def test_bulk_decodes_exact_where_follow_ups_hit_decoded_blocks_in_a_short_pool(
     model = MODELS["llama-3.1-8b"]
     one = simulate(model, H100, dep, workload, bulk_decodes=False, kv_cache_blocks=_SHORT_POOL_BLOCKS)
     bulk = simulate(model, H100, dep, workload, bulk_decodes=True, kv_cache_blocks=_SHORT_POOL_BLOCKS)
-    assert bulk.record.requests == one.record.requests
-    assert bulk.record.samples == one.record.samples
-    assert bulk.summary == one.summary
+    _assert_same_run(bulk, one)
     # The run met what it is meant to: preemptions, and follow-ups hitting past their parent's prompt.
     assert one.summary.preemptions > 0
     prompts = {r.request_id: r.prompt_tokens for r in one.record.requests}
@@ -199,6 +208,44 @@ def test_a_lone_request_decodes_in_runs(monkeypatch: pytest.MonkeyPatch) -> None
     assert not priced
     fast = simulate(model, H100, dep, workload)
     assert sum(priced) > fast.summary.num_steps / 2
-    assert fast.record.requests == one.record.requests
-    assert fast.record.samples == one.record.samples
-    assert fast.summary == one.summary
+    _assert_same_run(fast, one)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs(), st.booleans())
+def test_private_blocks_simulate_exactly_what_hashing_every_block_simulates(run: dict[str, object], bulk: bool) -> None:
+    """Requests nobody can share register their blocks only when they let go of them, under keys of
+    their own (Request.private_blocks): the same run, request by request and step by step, as hashing
+    every block when it fills, with shared prefixes, follow-up turns, evictions and preemptions beside them."""
+    model, dep, workload = run.pop("model"), run.pop("dep"), run.pop("workload")
+    try:
+        private = simulate(model, H100, dep, workload, bulk_decodes=bulk, **run)
+    except InputError:
+        event("refused")
+        return
+    hashed = _hashing_every_block(model, H100, dep, workload, bulk_decodes=bulk, **run)
+    if hashed.summary.preemptions:
+        event("preemptions")
+    if hashed.summary.prefix_cache_hit_tokens:
+        event("prefix-cache hits")
+    _assert_same_run(private, hashed)
+
+
+@pytest.mark.parametrize("bulk", [True, False])
+def test_private_blocks_exact_where_their_eviction_order_decides_shared_hits(bulk: bool) -> None:
+    """Half the requests share one of a few long prefixes, half are private, in a pool that holds a
+    few of them: which cached blocks a new request evicts, a private request's or a shared prefix's,
+    decides the later hits, so private blocks must enter the LRU queue as hashed ones would."""
+    workload = Workload(
+        name="t", arrival=PoissonArrivals(rate_per_s=30.0), num_requests=150, seed=3,
+        input_tokens=LognormalLength(median_tokens=200, sigma=0.6, max_tokens=600),
+        output_tokens=LognormalLength(median_tokens=40, sigma=0.6, max_tokens=200),
+        shared_prefix=SharedPrefix(num_prefixes=4, prefix_tokens=320, share=0.5))
+    dep = Deployment(hardware="h100-sxm", knobs=EngineKnobs(max_num_seqs=8, enable_prefix_caching=True))
+    model = MODELS["llama-3.1-8b"]
+    private = simulate(model, H100, dep, workload, bulk_decodes=bulk, kv_cache_blocks=_SHORT_POOL_BLOCKS)
+    hashed = _hashing_every_block(model, H100, dep, workload, bulk_decodes=bulk, kv_cache_blocks=_SHORT_POOL_BLOCKS)
+    _assert_same_run(private, hashed)
+    # What the run is meant to meet: private requests, and shared prefixes hit after evictions.
+    assert len(simulator.private_requests(Replay.of(workload, model.vocab_size), 16)) > 30
+    assert 0 < hashed.summary.prefix_cache_hit_rate < 0.5

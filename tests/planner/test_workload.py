@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from engine import limits
 from engine.core.kv_cache_manager import hash_block_tokens
 from engine.errors import InputError
-from planner.playback import Replay
+from planner.playback import Replay, private_requests
 from planner.workload import (
     PRESETS,
     ClosedLoopArrivals,
@@ -545,3 +545,29 @@ def test_a_workload_name_with_control_characters_is_refused(name: str) -> None:
     (accepted before; found by bench/hostile_inputs.py)."""
     with pytest.raises(ValidationError, match="must be printable"):
         wl(name=name)
+
+
+# --------------------------------------------------------------------------- private blocks
+
+
+def test_private_requests_are_those_no_other_prompt_can_share_a_block_with() -> None:
+    """A request is private (engine Request.private_blocks) when no other prompt starts with its
+    first block, nothing served before does, and no follow-up turn extends it; a prompt under a
+    block has no first block to tell it apart (its first decoded block could match another's)."""
+    w = wl(num_requests=60, input_tokens=UniformLength(min_tokens=4, max_tokens=60),
+           shared_prefix=SharedPrefix(num_prefixes=2, prefix_tokens=20, share=0.5))
+    replay = Replay.of(w)
+    private = private_requests(replay, 16)
+    for r in replay.requests:
+        others = [o.prompt_token_ids[:16] for o in replay.requests if o is not r]
+        shareable = len(r.prompt_token_ids) < 16 or r.prompt_token_ids[:16] in others
+        assert (r.request_id in private) == (not shareable)
+    assert private and not any(r.request_id in private for r in replay.requests if r.prefix_id is not None)
+    # Something served before with a private request's first block makes it shareable.
+    victim = next(r for r in replay.requests if r.request_id in private)
+    assert victim.request_id not in private_requests(replay, 16, served=[victim.prompt_token_ids[:16] + (7,)])
+    # A conversation's first turn is extended by its follow-ups; they are never private either.
+    chats = Replay.of(wl(num_requests=30, conversation=Conversation(min_turns=1, max_turns=3)))
+    with_follow_ups = set(follow_ups(chats.requests)) | {r.request_id for r in chats.requests if r.parent_id}
+    assert not private_requests(chats, 16) & with_follow_ups
+    assert private_requests(chats, 16)
