@@ -16,6 +16,7 @@ import bisect
 import csv
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+import functools
 import math
 from pathlib import Path
 from typing import Annotated, Literal
@@ -495,7 +496,7 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
     if sp is not None:
         prng = rngs["prefix_tokens"]
         prefixes = [tuple(prng.integers(lo, hi, size=sp.prefix_tokens).tolist()) for _ in range(sp.num_prefixes)]
-    ids = rngs["tokens"].integers(lo, hi, size=int(inputs.sum())).tolist()
+    ids = _token_ints(rngs["tokens"].integers(lo, hi, size=int(inputs.sum())), hi)
     bounds = np.concatenate(([0], np.cumsum(inputs))).tolist()
 
     # Python objects per request only now, after the limits (a million of them are ~400 MB).
@@ -520,6 +521,24 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
             parent = rid
             k += 1
     return requests
+
+
+# Ids below this are handed out as shared int objects: a run of 10,000 chat prompts holds 4 million ids,
+# which as ints of their own cost ~110 MB and a third of the draw's time.
+_POOLED_IDS = 1 << 18
+
+
+def _token_ints(ids: np.ndarray, hi: int) -> list[int]:
+    """`ids` (each < hi) as a list of Python ints: the same values, shared int objects where hi is small."""
+    return _int_pool(hi)[ids].tolist() if hi <= _POOLED_IDS else ids.tolist()
+
+
+@functools.lru_cache(maxsize=2)
+def _int_pool(hi: int) -> np.ndarray:
+    """range(hi) as an object array: indexing it hands out its int objects instead of making new ones."""
+    pool = np.empty(hi, dtype=object)
+    pool[:] = range(hi)
+    return pool
 
 
 def _streams(workload: Workload) -> dict[str, np.random.Generator]:

@@ -366,6 +366,21 @@ def test_a_request_beyond_the_context_is_refused_before_any_token_is_drawn() -> 
     assert peak < 20 * 2**20
 
 
+def test_drawn_token_ids_cost_their_pointers_not_an_int_each() -> None:
+    """Ids below the pool's bound are shared int objects: a million drawn ids hold ~8 bytes each (a
+    tuple's pointer), not the ~40 of an int of their own, and their values are the draw's."""
+    w = wl(input_tokens=500, num_requests=2000)
+    tracemalloc.start()
+    try:
+        reqs = draw(w)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    num_ids = sum(len(r.prompt_token_ids) for r in reqs)
+    assert num_ids == 1_000_000 and held / num_ids < 16
+    assert [r.prompt_token_ids for r in reqs] == [r.prompt_token_ids for r in draw(w)]
+
+
 def test_conversation_history_counts_towards_the_context() -> None:
     conv = Conversation(min_turns=3, max_turns=3)
     w = wl(input_tokens=100, output_tokens=50, conversation=conv, num_requests=3,
