@@ -42,7 +42,7 @@ from planner.search.space import (
     enumerate_candidates, knobs_label, priced_profiles, variants, weight_dtypes_for,
 )
 from planner.search.widen import narrower_than_default, what_to_widen, wider_space
-from planner.search.slo_capacity import SLOCapacity, slo_capacity
+from planner.search.slo_capacity import ReplicasCapacity, SLOCapacity, replicas_capacity
 from planner.specs import DEFAULT_ENGINE, DEFAULT_REQUESTS_PER_PROBE, SLO, Deployment, HardwareProfile, PlanSettings
 from planner.workload import Workload, get_workload
 
@@ -185,14 +185,6 @@ def plan(
     found = [Searched(c, screen_candidate(c, cfg, shape, q.sizing_slo, q.sized_rate_per_s, fit, probe_of(c)))
              for c in candidates]
     live = sum(s.screen.capacity_bound_per_s is not None for s in found)
-    with runner, progress_bar(progress, live, on_progress) as advance:
-        first: list[Searched] = []
-        if every_hardware and on_answer is not None:
-            first = branch_and_bound(replace(q, every_hardware=False), found, runner, lambda: None)
-            on_answer(answer(q, shape, first))
-        found = branch_and_bound(q, found, runner, advance, first)
-    for note in (n for s in found if s.outcome is not None for n in s.outcome.notes):
-        _log.warning(note)
 
     def verify(dep: Deployment) -> RunSummary:
         hw = next(c.hw for c in candidates if c.hw.name == dep.hardware)
@@ -202,19 +194,11 @@ def plan(
             _log.warning(note)
         return summary
 
-    def capacity(p: CandidatePlan) -> SLOCapacity:
-        """One replica's capacity (as the search probes it), times the replicas behind round robin."""
-        hw = next(c.hw for c in candidates if c.hw.name == p.deployment.hardware)
-        one = p.deployment.model_copy(update={"replicas": 1})
+    def capacity_task(p: CandidatePlan) -> ReplicasCapacity:
         assert p.sustained_rate_per_s is not None and p.replicas is not None
-        c = slo_capacity(cfg, hw, one, base, slo, start_rate_per_s=p.sustained_rate_per_s,
-                         requests_per_probe=requests_per_probe, runs=runs, fit=fit, stop_once_missed=stop_missed_probes)
-        k = p.replicas
-        return c.model_copy(update={
-            "rate_per_s": None if c.rate_per_s is None else c.rate_per_s * k,
-            "failed_rate_per_s": None if c.failed_rate_per_s is None else c.failed_rate_per_s * k,
-            "output_tokens_per_s": None if c.output_tokens_per_s is None else c.output_tokens_per_s * k,
-            "basis": c.basis + f"; one replica probed alone, times {k} replicas behind round robin"})
+        hw = next(c.hw for c in candidates if c.hw.name == p.deployment.hardware)
+        return ReplicasCapacity(cfg, hw, p.deployment.model_copy(update={"replicas": 1}), p.replicas, base, slo,
+                                p.sustained_rate_per_s, requests_per_probe, runs, fit, stop_missed_probes)
 
     space = SearchSpace(
         hardware=[hw.name for hw in profiles], max_gpus_per_replica=max_gpus_per_replica,
@@ -222,7 +206,24 @@ def plan(
         knobs=[knobs_label(k) for k in tried], engine=engine, max_quality_loss_pct=max_quality_loss_pct,
         excluded_for_quality=[f"{w} weights with {k} KV cache: {_loss_text(w, k)}" for w, k in sorted(pairs - kept)],
         narrower_than_default=narrower_than_default(profiles, max_gpus_per_replica, weights, kvs, knobs), outcomes={})
-    result = assemble(q, shape, found, space, verify, capacity)
+    with runner, progress_bar(progress, live, on_progress) as advance:
+        first: list[Searched] = []
+        if every_hardware and on_answer is not None:
+            first = branch_and_bound(replace(q, every_hardware=False), found, runner, lambda: None)
+            on_answer(answer(q, shape, first))
+        found = branch_and_bound(q, found, runner, advance, first)
+        for note in (n for s in found if s.outcome is not None for n in s.outcome.notes):
+            _log.warning(note)
+        # The recommendation's capacity search runs where the search ran, beside its verification here.
+        rec = answer(q, shape, found)
+        capacity_of = runner.later(replicas_capacity, capacity_task(rec)) if rec is not None else None
+
+        def capacity(p: CandidatePlan) -> SLOCapacity:
+            if capacity_of is None or p != rec:
+                raise RuntimeError(f"the plan recommends {p.label}, not what its capacity search was started for")
+            return capacity_of()
+
+        result = assemble(q, shape, found, space, verify, capacity)
     if result.recommended is None and widen and space.narrower_than_default:
         wider = plan(cfg, base, rate_per_s, slo, **wider_space(profiles, max_gpus_per_replica, weights, kvs, knobs),
                      budget_usd_per_hour=budget_usd_per_hour, engine=engine, headroom=headroom, confidence=confidence,

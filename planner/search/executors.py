@@ -18,6 +18,8 @@ EXECUTORS: tuple[str, ...] = get_args(Executor)
 MAX_WORKERS = 256
 T = TypeVar("T")
 R = TypeVar("R")
+U = TypeVar("U")
+V = TypeVar("V")
 
 
 def _ignore_sigint() -> None:
@@ -69,6 +71,17 @@ class Runner(Generic[T, R]):
         if exc_type is not None:
             for ref in self._refs:
                 self._ray.cancel(ref)
+
+    def later(self, fn: Callable[[U], V], task: U) -> Callable[[], V]:
+        """Start fn(task) where this runner works (a pool worker, a Ray task; in process, when its
+        result is asked for) and return what waits for that result: the caller works meanwhile."""
+        if self._pool is not None:
+            return self._pool.apply_async(fn, (task,)).get
+        if self.executor == "ray":
+            ref = self._ray.remote(fn).remote(task)
+            self._refs.append(ref)
+            return lambda: self._ray.get(ref)
+        return partial(fn, task)
 
     def run(self, tasks: Sequence[T], done: Callable[[], None]) -> list[R]:
         """Results in task order; `done` is called as each finishes."""

@@ -12,6 +12,7 @@ run (max_num_seqs, or what its KV cache holds of the mean request if fewer).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 import logging
 import math
 
@@ -115,6 +116,37 @@ def slo_capacity(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workl
                                                      ", no rate probed missed it (the search stopped at its limit)")
                   + "; cost per token at that rate")),
     )
+
+
+@dataclass(frozen=True)
+class ReplicasCapacity:
+    """The capacity of `replicas` copies of `one` (a single replica) behind round robin: a task a
+    search's runner can take (planner/search/executors.py), so it can run beside other work."""
+
+    model: ModelConfig
+    hw: HardwareProfile
+    one: Deployment
+    replicas: int
+    workload: Workload
+    slo: SLO
+    start_rate_per_s: float  # one replica's
+    requests_per_probe: int
+    runs: RunCache | None
+    fit: FittedModel | None
+    stop_once_missed: bool
+
+
+def replicas_capacity(task: ReplicasCapacity) -> SLOCapacity:
+    """One replica's capacity (as the search probes it), times the replicas behind round robin."""
+    c = slo_capacity(task.model, task.hw, task.one, task.workload, task.slo, start_rate_per_s=task.start_rate_per_s,
+                     requests_per_probe=task.requests_per_probe, runs=task.runs, fit=task.fit,
+                     stop_once_missed=task.stop_once_missed)
+    k = task.replicas
+    return c.model_copy(update={
+        "rate_per_s": None if c.rate_per_s is None else c.rate_per_s * k,
+        "failed_rate_per_s": None if c.failed_rate_per_s is None else c.failed_rate_per_s * k,
+        "output_tokens_per_s": None if c.output_tokens_per_s is None else c.output_tokens_per_s * k,
+        "basis": c.basis + f"; one replica probed alone, times {k} replicas behind round robin"})
 
 
 def _probe_requests(model: ModelConfig, hw: HardwareProfile, dep: Deployment, sample: Workload) -> int:

@@ -353,6 +353,23 @@ def test_candidates_cannot_be_changed_after_a_stage(result: PlanResult) -> None:
             setattr(obj, attr, None)
 
 
+@pytest.mark.parametrize("executor", ["serial", "process"])
+def test_work_started_for_later_gives_what_the_call_gives(executor: str) -> None:
+    """Runner.later: on a pool the work starts at once, beside the caller (a plan's capacity search
+    beside its verification); in process it runs when its result is asked for, in the caller's order."""
+    from planner.search.executors import Runner
+
+    calls: list[int] = []
+    with Runner(math.factorial, executor, 1) as runner:
+        result = runner.later(math.factorial, 20)
+        logged = runner.later(calls.append, 7)
+        if executor == "serial":
+            assert calls == []  # nothing runs until asked
+        assert result() == math.factorial(20)
+        logged()
+    assert calls == ([7] if executor == "serial" else [])  # a pool worker appends to its own copy
+
+
 def test_ray_executor_on_a_local_instance_gives_the_serial_answer(monkeypatch: pytest.MonkeyPatch) -> None:
     ray = pytest.importorskip("ray", reason="the cluster extra is not installed: pip install -e '.[cluster]'")
     from pathlib import Path
