@@ -110,6 +110,18 @@ class StepCosts(NamedTuple):
 _MAX_MEMO_ROWS = 8192
 
 
+class _StepTerms(NamedTuple):
+    """What one scalar step's cost takes from its row counts alone (everything but attention), laid
+    out for `CostModel._step_cost` to add in times()'s order."""
+
+    head: float  # qkv + o: the device operators before attention
+    tail: tuple[float, ...]  # the device operators after it, in OPERATORS order
+    comm_s: float  # the collectives and pipeline hand-offs, summed as _totals sums them
+    wait_head: float  # their eager launch waits (_launch_wait), likewise split around attention's
+    wait_tail: tuple[float, ...]
+    rows: _RowTerms
+
+
 class _RowTerms(NamedTuple):
     """A step's operators that depend on its row counts only (not on attention), and their work."""
 
@@ -225,6 +237,7 @@ class CostModel:
             for c in self.ops.comms)
         self._draft = self._draft_model(model, hw, dep)
         self._row_memo: dict[tuple[float, float], _RowTerms] = {}
+        self._step_memo: dict[tuple[float, ...], _StepTerms] = {}
         # One KV block on one GPU: its KV heads, its pipeline stage's layers (the largest stage).
         stage_layers = -(-model.num_layers // dep.pipeline_parallel)
         assert dep.knobs.block_size_tokens is not None  # resolved above
@@ -242,6 +255,8 @@ class CostModel:
         copy_s = self.copies.step_s(output.kv_transfers)
         if output.is_empty:
             return StepCost(copy_s, 0.0, 0.0) if copy_s else NO_COST
+        if self._draft is None:
+            return self._step_cost(self.reader.read(output), copy_s)
         times, flops, nbytes = self.times(self.reader.read(output), self._draft_cost(output), copy_s)
         seconds, comm_s = _totals(times)
         return StepCost(seconds, flops, nbytes, comm_s)
@@ -321,6 +336,65 @@ class CostModel:
         if p.overlap_host:  # the host prepared this step while the previous one ran: only its excess shows
             host = _max(host - busy, 0.0)
         return (*device, host, launch, draft.seconds, copy_s), work[0] + r.lm_head_flops, work[1] + r.lm_head_bytes + r.norm_sample_bytes
+
+    def _step_cost(self, s: StepShape, copy_s: float) -> StepCost:
+        """step() of one step without a draft model, a float at a time: the simulator's hot path.
+        The same sums as times() and _totals(), term by term in their order, so that a step priced
+        here and the same step priced in a bulk run (times() over arrays) agree to the bit; all but
+        attention comes memoised per row counts (_step_terms)."""
+        ops, p, a = self.ops, self.params, self.ops.attention
+        rows = s.dense_rows - (1.0 - ops.prefill_row_share) * s.prefill_tokens
+        key = (rows, s.sampled_rows, s.decode_tokens, s.prefill_tokens, s.graph)
+        t = self._step_memo.get(key)
+        if t is None:
+            if len(self._step_memo) >= _MAX_MEMO_ROWS:
+                self._step_memo.clear()
+            t = self._step_memo[key] = self._step_terms(s, rows)
+        r = t.rows
+        # _attention for the decode and the prefill group, as times() calls it.
+        kernel_s = a.kernels * p.kernel_latency_s
+        d_tokens, d_flops = s.decode_tokens, s.decode_pairs * a.flops_per_pair
+        d_bytes = s.decode_kv * a.kv_bytes_per_token + d_tokens * a.act_bytes_per_row
+        compute, memory = d_flops * self._s_per_attn_flop, d_bytes * self._s_per_kv_byte
+        decode = (kernel_s + (compute if compute > memory else memory)) * float(d_tokens > 0)
+        p_tokens, p_flops = s.prefill_tokens * ops.prefill_row_share, s.prefill_pairs * a.prefill_flops_per_pair
+        p_bytes = s.prefill_kv * a.prefill_kv_reads * a.kv_bytes_per_token + p_tokens * a.act_bytes_per_row
+        compute, memory = p_flops * self._s_per_attn_flop, p_bytes * self._s_per_kv_byte
+        prefill = (kernel_s + (compute if compute > memory else memory)) * float(p_tokens > 0)
+        attention = decode + prefill
+        device = t.head + attention
+        for term in t.tail:
+            device += term
+        launch_s = p.kernel_launch_s
+        if s.graph:
+            launch = r.graph_launch_s
+        elif launch_s:
+            wait = self._kernels[2] * launch_s - attention
+            launch = t.wait_head + (wait if wait > 0.0 else 0.0)
+            for term in t.wait_tail:
+                launch += term
+        else:
+            launch = 0.0
+        busy = device + launch + 0.0 + copy_s
+        host = p.step_overhead_s + p.per_request_overhead_s * s.requests + p.layer_overhead_s * ops.layers
+        host = host + (p.api_step_s + p.api_token_s * s.sampled_rows) * float(s.sampled_rows > 0)
+        if p.overlap_host:
+            host = host - busy if host - busy > 0.0 else 0.0
+        seconds = device + host + launch + 0.0 + copy_s
+        flops = r.flops + d_flops + p_flops + r.lm_head_flops
+        nbytes = r.bytes + d_bytes + p_bytes + r.lm_head_bytes + r.norm_sample_bytes
+        return StepCost(seconds, flops, nbytes, t.comm_s)
+
+    def _step_terms(self, s: StepShape, rows: float) -> _StepTerms:
+        r = self._rows(rows, s.sampled_rows, NO_COST)
+        comms = self._communication(s, rows)
+        tail = (r.mlp, r.moe, r.router, r.norms, r.lm_head, r.sampling, *comms, r.pp)
+        comm_s = 0.0
+        for term in (*comms, r.pp):
+            comm_s += term
+        launch_s = self.params.kernel_launch_s
+        waits = [_max(k * launch_s - v, 0.0) for k, v in zip(self._kernels, (r.qkv, r.o, 0.0, *tail), strict=True)]
+        return _StepTerms(0.0 + r.qkv + r.o, tail, comm_s, 0.0 + waits[0] + waits[1], tuple(waits[3:]), r)
 
     def _rows(self, rows: Number, sampled_rows: Number, draft: StepCost) -> _RowTerms:
         """The row terms of a step, memoised for one step without a draft model."""

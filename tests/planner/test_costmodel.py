@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from hypothesis import given, settings, strategies as st
+import numpy as np
 import pytest
 
 from engine.catalog import resolve_model
@@ -12,6 +14,8 @@ from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.errors import InputError
 from planner.costmodel import OPERATORS, CostModel, CostParams, expected_distinct_experts, gemm_compute_dtype
+from planner.costmodel.model import COMM_OPERATORS, _totals
+from planner.costmodel.shape import StepShape
 from planner.engines import get_engine
 from planner.hardware import get_hardware
 from planner.memory import WEIGHT_BYTES_PER_PARAM
@@ -301,6 +305,38 @@ def test_breakdown_sums_to_step_time_for_mixed_steps() -> None:
         assert tuple(b) == OPERATORS
         assert all(v >= 0 for v in b.values())
         assert sum(b.values()) == pytest.approx(cm.step_time(out), rel=1e-12)
+
+
+_STEP_REQUESTS = st.lists(st.tuples(st.integers(1, 2048), st.integers(0, 8192), st.booleans(), st.booleans()),
+                          min_size=1, max_size=12)
+
+
+@pytest.mark.parametrize("cm", [
+    cost(), cost(tensor_parallel=2, pipeline_parallel=2), cost(model="qwen3-30b-a3b", tensor_parallel=2, engine="sglang-0.5"),
+    cost(model="gemma-2-9b", engine="trtllm-1.2"), cost(model="deepseek-v3", hw="h200", tensor_parallel=8, weight_dtype="fp8"),
+    cost(engine="vllm-0.6", knobs=EngineKnobs(enforce_eager=True)), cost(tensor_parallel=2, context_parallel=2),
+], ids=["dense", "tp2-pp2", "moe-overlapped-host", "windows", "mla-fp8", "eager", "context-parallel"])
+@settings(max_examples=40, deadline=None)
+@given(steps=st.lists(_STEP_REQUESTS, min_size=2, max_size=6), copy_s=st.sampled_from([0.0, 1.5e-4]))
+def test_a_step_costs_the_same_a_float_at_a_time_as_over_arrays(cm: CostModel, steps, copy_s: float) -> None:
+    """step() prices a step a float at a time, with what depends on row counts alone memoised (the
+    simulator's path); times() prices any step, or many at once over arrays (bulk runs, the public
+    fit). To the bit for one step: a bulk run is times() over one row count (scalar row terms) and
+    must agree with the steps one by one (tests/planner/test_sim_bulk.py). Over steps of different
+    row counts, numpy's power (MoE's experts touched) may differ from C's in the last bit."""
+    outputs = [step(*(req(q, cached, prefill=q > 1 and prefill, samples=samples or q == 1) for q, cached, prefill, samples
+                      in requests)) for requests in steps]
+    shapes = StepShape.stack([cm.reader.read(o) for o in outputs])
+    times, flops, nbytes = cm.times(shapes, copy_s=copy_s)
+    many = [np.broadcast_to(v, len(outputs)) for v in (sum(times), flops, nbytes, sum(
+        times[OPERATORS.index(op)] for op in COMM_OPERATORS + ("pp_transfer",)))]
+    for i, o in enumerate(outputs):
+        shape = cm.reader.read(o)
+        alone = cm._step_cost(shape, copy_s)
+        one_times, one_flops, one_bytes = cm.times(shape, copy_s=copy_s)
+        seconds, comm_s = _totals(one_times)
+        assert tuple(alone) == (seconds, one_flops, one_bytes, comm_s)
+        assert tuple(alone) == pytest.approx(tuple(float(v[i]) for v in many), rel=1e-12)
 
 
 def test_only_sampled_rows_reach_the_lm_head() -> None:
