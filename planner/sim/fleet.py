@@ -19,6 +19,7 @@ import simpy
 
 from engine.core import Request, RequestMetrics, SamplingParams
 from planner.sim.autoscaler import Autoscaler, ScalingRule
+from planner.sim.collector import fewer_collections
 from planner.sim.frontend import FrontEnd
 from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
@@ -382,6 +383,7 @@ def _day(duration_s: float, slo: SLO | None, on_finished: Callable[[Request], No
     return _Tallies(hours, slo.request_limits_ms() if slo is not None else {}, on_finished), _Billing(hours, duration_s)
 
 
+@fewer_collections()
 def _play(env: simpy.Environment, fleet: Fleet, rule: ScalingRule, tallies: _Tallies, billing: _Billing,
           on_hour: Callable[[float], None] | None) -> FleetRun:
     """Start the fleet, its autoscaler and the hours, and run until every request has been served."""

@@ -28,6 +28,7 @@ from planner.engines import EngineProfile, get_engine, resolve_deployment
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import EarlyStop, PricingBasis, RunRecord, RunSummary, SLOWatch, StepSample, summarize
 from planner.playback import Playback, Replay, Submission, check_lengths, private_requests
+from planner.sim.collector import fewer_collections
 from planner.sim.disagg import Disaggregated
 from planner.sim.executor import SYNTHETIC_TOKEN_ID, CostModelExecutor
 from planner.sim.frontend import FrontEnd
@@ -140,6 +141,7 @@ class ReplicaTemplate:
         return Replica(env, loop, executor, on_finished, samples, recorder, self.cost_model.api_hold_s), executor
 
 
+@fewer_collections()
 def simulate(
     model: ModelConfig,
     hw: HardwareProfile,
