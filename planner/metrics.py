@@ -300,6 +300,19 @@ def latency_stats_ms(values_s: Sequence[float] | np.ndarray) -> LatencyStats:
     return LatencyStats(count=int(v.size), mean=float(v.mean()), p50=p50, p90=p90, p95=p95, p99=p99, max=float(v.max()))
 
 
+def inter_token_gaps(reqs: Sequence[RequestMetrics]) -> np.ndarray:
+    """Every request's ITLs (RequestMetrics.itl_s), in request order, as one array: the gaps of all
+    their token times at once, less those between one request's last token and the next one's first."""
+    counts = np.fromiter((len(r.token_times) for r in reqs), dtype=np.int64, count=len(reqs))
+    times = np.fromiter(itertools.chain.from_iterable(r.token_times for r in reqs), dtype=float,
+                        count=int(counts.sum()))  # sized once: millions of tokens in a long run
+    gaps = np.diff(times)
+    within = np.ones(gaps.size, dtype=bool)
+    within[np.cumsum(counts)[:-1] - 1] = False
+    gaps = gaps[within]
+    return gaps[gaps != 0.0]
+
+
 def summarize(
     record: RunRecord,
     *,
@@ -321,8 +334,7 @@ def summarize(
     ttft = np.array([r.ttft_s for r in reqs])
     tpot = np.array([r.tpot_s for r in reqs if r.output_tokens > 1])
     e2e = np.array([r.e2e_s for r in reqs])
-    itl = np.fromiter(itertools.chain.from_iterable(r.itl_s for r in reqs), dtype=float,
-                      count=sum(len(r.itl_s) for r in reqs))  # sized once: millions of gaps in a long run
+    itl = inter_token_gaps(reqs)
     stats = {
         "ttft_ms": latency_stats_ms(ttft),
         "itl_ms": latency_stats_ms(itl),
@@ -425,7 +437,8 @@ def steady_state(reqs: Sequence[RequestMetrics], samples: Sequence[StepSample], 
         # evenly among the deliveries (tokens delivered together, e.g. accepted drafts, count at once).
         output_tokens = 0.0
         for r, t_first in zip(reqs, first, strict=True):
-            times = t_first + np.concatenate(([0.0], np.cumsum(r.itl_s)))
+            gaps = np.diff(r.token_times)
+            times = t_first + np.concatenate(([0.0], np.cumsum(gaps[gaps != 0.0])))
             output_tokens += r.output_tokens / times.size * int(((times >= start) & (times <= end)).sum())
         prefilled = (first >= start) & (first <= end)
         requests, input_tokens = int(done.sum()), int(prompt[prefilled].sum())

@@ -36,11 +36,20 @@ class RequestMetrics(PickledByFields):
     cached_prompt_tokens: int
     queueing_s: float | None  # arrival to first scheduled step; None where unseen (a client's view)
     ttft_s: float  # arrival to first output token
-    itl_s: tuple[float, ...]  # gaps between consecutive deliveries of output tokens
+    token_times: tuple[float, ...]  # when each output token was delivered (tokens delivered together share it)
     tpot_s: float  # mean time per output token after the first (0 with one token)
     e2e_s: float  # arrival to finish
     finish_reason: str | None
     num_preemptions: int
+
+    @property
+    def itl_s(self) -> tuple[float, ...]:
+        """Gaps between consecutive deliveries of output tokens, as benchmark clients measure ITL
+        from the stream: tokens that arrive together (accepted drafts, a multi-step group) make one
+        gap, not several zeros. (Distinct floats never differ by 0.0, so dropping zero gaps is
+        dropping equal times.) A run's summary takes them from every request at once (planner/metrics.py)."""
+        times = self.token_times
+        return tuple(filter(None, map(operator.sub, times[1:], times)))
 
     @classmethod
     def from_request(cls, r: Request) -> RequestMetrics:
@@ -71,11 +80,7 @@ class RequestMetrics(PickledByFields):
         stamps, or what a client saw arrive on a stream."""
         if not token_times:
             raise ValueError(f"request {request_id} has no output token: its latencies are undefined")
-        times = token_times
-        # ITL per delivered chunk, as benchmark clients measure it from the stream: tokens that
-        # arrive together (accepted drafts, a multi-step group) make one gap, not several zeros.
-        # (Distinct floats never differ by 0.0, so dropping zero gaps is dropping equal times.)
-        itl = tuple(filter(None, map(operator.sub, times[1:], times)))
+        times = tuple(token_times)
         return cls(
             request_id=request_id,
             arrival_time=arrival_time,
@@ -84,7 +89,7 @@ class RequestMetrics(PickledByFields):
             cached_prompt_tokens=cached_prompt_tokens,
             queueing_s=None if first_scheduled_time is None else first_scheduled_time - arrival_time,
             ttft_s=(times[0] if first_token_time is None else first_token_time) - arrival_time,
-            itl_s=itl,
+            token_times=times,
             tpot_s=(times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else 0.0,
             e2e_s=finish_time - arrival_time,
             finish_reason=finish_reason,

@@ -28,7 +28,8 @@ def _request(i: int, arrival: float, admitted: float, service_s: float, output_t
     wait = admitted - arrival
     gap = (service_s - 0.1) / (output_tokens - 1)
     return RequestMetrics(request_id=str(i), arrival_time=arrival, prompt_tokens=100, output_tokens=output_tokens,
-                          cached_prompt_tokens=0, queueing_s=wait, ttft_s=wait + 0.1, itl_s=(gap,) * (output_tokens - 1),
+                          cached_prompt_tokens=0, queueing_s=wait, ttft_s=wait + 0.1,
+                          token_times=tuple(admitted + 0.1 + gap * i for i in range(output_tokens)),
                           tpot_s=gap, e2e_s=wait + service_s, finish_reason="length", num_preemptions=0)
 
 
