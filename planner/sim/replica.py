@@ -8,8 +8,9 @@ everything it accepted (it drains; nothing is dropped).
 A step that ends before anything else is due in the simulation (`env.peek()`), and whose
 completion makes no event of its own (no request finishes: nothing is scheduled but bulk decodes),
 is completed at once, on the replica's own clock, which runs ahead of SimPy's: nobody else runs
-meanwhile, so nobody can tell, and the next step that needs SimPy first brings its clock exactly
-onto its own start (`_catch_up`). That saves a SimPy event per step for the long runs of
+meanwhile, so nobody can tell. The next step that needs SimPy waits from SimPy's clock for its own
+end, where a timeout from there lands exactly on it (float rounding), else it first brings SimPy's
+clock exactly onto its start (`_catch_up`). That saves a SimPy event per step for the long runs of
 decode-only steps between arrivals.
 
 Where the scheduler is certain that the next steps are the same bulk decodes, each a token longer
@@ -124,10 +125,14 @@ class Replica:
                 loop.complete(launched)
                 self._run_bulk(duration)
                 continue
+            delay = duration  # lands on self.now + duration == end, as one by one
             if env.now < self.now:  # behind after steps completed at once
-                yield from _catch_up(env, self.now)
+                if env.now + (end - env.now) == end:
+                    delay = end - env.now  # lands on end from here: no need to catch up first
+                else:
+                    yield from _catch_up(env, self.now)
             start = self.now
-            yield env.timeout(duration)  # lands on self.now + duration == end, as one by one
+            yield env.timeout(delay)
             self.now = env.now
             updates = loop.complete(launched)
             if self.recorder is not None:
