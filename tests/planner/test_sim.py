@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import gc
 import json
 from pathlib import Path
 import subprocess
@@ -20,6 +21,8 @@ from planner.hardware import get_hardware
 from planner.memory import plan_memory
 from planner.playback import Replay
 from planner.sim import simulate
+from planner.sim import simulator as simulator_module
+from planner.sim.collector import YOUNG_THRESHOLD
 from planner.sim.replica import Replica
 from planner.specs import SLO, Deployment, EngineKnobs
 from planner.workload import (
@@ -396,3 +399,27 @@ def test_a_request_the_window_groups_cannot_hold_is_refused_by_name() -> None:
     with pytest.raises(InputError, match=r"^request .*='3000 prompt \+ 1 output tokens' is invalid: needs 376 KV blocks "
                                          r"but a replica holds 312$"):
         simulate(resolve_model("gemma-2-9b"), H100, dep, w, kv_cache_blocks=312)
+
+
+@pytest.mark.parametrize("before", [(700, 10, 10), (0, 10, 10)])
+def test_a_simulation_collects_garbage_less_often_and_puts_the_threshold_back(
+        before: tuple[int, int, int], monkeypatch: pytest.MonkeyPatch) -> None:
+    """planner/sim/collector.py: the young generation's threshold is raised while the run lasts, left
+    alone where the process turned automatic collection off, and restored after."""
+    seen: list[tuple[int, int, int]] = []
+    original = simulator_module.private_requests
+
+    def spy(*args: object) -> frozenset[str]:
+        seen.append(gc.get_threshold())
+        return original(*args)
+
+    monkeypatch.setattr(simulator_module, "private_requests", spy)
+    old = gc.get_threshold()
+    gc.set_threshold(*before)
+    try:
+        simulate(resolve_model("llama-3.1-8b"), get_hardware("h100-sxm"), Deployment(hardware="h100-sxm"),
+                 get_workload("chat", num_requests=5))
+        assert gc.get_threshold() == before
+    finally:
+        gc.set_threshold(*old)
+    assert seen == [(YOUNG_THRESHOLD if before[0] else 0, *before[1:])]
