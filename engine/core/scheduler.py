@@ -799,6 +799,24 @@ class Scheduler:
         ahead = self.bulk_steps_ahead()
         return (ahead, self._members.shape()) if ahead else (0, NO_BULK)
 
+    def finishes_none(self, output: SchedulerOutput) -> bool:
+        """Whether applying `output` (the latest schedule()) finishes no request, whatever tokens its
+        sampling requests get: each stays below its max_tokens, and its sampled token cannot stop it
+        (ignore_eos, no stop tokens). Bulk decodes never finish in a step: each is looked at before
+        its last token. Tokens of a multi-step group wait for its last step, finishes with them: no."""
+        if self.config.num_scheduler_steps > 1:
+            return False
+        requests = self.requests
+        for s in output.scheduled:
+            if not s.samples:
+                continue
+            request = requests[s.request_id]
+            params = request.sampling_params
+            if (not params.ignore_eos or params.stop_token_ids
+                    or request.num_output_tokens + 1 + s.num_draft_tokens >= params.max_tokens):
+                return False
+        return True
+
     def get_request(self, request_id: str) -> Request:
         request = self.requests[request_id]
         if request.bulk_since >= 0:

@@ -18,7 +18,7 @@ from engine.core.scheduler import SchedulerOutput
 Number = float | np.ndarray
 
 
-@dataclass
+@dataclass(slots=True)
 class StepShape:
     tokens: Number  # real rows of the step (known tokens + drafts)
     dense_rows: Number  # rows the dense operators run: tokens, or the captured graph's padded size
@@ -83,6 +83,8 @@ class ShapeReader:
         return self._full_only or self._dense
 
     def read(self, output: SchedulerOutput) -> StepShape:
+        if not output.scheduled and self._full_only and not self._dense:
+            return self._bulk_only(output.bulk_decodes)  # most steps of a busy replica
         return self.of(((len(s.token_ids), s.num_computed_tokens, s.is_prefill, 1 + s.num_draft_tokens if s.samples else 0)
                         for s in output.scheduled), output.bulk_decodes)
 
@@ -120,6 +122,11 @@ class ShapeReader:
             requests, sampled, longest = requests + n, sampled + n, max(longest, bulk.max_context_len)
             d_tok, d_pairs, d_kv = d_tok + n, d_pairs + context, d_kv + context
         return self._shape(d_tok, p_tok, requests, sampled, d_pairs, d_kv, p_pairs, p_kv, longest)
+
+    def _bulk_only(self, bulk: BulkShape) -> StepShape:
+        """`of` for a step of bulk decodes alone, every layer attending to the whole context: the same floats."""
+        n, context = bulk.num_requests, float(bulk.context_tokens * self._layers)
+        return self._shape(float(n), 0.0, n, n, context, context, 0.0, 0.0, max(0, bulk.max_context_len))
 
     def bulk_run(self, first: BulkShape, count: int) -> StepShape:
         """Up to `count` steps of the bulk decodes `first`, each request a token longer a step

@@ -6,8 +6,8 @@ A fleet that scales in stops routing to a replica and waits for `idle()` until i
 everything it accepted (it drains; nothing is dropped).
 
 A step that ends before anything else is due in the simulation (`env.peek()`), and whose
-completion makes no event of its own (no request finishes: nothing is scheduled but bulk decodes),
-is completed at once, on the replica's own clock, which runs ahead of SimPy's: nobody else runs
+completion makes no event of its own (no request finishes: `Scheduler.finishes_none`, as for a
+step of bulk decodes alone or a prompt's chunk), is completed at once, on the replica's own clock, which runs ahead of SimPy's: nobody else runs
 meanwhile, so nobody can tell. The next step that needs SimPy waits from SimPy's clock for its own
 end, where a timeout from there lands exactly on it (float rounding), else it first brings SimPy's
 clock exactly onto its start (`_catch_up`). That saves a SimPy event per step for the long runs of
@@ -120,7 +120,8 @@ class Replica:
                 raise RuntimeError(f"replica {self.index}: nothing schedulable with requests pending at t={self.now}")
             duration = launched.executed.duration_s
             end = self.now + duration
-            if not launched.output.scheduled and self.recorder is None and not self.hold_s and end < env.peek():
+            if (self.recorder is None and not self.hold_s and end < env.peek()
+                    and (not launched.output.scheduled or self.scheduler.finishes_none(launched.output))):
                 self.now = end  # completed at once (module docstring)
                 loop.complete(launched)
                 self._run_bulk(duration)
