@@ -273,10 +273,10 @@ def simulate(
             if n:
                 reasons[reason] = reasons.get(reason, 0) + n
     record = RunRecord(
-        requests=finished,
+        requests=finished[:],
         num_submitted=playback.num_requests,
         num_replicas=len(replicas),
-        samples=samples,
+        samples=samples[:],
         prefix_cache=sum((r.scheduler.stats().prefix_cache for r in prefilling), PrefixCacheStats()),
         num_preemptions=sum(s.num_preemptions for s in stats),
         num_steps=sum(s.num_steps for s in stats),
@@ -289,6 +289,12 @@ def simulate(
         transfers=cluster.transfers if cluster is not None else None,
         stopped=stopped,
     )
+    # The replicas, the API server and the functions above refer to one another (SimPy processes,
+    # callbacks), so only the cyclic collector frees them, and it runs rarely while simulations run
+    # (planner/sim/collector.py): what the run made leaves them now, to go when its result goes.
+    finished.clear()
+    samples.clear()
+    del playback
     peak, peak_dtype = hw.peak_flops(cost_model.gemm_dtype)
     pricing = PricingBasis(
         gpus=dep.total_gpus,
