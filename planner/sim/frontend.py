@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import simpy
-from simpy.events import URGENT
 
 from engine.core import Request
 from planner.engines import ApiRelease
+from planner.sim.events import Soon
 
 Deliver = Callable[[Request], None]
 Batch = list[tuple[Request, Deliver]]
@@ -58,7 +58,7 @@ class FrontEnd:
             self._serving = True
             # The round starts once everything else happening now has run, so that it takes every
             # request sent at this instant (a burst, sent in one go).
-            _Soon(self.env, self._round)
+            Soon(self.env, self._round)
 
     def _round(self, _event: simpy.Event | None = None) -> None:
         """A round takes every waiting request, handles them one by one, then lets them go; then
@@ -79,15 +79,3 @@ class FrontEnd:
                 deliver(request)
 
         self.env.timeout(when - self.env.now).callbacks.append(deliver_all)
-
-
-class _Soon(simpy.Event):
-    """Calls `callback` at the current time, before any event of normal priority due now: when a
-    process started now would first run. Triggered as SimPy's own Initialize event is, without a
-    process to start."""
-
-    def __init__(self, env: simpy.Environment, callback: Callable[[simpy.Event], None]) -> None:
-        super().__init__(env)
-        self.callbacks.append(callback)
-        self._ok, self._value = True, None
-        env.schedule(self, URGENT)

@@ -10,7 +10,7 @@ completion makes no event of its own (no request finishes: `Scheduler.finishes_n
 step of bulk decodes alone or a prompt's chunk), is completed at once, on the replica's own clock, which runs ahead of SimPy's: nobody else runs
 meanwhile, so nobody can tell. The next step that needs SimPy waits from SimPy's clock for its own
 end, where a timeout from there lands exactly on it (float rounding), else it first brings SimPy's
-clock exactly onto its start (`_catch_up`). That saves a SimPy event per step for the long runs of
+clock exactly onto its start (`catch_up`). That saves a SimPy event per step for the long runs of
 decode-only steps between arrivals.
 
 Where the scheduler is certain that the next steps are the same bulk decodes, each a token longer
@@ -26,7 +26,8 @@ from collections.abc import Callable
 
 import simpy
 
-from engine.core import Request, SchedulerOutput, StepLoop, StepSample
+from engine.core import LaunchedStep, Request, SchedulerOutput, StepLoop, StepSample
+from planner.sim.events import Soon
 from planner.sim.executor import CostModelExecutor
 from planner.sim.trace import TraceRecorder
 
@@ -73,7 +74,7 @@ class Replica:
                 samples.append(sample)
 
             loop.on_step = record
-        env.process(self._serve())
+        Soon(env, self._serve)  # when a process started here would first run
 
     def submit(self, request: Request) -> None:
         if self.recorder is not None:
@@ -102,7 +103,10 @@ class Replica:
         # Reported: the scheduler lets go of it, so memory follows live requests, not all served.
         self.scheduler.pop_finished(request.request_id)
 
-    def _serve(self):  # noqa: ANN202 (a SimPy process generator)
+    def _serve(self, _event: simpy.Event | None = None) -> None:
+        """Launch steps until one must let SimPy's time pass, or there is no work; a callback of its
+        timeout (or of the wake-up) goes on. Callbacks, not a SimPy process: a process's every wake-up
+        costs a generator resume, and a replica wakes once a step."""
         env, loop = self.env, self.loop
         while True:
             if not self.scheduler.has_unfinished_requests():
@@ -110,9 +114,8 @@ class Replica:
                     self._idle.succeed()
                     self._idle = None
                 self._wake = env.event()
-                yield self._wake
-                self._wake = None
-                self.now = env.now
+                self._wake.callbacks.append(self._woken)
+                return
             launched = loop.launch()
             if launched is None:
                 # add_request guarantees every request fits an empty cache, so an empty step
@@ -126,22 +129,37 @@ class Replica:
                 loop.complete(launched)
                 self._run_bulk(duration)
                 continue
-            delay = duration  # lands on self.now + duration == end, as one by one
-            if env.now < self.now:  # behind after steps completed at once
-                if env.now + (end - env.now) == end:
-                    delay = end - env.now  # lands on end from here: no need to catch up first
-                else:
-                    yield from _catch_up(env, self.now)
-            start = self.now
-            yield env.timeout(delay)
-            self.now = env.now
-            updates = loop.complete(launched)
-            if self.recorder is not None:
-                self.recorder.stepped(self.index, launched.output, updates, start, self.now, self.hold_s, self.api_holds)
-            if self.hold_s:
-                hold, self.hold_s, self.api_holds = self.hold_s, 0.0, 0
-                yield env.timeout(hold)
-                self.now = env.now
+            if env.now < self.now and env.now + (end - env.now) != end:
+                # Behind after steps completed at once, too far for one timeout to land on its end.
+                catch_up(env, self.now, lambda: self._wait(launched))
+            else:
+                self._wait(launched)
+            return
+
+    def _wait(self, launched: LaunchedStep) -> None:
+        """Let the step's time pass on SimPy's clock: from its start, as one by one, or from behind
+        (after steps completed at once) where a timeout from there lands exactly on its end."""
+        env, start = self.env, self.now
+        duration = launched.executed.duration_s
+        delay = start + duration - env.now if env.now < start else duration
+        env.timeout(delay).callbacks.append(lambda _event: self._stepped(launched, start))
+
+    def _stepped(self, launched: LaunchedStep, start: float) -> None:
+        self.now = self.env.now
+        updates = self.loop.complete(launched)
+        if self.recorder is not None:
+            self.recorder.stepped(self.index, launched.output, updates, start, self.now, self.hold_s, self.api_holds)
+        if self.hold_s:
+            hold, self.hold_s, self.api_holds = self.hold_s, 0.0, 0
+            self.env.timeout(hold).callbacks.append(self._woken)
+            return
+        self._serve()
+
+    def _woken(self, _event: simpy.Event) -> None:
+        """After idling, or holding for engine time owed: on from SimPy's clock."""
+        self._wake = None
+        self.now = self.env.now
+        self._serve()
 
     def _run_bulk(self, last_duration_s: float) -> None:
         """After a step completed at once: the steps that are certain to be the same bulk decodes,
@@ -161,12 +179,13 @@ class Replica:
         self.executor.account(costs, ran)
 
 
-def _catch_up(env: simpy.Environment, to: float):  # noqa: ANN202 (a SimPy process generator)
-    """Bring SimPy's clock exactly onto `to`, where nothing else is due before it (module docstring).
-    A timeout lands on now + delay rounded, so `to - now` can miss `to`; it is exact when now >= to / 2
-    (Sterbenz), so a clock further behind first doubles (now + now is exact). The extra wake-ups find
-    nothing else due, so they change no order; the step's own timeout is then made at its start, as
-    one by one makes it, and lands on the same float sum."""
-    while 0.0 < env.now < to / 2:
-        yield env.timeout(env.now)
-    yield env.timeout(to - env.now)
+def catch_up(env: simpy.Environment, to: float, then: Callable[[], None]) -> None:
+    """Bring SimPy's clock exactly onto `to`, where nothing else is due before it (module
+    docstring), then call `then`. A timeout lands on now + delay rounded, so `to - now` can miss
+    `to`; it is exact when now >= to / 2 (Sterbenz), so a clock further behind first doubles (now +
+    now is exact). The extra wake-ups find nothing else due, so they change no order; the step's
+    own timeout is then made at its start, as one by one makes it, and lands on the same float sum."""
+    if 0.0 < env.now < to / 2:
+        env.timeout(env.now).callbacks.append(lambda _event: catch_up(env, to, then))
+    else:
+        env.timeout(to - env.now).callbacks.append(lambda _event: then())
