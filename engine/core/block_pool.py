@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 from engine.core.request import BlockHash, Request
 
+# The key a private request's blocks are cached under (cache_private_blocks): negative, so never a
+# digest, and the same for all of them, since nothing ever looks one up.
+PRIVATE_KEY = BlockHash(-1)
+
 
 @dataclass(eq=False, slots=True)
 class KVCacheBlock:
@@ -89,7 +93,6 @@ class BlockPool:
         self._uncached_free: list[KVCacheBlock] = []  # a stack: the head of the queue is its end
         self._cached_free = CachedFreeQueue()
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
-        self._last_private_key = 0  # cache_private_blocks' keys count down from -1: never a digest
 
     @property
     def num_free_blocks(self) -> int:
@@ -174,18 +177,16 @@ class BlockPool:
                 self.cached_block_hash_to_block[block_hash] = block
 
     def cache_private_blocks(self, blocks: Sequence[KVCacheBlock], start: int, end: int) -> None:
-        """Register blocks[start:end] of a request nobody can share (Request.private_blocks) under
-        keys of their own instead of their content's digests: negative, so no lookup ever finds them,
-        as none would find the digests. Registered, they are freed into the LRU queue and evicted in
-        the order content-hashed blocks would be."""
+        """Mark blocks[start:end] of a request nobody can share (Request.private_blocks) as cached
+        under PRIVATE_KEY instead of their content's digests: negative, so no lookup could find them,
+        as none would find the digests, and kept out of the lookup table for that reason. Cached, they
+        are freed into the LRU queue and evicted in the order content-hashed blocks would be."""
         if not self.enable_caching:
             return
         for block in blocks[start:end]:
             if block.block_hash is not None:
                 raise RuntimeError(f"block {block.block_id} is already cached")
-            self._last_private_key -= 1
-            block.block_hash = BlockHash(self._last_private_key)
-            self.cached_block_hash_to_block[block.block_hash] = block
+            block.block_hash = PRIVATE_KEY
 
     def uncache(self, block: KVCacheBlock) -> None:
         """Forget a block's hash: its KV will never be written (see KVCacheManager.free)."""
@@ -196,11 +197,12 @@ class BlockPool:
         """Drop every hash; refused (False) while any block is held, as its holder relies on it."""
         if self.num_free_blocks != self.num_blocks:
             return False
-        for block in self.cached_block_hash_to_block.values():
+        for block in self._cached_free:  # every block is free: the cached ones are all here
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
         return True
 
     def _evict(self, block: KVCacheBlock, block_hash: BlockHash) -> None:
-        del self.cached_block_hash_to_block[block_hash]
+        if block_hash != PRIVATE_KEY:
+            del self.cached_block_hash_to_block[block_hash]
         block.block_hash = None

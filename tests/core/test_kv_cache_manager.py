@@ -5,6 +5,7 @@ import tracemalloc
 import pytest
 
 from engine.core import BlockHash, KVCacheManager, Request, SamplingParams, hash_block_tokens
+from engine.core.block_pool import PRIVATE_KEY
 
 from .testlib import make_request
 
@@ -278,15 +279,16 @@ def _private(request_id: str, prompt: list[int]) -> Request:
 
 def test_a_private_request_hashes_nothing_and_registers_its_filled_blocks_when_it_finishes():
     """Its blocks go into the LRU queue when freed, as hashed ones would (so they are evicted in the
-    same order), under keys no lookup can find."""
+    same order), under a key no lookup can find, outside the lookup table."""
     kv = KVCacheManager(8, BS)
     r = _private("a", list(range(10)))
     _admit(kv, r)
     assert r.block_hashes == [] and not kv.block_pool.cached_block_hash_to_block
     r.num_computed_tokens = 10
     kv.free(r)
-    keys = list(kv.block_pool.cached_block_hash_to_block)
-    assert len(keys) == 2 and all(k < 0 for k in keys)  # the two full blocks of computed tokens
+    cached = [b for b in kv.block_pool.blocks if b.block_hash is not None]
+    assert [b.block_hash for b in cached] == [PRIVATE_KEY] * 2  # the two full blocks of computed tokens
+    assert PRIVATE_KEY < 0 and not kv.block_pool.cached_block_hash_to_block
     assert r.block_hashes == []
     assert kv.block_pool.free_block_ids()[-2:] == [1, 0]  # the LRU queue's tail, tail first, as hashed
     assert kv.get_computed_blocks(make_request("b", list(range(10)))) == ([], 0)
