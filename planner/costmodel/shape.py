@@ -18,7 +18,7 @@ from engine.core.scheduler import SchedulerOutput
 Number = float | np.ndarray
 
 
-@dataclass(slots=True)
+@dataclass
 class StepShape:
     tokens: Number  # real rows of the step (known tokens + drafts)
     dense_rows: Number  # rows the dense operators run: tokens, or the captured graph's padded size
