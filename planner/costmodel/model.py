@@ -375,7 +375,7 @@ class CostModel:
                 launch += term
         else:
             launch = 0.0
-        busy = device + launch + 0.0 + copy_s
+        busy = device + launch + 0.0 + copy_s  # 0.0: the draft's seconds, in times()'s place for them
         host = p.step_overhead_s + p.per_request_overhead_s * s.requests + p.layer_overhead_s * ops.layers
         host = host + (p.api_step_s + p.api_token_s * s.sampled_rows) * float(s.sampled_rows > 0)
         if p.overlap_host:

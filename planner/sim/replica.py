@@ -7,11 +7,14 @@ everything it accepted (it drains; nothing is dropped).
 
 A step that ends before anything else is due in the simulation (`env.peek()`), and whose
 completion makes no event of its own (no request finishes: `Scheduler.finishes_none`, as for a
-step of bulk decodes alone or a prompt's chunk), is completed at once, on the replica's own clock, which runs ahead of SimPy's: nobody else runs
-meanwhile, so nobody can tell. The next step that needs SimPy waits from SimPy's clock for its own
-end, where a timeout from there lands exactly on it (float rounding), else it first brings SimPy's
-clock exactly onto its start (`catch_up`). That saves a SimPy event per step for the long runs of
-decode-only steps between arrivals.
+step of bulk decodes alone or a prompt's chunk), is completed at once, on the replica's own clock,
+which runs ahead of SimPy's: nobody else runs meanwhile, so nobody can tell. The next step that
+needs SimPy waits from SimPy's clock for its own end, where a timeout from there lands exactly on
+it (float rounding), else it first brings SimPy's clock exactly onto its start (`catch_up`). That
+saves a SimPy event per step for the long runs of decode-only steps between arrivals.
+
+The loop runs on timeout callbacks, not as a SimPy process: a process's every wake-up costs a
+generator resume, and a replica wakes once a step.
 
 Where the scheduler is certain that the next steps are the same bulk decodes, each a token longer
 (`Scheduler.bulk_run`: nobody waits, no member is looked at), the cost model prices a run of them
@@ -105,8 +108,7 @@ class Replica:
 
     def _serve(self, _event: simpy.Event | None = None) -> None:
         """Launch steps until one must let SimPy's time pass, or there is no work; a callback of its
-        timeout (or of the wake-up) goes on. Callbacks, not a SimPy process: a process's every wake-up
-        costs a generator resume, and a replica wakes once a step."""
+        timeout (or of the wake-up) goes on."""
         env, loop = self.env, self.loop
         while True:
             if not self.scheduler.has_unfinished_requests():
