@@ -20,6 +20,7 @@ import simpy
 from engine.core import Request, RequestMetrics, SamplingParams
 from planner.sim.autoscaler import Autoscaler, ScalingRule
 from planner.sim.collector import fewer_collections
+from planner.sim.events import Soon
 from planner.sim.frontend import FrontEnd
 from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
@@ -273,7 +274,9 @@ class SampledFleet(Fleet):
         for j in range(self.stand_ins):
             member = self._new_member()
             requests = self.traffic.stand_in_requests(j, self.vocab_size, self.template.max_len)
-            self.env.process(self._arrivals(member, requests, rate, self.traffic.stand_in_gaps(j)))
+            gaps = self.traffic.stand_in_gaps(j)
+            Soon(self.env, lambda _event, member=member, requests=requests, gaps=gaps: self._arrivals(
+                member, requests, rate, gaps))  # when a process started here would first run
         self._changed()
 
     def retire(self, n: int) -> None:
@@ -291,17 +294,28 @@ class SampledFleet(Fleet):
         return self._count / len(self.ready)
 
     def _arrivals(self, member: _Member, requests: Iterator[WorkloadRequest], rate: CumulativeRate,
-                  gaps: np.random.Generator):  # noqa: ANN202 (a SimPy process generator)
-        expected = gaps.gamma(gaps.integers(1, self._count + 1))  # a random replica's place in the first round
-        while (t := rate.time_of(expected)) < self.billing.end_s:
-            yield self.env.timeout(t - self.env.now)
-            wr = next(requests)
-            request = Request(wr.request_id, list(wr.prompt_token_ids),
-                              SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=self.env.now)
-            self.tallies.arrive(request, self._scale())
-            member.in_api += 1
-            member.api.forward(request, member.deliver)
-            expected += gaps.gamma(self._count)
+                  gaps: np.random.Generator) -> None:
+        """The stand-in's share of the stream: every n-th arrival (n the fleet's replicas per stand-in
+        as it is then), starting at a random replica's place in the first round. A timeout with a
+        callback per arrival, not a SimPy process, whose every wake-up costs a generator resume."""
+        self._arrival_after(member, requests, rate, gaps, gaps.gamma(gaps.integers(1, self._count + 1)))
+
+    def _arrival_after(self, member: _Member, requests: Iterator[WorkloadRequest], rate: CumulativeRate,
+                       gaps: np.random.Generator, expected: float) -> None:
+        t = rate.time_of(expected)
+        if t < self.billing.end_s:
+            self.env.timeout(t - self.env.now).callbacks.append(
+                lambda _event: self._arrive(member, requests, rate, gaps, expected))
+
+    def _arrive(self, member: _Member, requests: Iterator[WorkloadRequest], rate: CumulativeRate,
+                gaps: np.random.Generator, expected: float) -> None:
+        wr = next(requests)
+        request = Request(wr.request_id, list(wr.prompt_token_ids),
+                          SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=self.env.now)
+        self.tallies.arrive(request, self._scale())
+        member.in_api += 1
+        member.api.forward(request, member.deliver)
+        self._arrival_after(member, requests, rate, gaps, expected + gaps.gamma(self._count))
 
 
 @dataclass
@@ -350,17 +364,27 @@ def simulate_fleet(template: ReplicaTemplate, requests: Iterable[WorkloadRequest
     tallies, billing = _day(duration_s, slo, on_finished)
     fleet = Fleet(env, template, rule, router, billing, tallies.finish, seed)
 
-    def arrivals():  # noqa: ANN202 (a SimPy process generator)
-        for wr in requests:
+    def arrivals(due: Iterator[WorkloadRequest]) -> None:
+        """Submit what is due now, then wait for the next: a timeout with a callback per arrival, not a
+        SimPy process, whose every wake-up costs a generator resume."""
+        for wr in due:
             assert wr.arrival_s is not None
             if wr.arrival_s > env.now:
-                yield env.timeout(wr.arrival_s - env.now)
-            request = Request(wr.request_id, list(wr.prompt_token_ids),
-                              SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=env.now)
-            tallies.arrive(request)
-            fleet.submit(request)
+                env.timeout(wr.arrival_s - env.now).callbacks.append(lambda _event, wr=wr: arrive(wr, due))
+                return
+            submit(wr)
 
-    env.process(arrivals())
+    def arrive(wr: WorkloadRequest, due: Iterator[WorkloadRequest]) -> None:
+        submit(wr)
+        arrivals(due)
+
+    def submit(wr: WorkloadRequest) -> None:
+        request = Request(wr.request_id, list(wr.prompt_token_ids),
+                          SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=env.now)
+        tallies.arrive(request)
+        fleet.submit(request)
+
+    Soon(env, lambda _event: arrivals(iter(requests)))  # when a process started here would first run
     return _play(env, fleet, rule, tallies, billing, on_hour)
 
 

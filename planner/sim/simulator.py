@@ -297,8 +297,8 @@ def simulate(
         transfers=cluster.transfers if cluster is not None else None,
         stopped=stopped,
     )
-    # The replicas, the API server and the functions above refer to one another (SimPy processes,
-    # callbacks), so only the cyclic collector frees them, and it runs rarely while simulations run
+    # The replicas, the API server and the functions above refer to one another (SimPy events and
+    # their callbacks), so only the cyclic collector frees them, and it runs rarely while simulations run
     # (planner/sim/collector.py): what the run made leaves them now, to go when its result goes.
     finished.clear()
     samples.clear()
