@@ -20,7 +20,7 @@ import simpy
 from engine.core import Request, RequestMetrics, SamplingParams
 from planner.sim.autoscaler import Autoscaler, ScalingRule
 from planner.sim.collector import fewer_collections
-from planner.sim.events import Soon
+from planner.sim.events import Soon, play
 from planner.sim.frontend import FrontEnd
 from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
@@ -364,19 +364,9 @@ def simulate_fleet(template: ReplicaTemplate, requests: Iterable[WorkloadRequest
     tallies, billing = _day(duration_s, slo, on_finished)
     fleet = Fleet(env, template, rule, router, billing, tallies.finish, seed)
 
-    def arrivals(due: Iterator[WorkloadRequest]) -> None:
-        """Submit what is due now, then wait for the next: a timeout with a callback per arrival, not a
-        SimPy process, whose every wake-up costs a generator resume."""
-        for wr in due:
-            assert wr.arrival_s is not None
-            if wr.arrival_s > env.now:
-                env.timeout(wr.arrival_s - env.now).callbacks.append(lambda _event, wr=wr: arrive(wr, due))
-                return
-            submit(wr)
-
-    def arrive(wr: WorkloadRequest, due: Iterator[WorkloadRequest]) -> None:
-        submit(wr)
-        arrivals(due)
+    def arrival_s(wr: WorkloadRequest) -> float:
+        assert wr.arrival_s is not None
+        return wr.arrival_s
 
     def submit(wr: WorkloadRequest) -> None:
         request = Request(wr.request_id, list(wr.prompt_token_ids),
@@ -384,7 +374,7 @@ def simulate_fleet(template: ReplicaTemplate, requests: Iterable[WorkloadRequest
         tallies.arrive(request)
         fleet.submit(request)
 
-    Soon(env, lambda _event: arrivals(iter(requests)))  # when a process started here would first run
+    play(env, requests, arrival_s, submit)
     return _play(env, fleet, rule, tallies, billing, on_hour)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 import dataclasses
 from dataclasses import dataclass
 
@@ -31,7 +31,7 @@ from planner.playback import Playback, Replay, Submission, check_lengths, privat
 from planner.sim.collector import fewer_collections
 from planner.sim.disagg import Disaggregated
 from planner.sim.executor import SYNTHETIC_TOKEN_ID, CostModelExecutor
-from planner.sim.events import Soon
+from planner.sim.events import play
 from planner.sim.frontend import FrontEnd
 from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
@@ -226,19 +226,6 @@ def simulate(
             else:
                 send(sub, request.request_id)
 
-    def arrivals(subs: Iterator[Submission]) -> None:
-        """Send what is due now, then wait for the next (sorted by due time): a timeout with a callback
-        per arrival, not a SimPy process, whose every wake-up costs a generator resume."""
-        for sub in subs:
-            if sub.due_s > env.now:
-                env.timeout(sub.due_s - env.now).callbacks.append(lambda _event, sub=sub: arrive(sub, subs))
-                return
-            send(sub)
-
-    def arrive(sub: Submission, subs: Iterator[Submission]) -> None:
-        send(sub)
-        arrivals(subs)
-
     decode_token = build.decode_token(bulk_decodes and not trace)
 
     def replica(index: int) -> Replica:
@@ -261,7 +248,7 @@ def simulate(
                                 cost_model.copies, sched_config.block_size, on_finished)
     for k, tokens in enumerate(served_before):
         prefilling[k % len(prefilling)].scheduler.kv_cache_manager.served(f"served-before-{k}", tokens)
-    Soon(env, lambda _event: arrivals(iter(playback.start())))  # when a process started here would first run
+    play(env, playback.start(), lambda sub: sub.due_s, send)  # sorted by due time
     stopped = None
     try:
         env.run()  # the replicas idle on an event once everything is done, so the queue drains
