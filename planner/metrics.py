@@ -437,8 +437,7 @@ def steady_state(reqs: Sequence[RequestMetrics], samples: Sequence[StepSample], 
         # evenly among the deliveries (tokens delivered together, e.g. accepted drafts, count at once).
         output_tokens = 0.0
         for r, t_first in zip(reqs, first, strict=True):
-            gaps = np.diff(r.token_times)
-            times = t_first + np.concatenate(([0.0], np.cumsum(gaps[gaps != 0.0])))
+            times = t_first + np.concatenate(([0.0], np.cumsum(r.itl_s)))
             output_tokens += r.output_tokens / times.size * int(((times >= start) & (times <= end)).sum())
         prefilled = (first >= start) & (first <= end)
         requests, input_tokens = int(done.sum()), int(prompt[prefilled].sum())
