@@ -595,7 +595,7 @@ _MODE_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
     "calibrate": {
         "cpu": ("model", "device", "dtype", "threads", "random_weights", "quick", "write_profile", "tensor_parallel",
                 "expert_parallel"),
-        "public": ("rounds", "workers", "public_report", "checkpoint", "fresh"),
+        "public": ("rounds", "workers", "public_report", "checkpoint", "fresh", "bands_only"),
         "from_bench": ("model", "rounds", "workers", "hardware", "max_model_len",
                        *(s.name for s in (*DEPLOYMENT, *KNOBS, *DISAGGREGATION))),
     },
@@ -646,16 +646,24 @@ def stages() -> Iterator[Progress]:
 
 def cmd_calibrate_public(args: argparse.Namespace) -> None:
     from planner.costmodel.fitted import PUBLIC_FIT_FILE
-    from planner.public.calibration import PUBLIC_ROUNDS, calibrate_public, write_fit
+    from planner.public.calibration import PUBLIC_ROUNDS, calibrate_public, rebanded, write_fit
     from planner.public.data import public_runs
     from planner.public.report import (
-        TARGETS_PCT, client_setups, group_errors, set_aside_summary, validation_of, write_report,
+        TARGETS_PCT, client_setups, group_errors, load_fit, set_aside_summary, validation_of, write_report,
     )
 
-    if args.public_report:
-        output_file(args.public_report, "public_report")  # before hours of fitting, not after
     command = "serveplan calibrate " + " ".join(sys.argv[2:])
     out = Path(args.out) if args.out else PUBLIC_FIT_FILE
+    if args.bands_only:
+        for name in ("rounds", "checkpoint", "fresh", "workers", "public_report"):
+            if getattr(args, name) != args.mode_defaults[name]:
+                raise UsageError(f"{args.flags.get(name, name)} does not apply to --bands-only: nothing is fitted")
+        result = rebanded(load_fit(out), command)
+        path = write_fit(result, out)
+        console.print(f"wrote {path}: its bands made again from its {len(result.figures)} held-out figures")
+        return
+    if args.public_report:
+        output_file(args.public_report, "public_report")  # before hours of fitting, not after
     with stages() as progress:
         result = calibrate_public(command=command, rounds=args.rounds or PUBLIC_ROUNDS, workers=args.workers or default_threads(),
                                   progress=progress, checkpoint=Path(args.checkpoint) if args.checkpoint else None,
@@ -1033,10 +1041,11 @@ def cmd_validate_public(args: argparse.Namespace) -> None:
                       f"{g.in_sample_median_abs_pct:.1f}", f"{report.targets_pct.get(g.group, float('nan')):g}",
                       "met" if report.met.get(g.group) else "MISSED")
         console.print(t)
-        for name, b in report.bands.items():
-            low, high = b.interval()
-            console.print(f"band {name}: measured / predicted P10..P90 x{low:.2f}..x{high:.2f}, "
-                          f"held-out coverage {b.held_out_coverage:.0%} (nominal 80%)")
+        for whose, table in (("all engines", report.bands), *report.engine_bands.items()):
+            for name, b in table.items():
+                low, high = b.interval()
+                console.print(f"band {name} ({whose}): measured / predicted P10..P90 x{low:.2f}..x{high:.2f}, "
+                              f"held-out coverage {b.held_out_coverage:.0%} (nominal 80%)")
     if not all(report.met.values()):
         raise SystemExit(1)
 
@@ -1238,6 +1247,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fresh", action="store_true",
                    help="--public: start the all-data fit from the profiles' estimates only (default: also from the "
                         "fit the new one replaces, keeping the lower cost)")
+    p.add_argument("--bands-only", action="store_true",
+                   help="--public: make the prediction intervals of the fit file (--out) again from the held-out "
+                        "figures it stores, by today's rules, without fitting (seconds)")
     p.add_argument("--report", dest="public_report",
                    help="--public: also write the validation of the fit's own predictions (markdown, with a plot and "
                         "the JSON the dashboard reads beside it), as `serveplan validate --public --report` would")

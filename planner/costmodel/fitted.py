@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cache
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -22,6 +23,9 @@ from engine.files import load_json
 from hwprofiles import PROFILE_DIR
 from planner.metrics import MetricFamily, PredictionInterval, RunSummary
 from planner.specs import SLO, HardwareProfile
+
+if TYPE_CHECKING:
+    from planner.engines import EngineProfile
 
 PUBLIC_FIT_FILE = PROFILE_DIR / "calibrations" / "public-gpu.json"
 BAND_PROBABILITIES = (0.05, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95)
@@ -73,9 +77,17 @@ class FittedModel(_Fit):
     families: dict[str, dict[str, float]] = Field(description="GPU family -> cost parameter -> fitted value")
     engines: dict[str, dict[str, float]] = Field(description="Engine profile -> cost parameter -> fitted value")
     bands: dict[MetricFamily, Band] = Field(default_factory=dict, description="Prediction intervals per metric family")
+    engine_bands: dict[str, dict[MetricFamily, Band]] = Field(
+        default_factory=dict, description="Per engine (vllm, sglang, trtllm: every release of it), the prediction "
+        "intervals of the metric families whose held-out figures of that engine were enough for a band of their own; "
+        "its runs take `bands` for the others")
     source: str = Field(description="What was fitted, when, with which command")
     held_out: str = Field(default="published figures, each predicted by a fit that left its source out",
                           description="The figures the bands come from and what each one's prediction left out")
+
+    def bands_for(self, engine: str) -> dict[MetricFamily, Band]:
+        """The bands a run of `engine` (EngineProfile.engine: vllm, sglang, ...) carries."""
+        return {**self.bands, **self.engine_bands.get(engine, {})}
 
 
 def fitted_model(path: Path = PUBLIC_FIT_FILE) -> FittedModel | None:
@@ -114,32 +126,35 @@ BANDED_FIGURES: dict[MetricFamily, tuple[str, ...]] = {
 }
 
 
-def prediction_interval(summary: RunSummary, hw: HardwareProfile, engine: str,
+def prediction_interval(summary: RunSummary, hw: HardwareProfile, engine: EngineProfile,
                         model: FittedModel | None = None) -> PredictionInterval | None:
     """The P10..P90 band around a simulated run's figures, from `model` (a fit given: `--calibration`)
-    or the public GPU fit. None without bands, and on a CPU the fit never saw: GPUs' bands say
-    nothing of it (its own calibration and validation apply); a bench fit on this CPU does."""
+    or the public GPU fit: the engine's own band for each metric family that has one, the
+    all-engines band for the others. None without bands, and on a CPU the fit never saw: GPUs'
+    bands say nothing of it (its own calibration and validation apply); a bench fit on this CPU does."""
     model = model or fitted_model()
     if model is None or not model.bands or (hw.kind == "cpu" and hw.family not in model.families):
         return None
+    bands = model.bands_for(engine.engine)
     ranges: dict[str, tuple[float, float]] = {}
-    for family, band in model.bands.items():
+    for family, band in bands.items():
         low, high = band.interval()
         for name in BANDED_FIGURES[family]:
             value = summary.figure(name)
             assert value is not None  # latencies and rates are always set
             ranges[name] = (value * low, value * high)
-    coverage = ", ".join(f"{f} {b.held_out_coverage:.0%}" for f, b in model.bands.items())
+    own = model.engine_bands.get(engine.engine, {})
+    whose = ", ".join(f"{f} {'of ' + engine.engine + ' runs' if f in own else 'of all engines'} "
+                      f"({b.figures} figures, held-out coverage {b.held_out_coverage:.0%})" for f, b in bands.items())
     caveats = []
     if hw.family not in model.families:
         caveats.append(f"GPU family {hw.family!r} was not in the fit (no published runs): its figures are the "
                        "profile's estimates and the band, measured on fitted families, likely understates the error")
-    if engine not in model.engines:
-        caveats.append(f"engine profile {engine!r} was not in the fit: its host overheads are the profile's estimates")
+    if engine.name not in model.engines:
+        caveats.append(f"engine profile {engine.name!r} was not in the fit: its host overheads are the profile's estimates")
     return PredictionInterval(
         coverage=BAND_COVERAGE, ranges=ranges,
-        basis=f"P10..P90 of measured / predicted over {sum(b.figures for b in model.bands.values())} {model.held_out} "
-              f"({model.source}); held-out coverage: {coverage}"
+        basis=f"P10..P90 of measured / predicted over {model.held_out} ({model.source}): {whose}"
               + "".join(f"; {c}" for c in caveats))
 
 
@@ -157,23 +172,26 @@ class Pessimism:
 _TARGET_FAMILY: dict[str, MetricFamily] = {"ttft": "ttft", "tpot": "tpot_itl", "itl": "tpot_itl", "e2e": "e2e"}
 
 
-def pessimistic(slo: SLO, confidence: float, model: FittedModel | None = None) -> Pessimism:
+def pessimistic(slo: SLO, confidence: float, engine: str, model: FittedModel | None = None) -> Pessimism:
+    """Sizing of a deployment running `engine` (EngineProfile.engine) at `confidence`, from its bands."""
     model = model or fitted_model()
     if model is None or not model.bands:
         raise InputError("confidence", confidence, "needs a fit's bands: the public fit's (`serveplan calibrate "
                          "--public` makes it) or those of the fit given")
+    bands = model.bands_for(engine)
     factors: dict[str, float] = {}
     targets: dict[str, float] = {}
     for name, limit in slo.targets.items():
-        band = model.bands.get(_TARGET_FAMILY[name.split("_")[0]])
+        band = bands.get(_TARGET_FAMILY[name.split("_")[0]])
         if band is None:
             raise InputError("confidence", confidence, f"the fit has no band for {name}")
         factors[name] = band.ratio_at(confidence)
         targets[name] = limit / factors[name]
-    throughput = model.bands.get("throughput")
+    throughput = bands.get("throughput")
     rate_factor = 1.0 if throughput is None else 1 / throughput.ratio_at(1 - confidence)
     shown = ", ".join(f"{name} {slo.targets[name]:g} -> {targets[name]:.4g} ms (/{f:.2f})" for name, f in factors.items())
     note = (f"sized at confidence {confidence:g}: latency targets divided by the P{100 * confidence:g} of measured / "
             f"predicted over the fit's {model.held_out} ({shown}); rate x {rate_factor:.2f} (1 / the throughput "
-            f"ratio's P{100 * (1 - confidence):g})")
+            f"ratio's P{100 * (1 - confidence):g}); {engine}'s own bands for "
+            f"{', '.join(model.engine_bands.get(engine, {})) or 'none'}, all engines' for the rest")
     return Pessimism(slo.model_copy(update=targets), rate_factor, note)

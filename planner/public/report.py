@@ -20,8 +20,10 @@ from engine.files import load_json
 from hwprofiles import PROFILE_DIR
 from planner.costmodel.fitted import PUBLIC_FIT_FILE, Band
 from planner.metrics import MetricFamily
+from planner.engines import get_engine
 from planner.public.calibration import (
-    UNITS, FigureResult, PublicFit, SkippedRun, bands, data_digest, predict_public, prepare_all, unit_of,
+    MIN_BAND_SOURCES, MIN_ENGINE_BAND_FIGURES, UNITS, FigureResult, PublicFit, SkippedRun, bands, data_digest,
+    engine_bands, held_out_coverage, predict_public, prepare_all, unit_of,
 )
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import Figures, Progress, no_progress
@@ -55,6 +57,11 @@ class PublicValidation(BaseModel):
     by_gpu: list[GroupError]
     by_source: list[GroupError]
     bands: dict[MetricFamily, Band] = Field(description="Recomputed from these held-out predictions")
+    engine_bands: dict[str, dict[MetricFamily, Band]] = Field(
+        default_factory=dict, description="Per engine, recomputed from these held-out predictions (calibration.engine_bands)")
+    all_engines_coverage: dict[str, dict[MetricFamily, float]] = Field(
+        default_factory=dict, description="Per engine with bands of its own: the held-out coverage of its figures by "
+        "the all-engines band of the same family, which its runs would carry otherwise")
     targets_pct: dict[str, float]
     met: dict[str, bool]
     figure_errors: list[FigureResult]
@@ -118,6 +125,7 @@ def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun]
     """The errors of predicted figures grouped every way the report shows them, against the targets;
     `clients` (client_setups) gives each figure's run its benchmark client's setup."""
     by_family = group_errors(results, lambda r: r.family)
+    own = engine_bands(results)
     met = {g.group: g.held_out_median_abs_pct <= TARGETS_PCT[g.group] for g in by_family if g.group in TARGETS_PCT}
     return PublicValidation(
         fit_file=_shown(fit_file), figures=len(results), sources=len({r.source_key for r in results}),
@@ -125,7 +133,12 @@ def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun]
         by_metric_family=by_family, by_client=group_errors(results, lambda r: f"{clients[r.run_key]}: {r.family}"),
         by_engine=group_errors(results, lambda r: r.engine),
         by_gpu=group_errors(results, lambda r: r.hardware), by_source=group_errors(results, lambda r: r.source_key),
-        bands=bands(results), targets_pct=TARGETS_PCT, met=met, figure_errors=list(results),
+        bands=bands(results), engine_bands=own, all_engines_coverage={
+            engine: {family: held_out_coverage([r for r in results if r.family == family
+                                                and get_engine(r.engine).engine == engine],
+                                               [r for r in results if r.family == family]) for family in families}
+            for engine, families in own.items()},
+        targets_pct=TARGETS_PCT, met=met, figure_errors=list(results),
     )
 
 
@@ -177,6 +190,16 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
           + f" | {b.held_out_coverage:.0%} | {b.figures} |" for name, b in
           ((f"{n} (pooled with {', '.join(b.pooled_with)})" if b.pooled_with else n, b) for n, b in v.bands.items())),
         "",
+        f"Per engine (every release of it), where its own held-out figures of a family number {MIN_ENGINE_BAND_FIGURES} "
+        f"from {MIN_BAND_SOURCES} sources: its runs carry these bands, and the all-engines band above for the other "
+        "families. The last column is how many of the same figures the all-engines band held, measured the same way.",
+        "",
+        "| engine: metric family | P5 | P10 | P50 | P90 | P95 | P10..P90 held-out coverage | figures | all-engines band's coverage |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *(f"| {engine}: {family} | " + " | ".join(f"x{b.ratio_at(p):.2f}" for p in (0.05, 0.1, 0.5, 0.9, 0.95))
+          + f" | {b.held_out_coverage:.0%} | {b.figures} | {v.all_engines_coverage[engine][family]:.0%} |"
+          for engine, table in v.engine_bands.items() for family, b in table.items()),
+        "",
         "## By benchmark client",
         "",
         "How the publication's client offered the requests (offline: all at once; Poisson: an open-loop stream at a "
@@ -209,10 +232,13 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
 def _bands_carried(v: PublicValidation, fit: PublicFit) -> str:
     """Which bands results carry: these, or (a report re-predicted by a later simulator) the fit's,
     which stay until a refit, and how far their P10 and P90 lie from these."""
-    if v.bands == fit.model.bands:
+    if v.bands == fit.model.bands and v.engine_bands == fit.model.engine_bands:
         return "Every `simulate`, `plan` and `compare` result carries these bands"
-    shift = max((abs(b.ratio_at(p) / fit.model.bands[name].ratio_at(p) - 1) for name, b in v.bands.items()
-                 if name in fit.model.bands for p in (0.1, 0.9)), default=float("nan"))
+    pairs = [(b, fit.model.bands.get(name)) for name, b in v.bands.items()] + [
+        (b, fit.model.engine_bands.get(engine, {}).get(name)) for engine, table in v.engine_bands.items()
+        for name, b in table.items()]
+    shift = max((abs(b.ratio_at(p) / carried.ratio_at(p) - 1) for b, carried in pairs if carried is not None
+                 for p in (0.1, 0.9)), default=float("nan"))
     return (f"Measured again here with today's simulator; `simulate`, `plan` and `compare` results carry the "
             f"fit's bands of {fit.created_utc[:10]} until a refit (their P10 and P90 within {100 * shift:.1f} % of "
             "these)")

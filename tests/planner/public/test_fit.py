@@ -13,12 +13,15 @@ from engine.errors import InputError
 from planner.cli import main
 from planner.costmodel.fitted import PUBLIC_FIT_FILE, Band, FittedModel, pessimistic, prediction_interval
 from planner.hardware import get_hardware
-from planner.public.calibration import HeldOutFigure, bands, calibrate_public, write_fit
+from planner.engines import get_engine
+from planner.public.calibration import (FigureResult, HeldOutFigure, bands, calibrate_public, engine_bands,
+                                        held_out_coverage, rebanded, write_fit)
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import (FIT_TOLERANCE, PLAUSIBLE, SETTLED_X, START_MARGIN, Figures, Space, Traced, fit,
                                 fit_folds, fit_rounds, simulate_runs, surrogate, trace_run)
 from planner.public.replay import ReplayRun, prepare
-from planner.public.report import PublicValidation, client_setups, validate_public, validation_of, write_report
+from planner.public.report import (PublicValidation, client_setups, load_fit, validate_public, validation_of,
+                                   write_report)
 from planner.specs import SLO
 
 # Four runs of at most ten requests: Qwen2.5-7B on one or two A100s under vLLM 0.11.
@@ -252,6 +255,12 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path) -> No
     assert result.folds["source"]["tp1"] == result.folds["publisher"]["a"]  # here a publisher is one source
     assert any(f.held_out != pytest.approx(f.in_sample) for f in result.figures)
     path = write_fit(result, tmp_path / "fit.json")
+    # Bands made again from the stored held-out figures are the fit's own: nothing is fitted.
+    again = rebanded(result, "test --bands-only")
+    assert again.model.bands == result.model.bands and again.model.engine_bands == result.model.engine_bands
+    assert again.figures == result.figures and again.notes[-1].startswith("bands made again")
+    assert main(["calibrate", "--public", "--bands-only", "--out", str(path)]) == 0
+    assert load_fit(path).model == result.model
 
     report, _ = validate_public(path, runs=runs)
     again = {f.id: f for f in report.figure_errors}
@@ -296,6 +305,8 @@ BAND = Band(probabilities=[0.05, 0.1, 0.5, 0.9, 0.95], ratios=[0.7, 0.8, 1.0, 1.
             figures=100)
 MODEL = FittedModel(families={"hopper": {}}, engines={"vllm-0.11": {}}, source="test",
                     bands={"throughput": BAND, "ttft": BAND, "tpot_itl": BAND, "e2e": BAND})
+WIDE = Band(probabilities=[0.05, 0.1, 0.5, 0.9, 0.95], ratios=[0.4, 0.5, 1.0, 2.0, 3.0], held_out_coverage=0.8,
+            figures=100)
 
 
 def test_band_quantiles_interval_and_bounds() -> None:
@@ -309,7 +320,7 @@ def test_band_quantiles_interval_and_bounds() -> None:
     p10 = Band(probabilities=[0.1, 0.5, 0.9], ratios=[0.8, 1.0, 1.25], held_out_coverage=0.8, figures=3)
     assert p10.interval() == (0.8, 1.25)
     narrow = MODEL.model_copy(update={"bands": dict.fromkeys(MODEL.bands, p10)})
-    assert pessimistic(SLO(ttft_p99_ms=500), 0.9, narrow).rate_factor == pytest.approx(1 / 0.8)
+    assert pessimistic(SLO(ttft_p99_ms=500), 0.9, "vllm", narrow).rate_factor == pytest.approx(1 / 0.8)
 
 
 def _figure(family: str, source: str, ratio: float, i: int) -> HeldOutFigure:
@@ -338,14 +349,57 @@ def test_a_family_from_too_few_sources_takes_its_partners_band() -> None:
     assert out["tpot_itl"].ratios == pytest.approx(list(np.quantile([f.measured for f in tpot], out["tpot_itl"].probabilities)))
 
 
+def _result(family: str, source: str, ratio: float, i: int, engine: str) -> FigureResult:
+    return FigureResult(id=f"{engine}-{source}-{family}-{i}", run_key=source, source_key=source,
+                        metric=f"{'tpot' if family == 'tpot_itl' else family}_mean", family=family, measured=ratio,
+                        in_sample=1.0, held_out=1.0, publisher=source, engine=engine, hardware="h100-sxm",
+                        gpu_family="hopper", confidence="high", held_out_publisher=1.0)
+
+
+def test_an_engine_with_enough_figures_from_enough_sources_gets_bands_of_its_own() -> None:
+    """Known answer: an engine's band is the quantiles of its own figures' ratios (every release of
+    the engine together), its coverage each of its sources against its other sources' band; an engine
+    short of figures or of sources, in a family, carries the all-engines band there."""
+    rng = np.random.default_rng(1)
+
+    def draw(engine: str, family: str, sources: int, each: int, spread: float) -> list[FigureResult]:
+        return [_result(family, f"{engine}{k}", float(r), i, engine) for k in range(sources)
+                for i, r in enumerate(rng.lognormal(0, spread, each))]
+
+    vllm = draw("vllm-0.11", "tpot_itl", 2, 30, 0.1) + draw("vllm-0.6", "tpot_itl", 2, 30, 0.1)  # 120, 4 sources
+    sglang = draw("sglang-0.5", "tpot_itl", 4, 30, 0.6) + draw("sglang-0.5", "ttft", 3, 20, 0.6)  # ttft: 60 figures
+    trtllm = draw("trtllm-1.2", "tpot_itl", 2, 60, 0.3)  # 120 figures, 2 sources
+    results = vllm + sglang + trtllm
+    own = engine_bands(results)
+    assert set(own) == {"vllm", "sglang"} and set(own["vllm"]) == set(own["sglang"]) == {"tpot_itl"}
+    ratios = [f.measured for f in sglang if f.family == "tpot_itl"]
+    assert own["sglang"]["tpot_itl"].ratios == pytest.approx(list(np.quantile(ratios, own["sglang"]["tpot_itl"].probabilities)))
+    assert own["vllm"]["tpot_itl"].figures == 120
+    inside = []
+    for source in {f.source_key for f in vllm}:
+        lo, hi = np.quantile([f.measured for f in vllm if f.source_key != source], [0.1, 0.9])
+        inside += [lo <= f.measured <= hi for f in vllm if f.source_key == source]
+    assert own["vllm"]["tpot_itl"].held_out_coverage == pytest.approx(np.mean(inside))
+    assert held_out_coverage(vllm, vllm) == pytest.approx(np.mean(inside))
+    model = MODEL.model_copy(update={"bands": bands(results), "engine_bands": own})
+    assert model.bands_for("sglang")["tpot_itl"] == own["sglang"]["tpot_itl"]
+    assert model.bands_for("sglang")["ttft"] == model.bands["ttft"] and model.bands_for("trtllm") == model.bands
+    wide, narrow = model.bands_for("sglang")["tpot_itl"].interval(), model.bands_for("vllm")["tpot_itl"].interval()
+    assert wide[1] / wide[0] > narrow[1] / narrow[0]
+
+
 def test_pessimistic_sizing_tightens_targets_and_raises_the_rate() -> None:
     slo = SLO(ttft_p99_ms=500, tpot_p99_ms=50)
-    p = pessimistic(slo, 0.9, MODEL)
+    p = pessimistic(slo, 0.9, "vllm", MODEL)
     assert p.slo.ttft_p99_ms == pytest.approx(400)
     assert p.slo.tpot_p99_ms == pytest.approx(40)
     assert p.rate_factor == pytest.approx(1 / 0.8)
     assert "confidence 0.9" in p.note
-    assert pessimistic(slo, 0.5, MODEL).slo == slo  # at the median ratio of 1, nothing changes
+    assert pessimistic(slo, 0.5, "vllm", MODEL).slo == slo  # at the median ratio of 1, nothing changes
+    # An engine with a TPOT/ITL band of its own is sized by it, and by the all-engines band elsewhere.
+    own = pessimistic(slo, 0.9, "sglang", MODEL.model_copy(update={"engine_bands": {"sglang": {"tpot_itl": WIDE}}}))
+    assert own.slo.tpot_p99_ms == pytest.approx(25) and own.slo.ttft_p99_ms == pytest.approx(400)
+    assert "sglang's own bands for tpot_itl" in own.note
 
 
 def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
@@ -357,14 +411,23 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     model, hw = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
     w = get_workload("chat").model_copy(update={"num_requests": 20})
     summary = simulate(model, hw, Deployment(hardware=hw.name), w).summary
-    band = prediction_interval(summary, hw, "vllm-0.11", MODEL)
+    band = prediction_interval(summary, hw, get_engine("vllm-0.11"), MODEL)
     assert band is not None
     low, high = band.ranges["ttft_ms.p99"]
     assert (low, high) == (pytest.approx(summary.ttft_ms.p99 * 0.8), pytest.approx(summary.ttft_ms.p99 * 1.25))
     assert "not in the fit" not in band.basis
-    other = prediction_interval(summary, get_hardware("b200"), "sglang-0.5", MODEL)
+    other = prediction_interval(summary, get_hardware("b200"), get_engine("sglang-0.5"), MODEL)
     assert other is not None and "'blackwell' was not in the fit" in other.basis and "'sglang-0.5'" in other.basis
-    assert prediction_interval(summary, get_hardware("xeon-8480-2s"), "serveplan", MODEL) is None
+    assert prediction_interval(summary, get_hardware("xeon-8480-2s"), get_engine("serveplan"), MODEL) is None
+    # A run carries its engine's own band where the fit has one, the all-engines band elsewhere.
+    model = MODEL.model_copy(update={"engine_bands": {"sglang": {"tpot_itl": WIDE}}})
+    sglang = prediction_interval(summary, hw, get_engine("sglang-0.5"), model)
+    assert sglang is not None and sglang.ranges["itl_ms.p50"] == (pytest.approx(summary.itl_ms.p50 * 0.5),
+                                                                  pytest.approx(summary.itl_ms.p50 * 2.0))
+    assert sglang.ranges["ttft_ms.p99"] == band.ranges["ttft_ms.p99"]
+    assert "tpot_itl of sglang runs (100 figures" in sglang.basis and "ttft of all engines" in sglang.basis
+    vllm = prediction_interval(summary, hw, get_engine("vllm-0.11"), model)
+    assert vllm is not None and vllm.ranges == band.ranges
     assert all(math.isfinite(v) for pair in band.ranges.values() for v in pair)
 
 
@@ -380,6 +443,8 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     (["calibrate", "--public", "--report", "/no/such/folder/r.md"], "its folder '/no/such/folder' does not exist"),
     (["calibrate", "--public", "--out", "/no/such/folder/fit.json"], "its folder '/no/such/folder' does not exist"),
     (["calibrate", "--checkpoint", "/tmp/x"], "--checkpoint does not apply to a CPU calibration"),
+    (["calibrate", "--public", "--bands-only", "--rounds", "2"], "--rounds does not apply to --bands-only"),
+    (["calibrate", "--bands-only"], "--bands-only does not apply to a CPU calibration"),
 ])
 def test_public_and_cpu_flags_do_not_mix(argv: list[str], message: str, capsys) -> None:
     assert main(argv) == 2
