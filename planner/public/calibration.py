@@ -314,7 +314,7 @@ def engine_bands(results: Sequence[FigureResult]) -> dict[str, dict[MetricFamily
     engines is too wide for one and too narrow for another (docs/validation-public.md measures both)."""
     by_engine: dict[str, list[FigureResult]] = {}
     for r in results:
-        by_engine.setdefault(get_engine(r.engine).engine, []).append(r)
+        by_engine.setdefault(engine_of(r), []).append(r)
     out: dict[str, dict[MetricFamily, Band]] = {}
     for engine, figures in sorted(by_engine.items()):
         own = {family: _band(rows, rows, ()) for family in METRIC_FAMILIES
@@ -323,6 +323,11 @@ def engine_bands(results: Sequence[FigureResult]) -> dict[str, dict[MetricFamily
         if own:
             out[engine] = own
     return out
+
+
+def engine_of(result: FigureResult) -> str:
+    """The engine (vllm, sglang, ...) whose release replayed the figure's run: what its band is kept by."""
+    return get_engine(result.engine).engine
 
 
 def held_out_coverage(rows: Sequence[HeldOutFigure], basis: Sequence[HeldOutFigure]) -> float:
@@ -349,4 +354,5 @@ def _band(rows: Sequence[HeldOutFigure], basis: Sequence[HeldOutFigure], partner
                 held_out_coverage=held_out_coverage(rows, basis), figures=len(rows), pooled_with=list(partners))
 
 
-__all__ = ["PublicFit", "FigureResult", "HeldOutFigure", "SkippedRun", "bands", "engine_bands", "held_out_coverage", "rebanded", "calibrate_public", "predict_public", "write_fit"]
+__all__ = ["PublicFit", "FigureResult", "HeldOutFigure", "SkippedRun", "bands", "engine_bands", "engine_of",
+           "held_out_coverage", "rebanded", "calibrate_public", "predict_public", "write_fit"]

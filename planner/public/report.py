@@ -20,10 +20,9 @@ from engine.files import load_json
 from hwprofiles import PROFILE_DIR
 from planner.costmodel.fitted import PUBLIC_FIT_FILE, Band
 from planner.metrics import MetricFamily
-from planner.engines import get_engine
 from planner.public.calibration import (
     MIN_BAND_SOURCES, MIN_ENGINE_BAND_FIGURES, UNITS, FigureResult, PublicFit, SkippedRun, bands, data_digest,
-    engine_bands, held_out_coverage, predict_public, prepare_all, unit_of,
+    engine_bands, engine_of, held_out_coverage, predict_public, prepare_all, unit_of,
 )
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import Figures, Progress, no_progress
@@ -133,13 +132,19 @@ def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun]
         by_metric_family=by_family, by_client=group_errors(results, lambda r: f"{clients[r.run_key]}: {r.family}"),
         by_engine=group_errors(results, lambda r: r.engine),
         by_gpu=group_errors(results, lambda r: r.hardware), by_source=group_errors(results, lambda r: r.source_key),
-        bands=bands(results), engine_bands=own, all_engines_coverage={
-            engine: {family: held_out_coverage([r for r in results if r.family == family
-                                                and get_engine(r.engine).engine == engine],
-                                               [r for r in results if r.family == family]) for family in families}
-            for engine, families in own.items()},
+        bands=bands(results), engine_bands=own, all_engines_coverage=_all_engines_coverage(results, own),
         targets_pct=TARGETS_PCT, met=met, figure_errors=list(results),
     )
+
+
+def _all_engines_coverage(results: Sequence[FigureResult],
+                          own: Mapping[str, Mapping[MetricFamily, Band]]) -> dict[str, dict[MetricFamily, float]]:
+    """For each engine's own band, the held-out coverage of the same figures by the all-engines band."""
+    def family(name: MetricFamily) -> list[FigureResult]:
+        return [r for r in results if r.family == name]
+
+    return {engine: {name: held_out_coverage([r for r in family(name) if engine_of(r) == engine], family(name))
+                     for name in table} for engine, table in own.items()}
 
 
 def write_report(v: PublicValidation, fit: PublicFit, command: str, path: str | Path) -> Path:
