@@ -20,7 +20,7 @@ import simpy
 from engine.core import Request, RequestMetrics, SamplingParams
 from planner.sim.autoscaler import Autoscaler, ScalingRule
 from planner.sim.collector import fewer_collections
-from planner.sim.events import Soon, play
+from planner.sim.events import play
 from planner.sim.frontend import FrontEnd
 from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
@@ -227,6 +227,12 @@ class StandInTraffic(Protocol):
     def stand_in_gaps(self, stand_in: int) -> np.random.Generator: ...
 
 
+def _sent(wr: WorkloadRequest, now: float) -> Request:
+    """The request a client sends for `wr` at `now`: its prompt, its output length to the token."""
+    return Request(wr.request_id, list(wr.prompt_token_ids),
+                   SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=now)
+
+
 @dataclass(eq=False)
 class SampledFleet(Fleet):
     """A round-robin fleet of `num_ready` replicas simulated as a few stand-ins (`ready`).
@@ -274,9 +280,7 @@ class SampledFleet(Fleet):
         for j in range(self.stand_ins):
             member = self._new_member()
             requests = self.traffic.stand_in_requests(j, self.vocab_size, self.template.max_len)
-            gaps = self.traffic.stand_in_gaps(j)
-            Soon(self.env, lambda _event, member=member, requests=requests, gaps=gaps: self._arrivals(
-                member, requests, rate, gaps))  # when a process started here would first run
+            self._arrivals(member, requests, rate, self.traffic.stand_in_gaps(j))
         self._changed()
 
     def retire(self, n: int) -> None:
@@ -296,26 +300,20 @@ class SampledFleet(Fleet):
     def _arrivals(self, member: _Member, requests: Iterator[WorkloadRequest], rate: CumulativeRate,
                   gaps: np.random.Generator) -> None:
         """The stand-in's share of the stream: every n-th arrival (n the fleet's replicas per stand-in
-        as it is then), starting at a random replica's place in the first round. A timeout with a
-        callback per arrival, not a SimPy process, whose every wake-up costs a generator resume."""
-        self._arrival_after(member, requests, rate, gaps, gaps.gamma(gaps.integers(1, self._count + 1)))
+        as it is at the previous arrival), starting at a random replica's place in the first round."""
+        def times() -> Iterator[float]:
+            expected = gaps.gamma(gaps.integers(1, self._count + 1))
+            while (t := rate.time_of(expected)) < self.billing.end_s:
+                yield t
+                expected += gaps.gamma(self._count)
 
-    def _arrival_after(self, member: _Member, requests: Iterator[WorkloadRequest], rate: CumulativeRate,
-                       gaps: np.random.Generator, expected: float) -> None:
-        t = rate.time_of(expected)
-        if t < self.billing.end_s:
-            self.env.timeout(t - self.env.now).callbacks.append(
-                lambda _event: self._arrive(member, requests, rate, gaps, expected))
+        def arrive(_t: float) -> None:
+            request = _sent(next(requests), self.env.now)
+            self.tallies.arrive(request, self._scale())
+            member.in_api += 1
+            member.api.forward(request, member.deliver)
 
-    def _arrive(self, member: _Member, requests: Iterator[WorkloadRequest], rate: CumulativeRate,
-                gaps: np.random.Generator, expected: float) -> None:
-        wr = next(requests)
-        request = Request(wr.request_id, list(wr.prompt_token_ids),
-                          SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=self.env.now)
-        self.tallies.arrive(request, self._scale())
-        member.in_api += 1
-        member.api.forward(request, member.deliver)
-        self._arrival_after(member, requests, rate, gaps, expected + gaps.gamma(self._count))
+        play(self.env, times(), lambda t: t, arrive)
 
 
 @dataclass
@@ -369,8 +367,7 @@ def simulate_fleet(template: ReplicaTemplate, requests: Iterable[WorkloadRequest
         return wr.arrival_s
 
     def submit(wr: WorkloadRequest) -> None:
-        request = Request(wr.request_id, list(wr.prompt_token_ids),
-                          SamplingParams(max_tokens=wr.output_tokens, ignore_eos=True), arrival_time=env.now)
+        request = _sent(wr, env.now)
         tallies.arrive(request)
         fleet.submit(request)
 
