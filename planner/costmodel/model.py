@@ -21,7 +21,9 @@ Rules worth knowing (all listed by `assumptions()`):
 - MoE: T tokens with top-k routing among E experts touch E(1 - (1 - k/E)^T) distinct experts
   in expectation (uniform routing); expert weight bytes scale with that, FLOPs with T x k, and the
   grouped GEMM's efficiency follows the rows per touched expert, times the engine's fused-MoE
-  kernel share (moe_kernel_efficiency) and the GPU family's grouped-GEMM share.
+  kernel share (moe_kernel_efficiency) and the GPU family's grouped-GEMM share. That share slows
+  the experts' tensor-core math alone: weight-only experts (MXFP4 on Hopper/Ampere, fp8 on Ampere)
+  dequantise on the vector units, and the kernels stream their weights, at the family's own rates.
 - MLA (DeepSeek): decode in the absorbed formulation, prefill attention expanded (as the engines
   run them); the KV latent is read once per token and is replicated on every TP rank.
 """
@@ -443,6 +445,8 @@ class CostModel:
             f"and for int8/int4, weight-only: bf16 math plus {DEQUANT_OPS_PER_WEIGHT:g} vector ops per weight read; "
             "native ones reach scaled_gemm_efficiency of the format's FLOP rate and scaled_gemm_memory_efficiency "
             "of its weight-read rate",
+            "routed experts: max(math / grouped_gemm_efficiency + dequantisation, weight reads) / moe_kernel_efficiency; "
+            "the grouped-GEMM share slows the tensor-core math, not the vector dequantisation or the weight reads",
             "attention: causal pairs q x (cached + (q+1)/2) per request and layer, capped by sliding windows; "
             "K/V of the context read once per request and layer at attention_memory efficiency, FLOPs at "
             "attention_compute efficiency; decode and prefill requests are separate rooflines",
@@ -577,12 +581,13 @@ class CostModel:
         work[1] += nbytes
         # A grouped GEMM is as efficient as its per-expert matmuls: rows x k / touched rows each.
         per_expert = rows * e.top_k / _max(touched, 1e-9)
-        compute = flops * self._s_per_flop * self._compute_rows(per_expert) / _max(per_expert, 1e-9)
-        compute += touched * e.dequant_ops_per_expert * self._s_per_dequant_op
+        math = flops * self._s_per_flop * self._compute_rows(per_expert) / _max(per_expert, 1e-9)
+        dequant = touched * e.dequant_ops_per_expert * self._s_per_dequant_op
         p = self.params
         # The family's grouped-GEMM share is a tensor-core matter (wgmma, TMA pipelines): it slows the
-        # experts' math, not the streaming of their weights, which a decode step is bound by.
-        roofline = _max(compute / p.grouped_gemm_efficiency, nbytes * self._s_per_byte) / p.moe_kernel_efficiency
+        # experts' math, not the vector work of dequantising their weights nor the streaming of them,
+        # which a decode step is bound by.
+        roofline = _max(math / p.grouped_gemm_efficiency + dequant, nbytes * self._s_per_byte) / p.moe_kernel_efficiency
         return (e.kernels * p.kernel_latency_s + roofline) * _present(rows)
 
     def _attention(self, tokens: Number, flops: Number, kv_tokens: Number, work: list[Number]) -> Number:

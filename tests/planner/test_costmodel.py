@@ -13,7 +13,14 @@ from engine.config import EngineKnobs
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.errors import InputError
-from planner.costmodel import OPERATORS, CostModel, CostParams, expected_distinct_experts, gemm_compute_dtype
+from planner.costmodel import (
+    DEQUANT_OPS_PER_WEIGHT,
+    OPERATORS,
+    CostModel,
+    CostParams,
+    expected_distinct_experts,
+    gemm_compute_dtype,
+)
 from planner.costmodel.model import COMM_OPERATORS, _totals
 from planner.costmodel.shape import StepShape
 from planner.engines import get_engine
@@ -237,6 +244,31 @@ def test_an_moe_efficiency_slows_the_routed_experts_alone(batch: int) -> None:
     prefill = [(8192, 0, True)] * 4
     dense_rate, grouped = experts(prefill), experts(prefill, grouped_gemm_efficiency=0.5)
     assert grouped["moe_experts"] - kernels == pytest.approx(2 * (dense_rate["moe_experts"] - kernels))
+
+
+def test_the_grouped_gemm_share_leaves_weight_only_experts_dequantisation_alone() -> None:
+    """fp8 experts on an A100 (no fp8 tensor cores) run bf16 math on weights dequantised by the vector
+    units. In a prefill that touches every expert, bound by that work, the experts take
+    (math / g + dequantisation) / e: halving the family's grouped-GEMM share g adds the math once
+    more, not the dequantisation, which is every expert weight x DEQUANT_OPS_PER_WEIGHT operations at
+    the fp32 peak x compute_efficiency."""
+    hw = get_hardware("a100-80gb-sxm")
+    base = CostParams.defaults(hw, get_engine("vllm-0.11"))
+    model = resolve_model("qwen3-30b-a3b")
+    kernels = 4 * model.num_moe_layers * base.kernel_latency_s
+
+    def experts(**values: float) -> float:
+        cm = cost(model="qwen3-30b-a3b", hw="a100-80gb-sxm", weight_dtype="fp8", calibration=replace(base, **values))
+        assert cm.dequant
+        return cm.shape_breakdown([(8192, 0, True)] * 4)["moe_experts"] - kernels
+
+    e = base.moe_kernel_efficiency
+    dequant_s = (model.num_moe_layers * model.moe.num_experts * model.expert_params() * DEQUANT_OPS_PER_WEIGHT
+                 / (hw.peak_flops("fp32")[0] * base.compute_efficiency))
+    full, halved = experts(grouped_gemm_efficiency=1.0), experts(grouped_gemm_efficiency=0.5)
+    math_s = full * e - dequant_s
+    assert math_s > dequant_s > 0  # both terms matter here
+    assert halved * e == pytest.approx(2 * math_s + dequant_s)
 
 
 def test_scaled_matmuls_reach_their_share_of_the_formats_rates() -> None:
