@@ -649,18 +649,20 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
     from planner.public.calibration import PUBLIC_ROUNDS, calibrate_public, rebanded, write_fit
     from planner.public.data import public_runs
     from planner.public.report import (
-        TARGETS_PCT, client_setups, group_errors, load_fit, set_aside_summary, validation_of, write_report,
+        TARGETS_PCT, client_setups, group_errors, load_fit, predict_again, set_aside_summary, validation_of, write_report,
     )
 
     command = "serveplan calibrate " + " ".join(sys.argv[2:])
     out = Path(args.out) if args.out else PUBLIC_FIT_FILE
     if args.bands_only:
-        for name in ("rounds", "checkpoint", "fresh", "workers", "public_report"):
+        for name in ("rounds", "checkpoint", "fresh", "public_report"):
             if getattr(args, name) != args.mode_defaults[name]:
                 raise UsageError(f"{args.flags.get(name, name)} does not apply to --bands-only: nothing is fitted")
-        result = rebanded(load_fit(out), command)
-        path = write_fit(result, out)
-        console.print(f"wrote {path}: its bands made again from its {len(result.figures)} held-out figures")
+        fit = load_fit(out)
+        with stages() as progress:
+            figures, skipped = predict_again(fit, out, workers=args.workers or default_threads(), progress=progress)
+        path = write_fit(rebanded(fit, command, figures, skipped), out)
+        console.print(f"wrote {path}: its {len(figures)} held-out figures predicted again and its bands made from them")
         return
     if args.public_report:
         output_file(args.public_report, "public_report")  # before hours of fitting, not after
@@ -1248,8 +1250,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--public: start the all-data fit from the profiles' estimates only (default: also from the "
                         "fit the new one replaces, keeping the lower cost)")
     p.add_argument("--bands-only", action="store_true",
-                   help="--public: make the prediction intervals of the fit file (--out) again from the held-out "
-                        "figures it stores, by today's rules, without fitting (seconds)")
+                   help="--public: predict the held-out figures of the fit file (--out) again with today's simulator, "
+                        "from the folds it stores, and make its prediction intervals from them; nothing is fitted "
+                        "(minutes)")
     p.add_argument("--report", dest="public_report",
                    help="--public: also write the validation of the fit's own predictions (markdown, with a plot and "
                         "the JSON the dashboard reads beside it), as `serveplan validate --public --report` would")

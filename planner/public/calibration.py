@@ -217,13 +217,16 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
     )
 
 
-def rebanded(fit: PublicFit, command: str) -> PublicFit:
-    """`fit` with its bands made again, by today's rules, from the held-out figures it stores: the
-    same figures and folds, no refit (`serveplan calibrate --public --bands-only`)."""
-    model = fit.model.model_copy(update={"bands": bands(fit.figures), "engine_bands": engine_bands(fit.figures)})
-    note = (f"bands made again from the stored held-out figures by `{command}` on {dt.date.today().isoformat()}; "
-            + ENGINE_BANDS_NOTE)
-    return fit.model_copy(update={"model": model, "notes": [*fit.notes, note]})
+def rebanded(fit: PublicFit, command: str, figures: Sequence[FigureResult], skipped: Sequence[SkippedRun]) -> PublicFit:
+    """`fit` with `figures`, its stored folds' predictions made again by today's simulator (the
+    runs it `skipped` set aside), and the bands made from them by today's rules: the same fitted
+    figures and folds, no refit (`serveplan calibrate --public --bands-only`). A fit keeps, this
+    way, the bands of the simulator that uses them."""
+    model = fit.model.model_copy(update={"bands": bands(figures), "engine_bands": engine_bands(figures)})
+    note = (f"held-out figures predicted again by the simulator of {dt.date.today().isoformat()} from the stored "
+            f"folds, and bands made again from them, by `{command}` (nothing refitted); " + ENGINE_BANDS_NOTE)
+    return fit.model_copy(update={"model": model, "figures": list(figures), "skipped": list(skipped),
+                                  "notes": [*fit.notes, note]})
 
 
 def starts(space: Space, previous: Path | None) -> dict[str, Figures]:

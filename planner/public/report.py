@@ -99,6 +99,15 @@ def validate_public(path: str | Path = PUBLIC_FIT_FILE, *, workers: int = 1, run
     """Predict every published figure again with the fit's figures (held out: its fold's), with
     today's simulator, and group the errors."""
     fit = load_fit(path)
+    runs = list(runs) if runs is not None else None
+    results, skipped = predict_again(fit, path, workers=workers, runs=runs, progress=progress)
+    return validation_of(results, skipped, path, client_setups(runs if runs is not None else public_runs())), fit
+
+
+def predict_again(fit: PublicFit, path: str | Path, *, workers: int = 1, runs: Sequence[PublicRun] | None = None,
+                  progress: Progress = no_progress) -> tuple[list[FigureResult], list[SkippedRun]]:
+    """Every published figure (`runs`' by default) predicted with today's simulator from the
+    figures and folds that `fit` (read from `path`) stores, and the runs set aside, with why."""
     if runs is None and fit.data_sha256 != data_digest():
         raise InputError("calibration", str(path), "was fitted to other published data than "
                          "planner/data/public_measurements.json holds now; refit with `serveplan calibrate --public`")
@@ -111,7 +120,7 @@ def validate_public(path: str | Path = PUBLIC_FIT_FILE, *, workers: int = 1, run
     folds = {u: {name: Figures(f.families, f.engines) for name, f in table.items()} for u, table in fit.folds.items()}
     results, refused = predict_public(prepared, Figures(fit.model.families, fit.model.engines), folds,
                                       workers=workers, progress=progress)
-    return validation_of(results, skipped + refused, path, client_setups(r.run for r in prepared)), fit
+    return results, skipped + refused
 
 
 def client_setups(runs: Iterable[PublicRun]) -> dict[str, str]:

@@ -20,8 +20,8 @@ from planner.public.data import PublicRun, public_runs
 from planner.public.fit import (FIT_TOLERANCE, PLAUSIBLE, SETTLED_X, START_MARGIN, Figures, Space, Traced, fit,
                                 fit_folds, fit_rounds, simulate_runs, surrogate, trace_run)
 from planner.public.replay import ReplayRun, prepare
-from planner.public.report import (PublicValidation, client_setups, load_fit, validate_public, validation_of,
-                                   write_report)
+from planner.public.report import (PublicValidation, client_setups, load_fit, predict_again, validate_public,
+                                   validation_of, write_report)
 from planner.specs import SLO
 
 # Four runs of at most ten requests: Qwen2.5-7B on one or two A100s under vLLM 0.11.
@@ -244,7 +244,7 @@ def test_a_fit_stays_within_what_hardware_can_be() -> None:
             assert PLAUSIBLE[name][0] * (1 - 1e-9) <= value <= PLAUSIBLE[name][1] * (1 + 1e-9), name
 
 
-def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path) -> None:
+def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path, monkeypatch) -> None:
     runs = _small_runs()
     result = calibrate_public(command="test", rounds=1, runs=runs)
     assert {f.source_key for f in result.figures} == {"tp1", "tp2"}
@@ -255,11 +255,20 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path) -> No
     assert result.folds["source"]["tp1"] == result.folds["publisher"]["a"]  # here a publisher is one source
     assert any(f.held_out != pytest.approx(f.in_sample) for f in result.figures)
     path = write_fit(result, tmp_path / "fit.json")
-    # Bands made again from the stored held-out figures are the fit's own: nothing is fitted.
-    again = rebanded(result, "test --bands-only")
+    # A fit whose held-out figures (and bands) an older simulator made: predicted again from its folds
+    # by today's, they and the bands are those the fit would have had. Nothing is fitted.
+    stale_figures = [f.model_copy(update={"held_out": 2 * f.held_out}) for f in result.figures]
+    stale = result.model_copy(update={"figures": stale_figures, "model": result.model.model_copy(
+        update={"bands": bands(stale_figures), "engine_bands": engine_bands(stale_figures)})})
+    assert stale.model.bands != result.model.bands
+    again = rebanded(stale, "test --bands-only", *predict_again(stale, path, runs=runs))
     assert again.model.bands == result.model.bands and again.model.engine_bands == result.model.engine_bands
-    assert again.figures == result.figures and again.notes[-1].startswith("bands made again")
-    assert main(["calibrate", "--public", "--bands-only", "--out", str(path)]) == 0
+    assert again.figures == result.figures and again.notes[-1].startswith("held-out figures predicted again")
+    assert again.folds == result.folds and again.model.families == result.model.families
+    # The same from the command line, over the published runs (here, this study's).
+    write_fit(stale, path)
+    monkeypatch.setattr("planner.public.report.public_runs", lambda: runs)
+    assert main(["calibrate", "--public", "--bands-only", "--workers", "1", "--out", str(path)]) == 0
     assert load_fit(path).model == result.model
 
     report, _ = validate_public(path, runs=runs)
