@@ -156,7 +156,8 @@ class Efficiencies(Spec):
         "when its kernels are shorter (0: not modelled apart, e.g. CPUs, where it sits in the step and layer overheads)"
     )
     graph_kernel_us: float = Field(
-        0.0, ge=0, le=MAX_OVERHEAD_US, description="Device-side gap per kernel inside a replayed graph (CUDA/HIP graphs), microseconds"
+        0.0, ge=0, le=MAX_OVERHEAD_US, description="Device time each kernel costs beyond its roofline (its shortest run and the gap to "
+        "the next), microseconds"
     )
 
 

@@ -23,7 +23,7 @@ from planner.hardware import get_hardware
 from planner.memory import plan_memory
 from planner.search import PlanResult, plan, probe_requests, probe_workload
 from planner.sim import simulate
-from planner.specs import SLO, Deployment
+from planner.specs import DEFAULT_REQUESTS_PER_PROBE, SLO, Deployment
 from planner.workload import get_workload
 
 # No fitted figures: the hardware and engine profiles' own estimates, for scenarios built around them.
@@ -34,8 +34,12 @@ HARDWARE = ["l4", "l40s"]
 RATE_PER_S = 6.0
 SLO_TEXT = "ttft_p99_ms<=1500,tpot_p99_ms<=100"
 KNOBS = EngineKnobs(max_num_batched_tokens=2048, max_num_seqs=32)
+# The planner's own probe length: at 100 requests, an L4 replica probed at 1.5 req/s, near its capacity,
+# ends its probe before its queue shows, and four of them miss the SLO when verified together (the
+# verification says so: SLO MISSED).
+PROBE = DEFAULT_REQUESTS_PER_PROBE
 SPACE = dict(hardware=HARDWARE, max_gpus_per_replica=2, weight_dtypes=["bf16", "fp8"], kv_dtypes=["bf16"],
-             knobs_grid=[KNOBS], headroom=0.0, requests_per_probe=100, executor="serial", progress=False)
+             knobs_grid=[KNOBS], headroom=0.0, requests_per_probe=PROBE, executor="serial", progress=False)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +58,7 @@ def test_recommended_plan_meets_the_slo_at_the_requested_rate(result: PlanResult
     assert result.verification is not None and result.verification.goodput.slo_met
     # Independently of the planner's own verification: the deployment, simulated at the rate.
     model, dep = resolve_model(MODEL), rec.deployment
-    w = probe_workload(get_workload("chat"), RATE_PER_S, probe_requests(100, dep, get_workload("chat")) * dep.replicas)
+    w = probe_workload(get_workload("chat"), RATE_PER_S, probe_requests(PROBE, dep, get_workload("chat")) * dep.replicas)
     summary = simulate(model, get_hardware(dep.hardware), dep, w, slo=SLO.parse(SLO_TEXT)).summary
     assert summary.goodput.slo_met
     assert rec.usd_per_hour == pytest.approx(dep.replicas * dep.gpus_per_replica * get_hardware(dep.hardware).price_usd_per_hour)
@@ -82,7 +86,7 @@ def test_no_cheaper_candidate_meets_the_slo_by_brute_force(result: PlanResult) -
                 for replicas in range(1, math.ceil(best / price)):
                     if replicas * price >= best - 1e-9:
                         break
-                    w = probe_workload(workload, RATE_PER_S / replicas, probe_requests(100, dep, workload))
+                    w = probe_workload(workload, RATE_PER_S / replicas, probe_requests(PROBE, dep, workload))
                     summary = simulate(model, hw, dep, w, slo=slo).summary
                     assert not summary.goodput.slo_met, f"{replicas} x {name} tp{tp} {weight} is cheaper and meets the SLO"
                     checked += 1
@@ -92,7 +96,7 @@ def test_no_cheaper_candidate_meets_the_slo_by_brute_force(result: PlanResult) -
 def probe_workload_requests(workload):
     from planner.playback import Replay
 
-    return Replay.of(probe_workload(workload, RATE_PER_S, 100), vocab_size=resolve_model(MODEL).vocab_size).requests
+    return Replay.of(probe_workload(workload, RATE_PER_S, PROBE), vocab_size=resolve_model(MODEL).vocab_size).requests
 
 
 def test_probes_stopped_once_they_miss_give_the_answer_of_whole_probes(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -277,8 +281,10 @@ def test_cli_compare_prices_both_sides_with_the_calibration_given(tmp_path, caps
 def test_why_not_shows_each_hardwares_lowest_cost_bound(cache_dir) -> None:
     """At 15 req/s L4 wins; of L40S's candidates, all ruled out on cost, the alphabetically first
     (tp1 bf16, >= US$5.85/h) is not the closest: tp1 fp8's bound is US$3.90/h (at the profiles'
-    estimates: the scenario is about the why-not, whatever a fit makes of these GPUs)."""
-    r = plan(MODEL, get_workload("chat"), 15.0, SLO_TEXT, cache_dir=cache_dir, fit=PROFILE_ESTIMATES, **SPACE)
+    estimates, with 100-request probes: the scenario is about the why-not, whatever a fit or a longer
+    probe makes of these GPUs)."""
+    r = plan(MODEL, get_workload("chat"), 15.0, SLO_TEXT, cache_dir=cache_dir, fit=PROFILE_ESTIMATES,
+             **{**SPACE, "requests_per_probe": 100})
     assert r.recommended is not None and r.recommended.deployment.hardware == "l4"
     [closest] = r.why_not
     l40s = [p for p in r.rejected if p.deployment.hardware == "l40s"]
