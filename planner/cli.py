@@ -920,6 +920,8 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
                       f"TTFT P50 {v.ttft_ms.p50:,.0f} / P99 {v.ttft_ms.p99:,.0f} ms, "
                       f"TPOT P50 {v.tpot_ms.p50:,.1f} / P99 {v.tpot_ms.p99:,.1f} ms, "
                       f"goodput {v.goodput.share:.1%}, SLO {'MET' if v.goodput.slo_met else 'MISSED'}")
+        if r.verification_missed is not None:
+            console.print(f"  [bold red]warning:[/bold red] {r.verification_missed}")
         if (band := v.prediction_interval) is not None:
             shown = [(label, band.ranges[key]) for label, key in (("TTFT P99", "ttft_ms.p99"), ("TPOT P99", "tpot_ms.p99"))
                      if key in band.ranges]

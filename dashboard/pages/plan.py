@@ -97,6 +97,8 @@ def _show(result: PlanResult) -> None:
             st.caption(f"Verification: all {rec.replicas} replicas behind round robin at {result.rate_per_s:g} req/s "
                        f"(no headroom), {v.num_requests} requests; SLO met: {v.goodput.slo_met}, goodput "
                        f"{v.goodput.share:.1%}. Cost basis: {v.cost.basis}.")
+            if result.verification_missed is not None:
+                st.warning(f"The verification missed the SLO: {result.verification_missed}.")
             if (steady := v.steady_state) is not None:
                 st.caption(f"Steady state: {steady.requests_per_s:,.2f} req/s, {steady.output_tokens_per_s:,.0f} output "
                            f"tokens/s, mean batch {steady.mean_batch_requests or 0:,.1f} requests ({steady.basis}).")

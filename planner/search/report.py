@@ -137,6 +137,9 @@ class PlanResult(_Out):
         "else the least SLO miss, else the least memory shortfall"))
     why_not: list[CandidatePlan] = Field(description="per_hardware without the recommendation's hardware")
     nearest_miss: str | None = Field(description="When nothing is recommended: the closest candidate and by how much")
+    verification_missed: str | None = Field(None, description=(
+        "When the recommendation's verification misses the SLO although each replica's probes met it: what missed, "
+        "and what to rerun with"))
     capacity: SLOCapacity | None = Field(None, description=(
         "The recommendation's capacity: the highest rate one replica serves within the SLO, times its replicas"))
     quality: str | None = Field(None, description="What the recommendation's formats cost in quality, with sources")
@@ -279,13 +282,15 @@ def assemble(q: Question, shape: Shape, found: list[Searched], space: SearchSpac
                                                         for s in found),
                 "simulated": len(simulated)}
     rec_dep = recommended.deployment if recommended is not None else None
+    verification = verify(rec_dep) if rec_dep is not None else None
     return PlanResult(
         model=q.model.name, workload=q.workload.name, rate_per_s=q.rate_per_s, headroom=q.headroom, slo=slo,
         budget_usd_per_hour=q.budget_usd_per_hour, requests_per_probe=q.requests_per_probe, recommended=recommended,
-        verification=verify(rec_dep) if rec_dep is not None else None,
+        verification=verification,
         ranked=ranked, pareto_metric=metric, pareto=pareto, rejected=rejected, per_hardware=answers,
         why_not=[p for p in answers if rec_dep is None or p.deployment.hardware != rec_dep.hardware],
         nearest_miss=None if recommended is not None else _nearest_miss(ranked, rejected, q.budget_usd_per_hour),
+        verification_missed=_verification_missed(q, verification) if verification is not None else None,
         capacity=capacity(recommended) if recommended is not None else None,
         quality=describe_quality(rec_dep.weight_dtype, rec_dep.kv_dtype) if rec_dep is not None else None,
         space=space.model_copy(update={"outcomes": outcomes}),
@@ -384,6 +389,22 @@ def _nearest_miss(ranked: list[CandidatePlan], rejected: list[CandidatePlan], bu
         return (f"the model fits on no candidate; the closest is {p.label}, {p.memory_shortfall_gib:,.1f} GiB per GPU "
                 f"short: " + p.reason.removeprefix("memory: "))
     return "no candidate deployment: the hardware list and parallelism limits leave nothing to try"
+
+
+def _verification_missed(q: Question, verification: RunSummary) -> str | None:
+    """What to tell a user whose recommendation missed the SLO when verified whole (None when it met it). Its
+    every replica passed its probes, but a probe of a replica near its capacity can end before its queue
+    shows; the verification runs all the replicas' probes' requests at the whole rate."""
+    goodput = verification.goodput
+    if goodput.slo_met is not False:
+        return None
+    missed = [f"{c.target} {c.observed_ms:,.0f} ms > {c.limit_ms:,.0f}" for c in goodput.checks if not c.met]
+    if goodput.required_share is not None and goodput.share < goodput.required_share:
+        missed.append(f"goodput {goodput.share:.1%} < {goodput.required_share:.0%}")
+    return (f"the verification run, every replica behind round robin at {q.rate_per_s:g} req/s, missed the SLO "
+            f"({'; '.join(missed)}) although each replica's probes of {q.requests_per_probe} requests met it (a probe can "
+            "end before a queue near capacity shows). Plan again with longer probes (--requests-per-probe) or "
+            "headroom (--headroom) before relying on this answer")
 
 
 def _assumptions(q: Question, shape: Shape, space: SearchSpace) -> list[str]:

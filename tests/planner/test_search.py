@@ -17,7 +17,7 @@ from engine.catalog import resolve_model
 from engine.config import EngineKnobs
 from engine.errors import InputError
 from planner import search
-from planner.cli import main
+from planner.cli import main, render_plan
 from planner.costmodel.fitted import FittedModel
 from planner.hardware import get_hardware
 from planner.memory import plan_memory
@@ -137,6 +137,22 @@ def test_the_ttft_queue_bound_prunes_without_changing_the_answer() -> None:
     assert queue.simulated_candidates < roofline.simulated_candidates and queue.probes < roofline.probes
     assert all(p.ttft_min_replicas is None for p in roofline.ranked + roofline.rejected)
     assert any((p.ttft_min_replicas or 0) > 1 for p in queue.ranked + queue.rejected)
+
+
+def test_a_recommendation_that_misses_when_verified_says_so(result: PlanResult, cache_dir,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """With 100-request probes, four L4 replicas each pass at 1.5 req/s and together miss the TTFT target:
+    the plan says what missed and what to plan again with, in its result and on the command line."""
+    short = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **{**SPACE, "requests_per_probe": 100})
+    assert short.verification is not None and short.verification.goodput.slo_met is False
+    missed = short.verification_missed
+    assert missed is not None and "ttft_p99_ms" in missed and "probes of 100 requests" in missed
+    assert "--requests-per-probe" in missed and "--headroom" in missed
+    render_plan(short, 0.0)
+    assert "warning:" in capsys.readouterr().out
+    assert result.verification_missed is None  # the default probes: verified, nothing to warn of
+    render_plan(result, 0.0)
+    assert "warning:" not in capsys.readouterr().out
 
 
 def test_second_ask_comes_from_the_cache(result: PlanResult, cache_dir, monkeypatch: pytest.MonkeyPatch) -> None:
