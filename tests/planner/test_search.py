@@ -34,12 +34,13 @@ HARDWARE = ["l4", "l40s"]
 RATE_PER_S = 6.0
 SLO_TEXT = "ttft_p99_ms<=1500,tpot_p99_ms<=100"
 KNOBS = EngineKnobs(max_num_batched_tokens=2048, max_num_seqs=32)
-# The planner's own probe length: at 100 requests, an L4 replica probed at 1.5 req/s, near its capacity,
-# ends its probe before its queue shows, and four of them miss the SLO when verified together (the
-# verification says so: SLO MISSED).
-PROBE = DEFAULT_REQUESTS_PER_PROBE
 SPACE = dict(hardware=HARDWARE, max_gpus_per_replica=2, weight_dtypes=["bf16", "fp8"], kv_dtypes=["bf16"],
-             knobs_grid=[KNOBS], headroom=0.0, requests_per_probe=PROBE, executor="serial", progress=False)
+             knobs_grid=[KNOBS], headroom=0.0, requests_per_probe=100, executor="serial", progress=False)
+# The plan whose answer is checked against the simulator asks with the planner's own probe length: at
+# 100 requests, an L4 replica probed at 1.5 req/s, near its capacity, ends its probe before its queue
+# shows, and four of them miss the SLO when verified together (verification_missed says so).
+PROBE = DEFAULT_REQUESTS_PER_PROBE
+VERIFIED = {**SPACE, "requests_per_probe": PROBE}
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +50,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def result(cache_dir) -> PlanResult:
-    return plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **SPACE)
+    return plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **VERIFIED)
 
 
 def test_recommended_plan_meets_the_slo_at_the_requested_rate(result: PlanResult) -> None:
@@ -143,7 +144,7 @@ def test_a_recommendation_that_misses_when_verified_says_so(result: PlanResult, 
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     """With 100-request probes, four L4 replicas each pass at 1.5 req/s and together miss the TTFT target:
     the plan says what missed and what to plan again with, in its result and on the command line."""
-    short = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **{**SPACE, "requests_per_probe": 100})
+    short = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **SPACE)
     assert short.verification is not None and short.verification.goodput.slo_met is False
     missed = short.verification_missed
     assert missed is not None and "ttft_p99_ms" in missed and "probes of 100 requests" in missed
@@ -160,7 +161,7 @@ def test_second_ask_comes_from_the_cache(result: PlanResult, cache_dir, monkeypa
         raise AssertionError("simulate() called although every result is cached")
 
     monkeypatch.setattr(search.cache, "simulate", no_simulation)
-    again = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **SPACE)
+    again = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **VERIFIED)
     assert again == result
 
 
@@ -172,7 +173,7 @@ def test_every_rejection_says_why(result: PlanResult) -> None:
 
 
 def test_budget_too_small_names_the_cheapest_plan(result: PlanResult, cache_dir) -> None:
-    r = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, budget_usd_per_hour=0.1, **SPACE)
+    r = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, budget_usd_per_hour=0.1, **VERIFIED)
     assert r.recommended is None and r.verification is None
     assert r.nearest_miss is not None and "within US$0.10/h" in r.nearest_miss
     assert f"US${result.recommended.usd_per_hour:,.2f}/h" in r.nearest_miss
@@ -297,10 +298,8 @@ def test_cli_compare_prices_both_sides_with_the_calibration_given(tmp_path, caps
 def test_why_not_shows_each_hardwares_lowest_cost_bound(cache_dir) -> None:
     """At 15 req/s L4 wins; of L40S's candidates, all ruled out on cost, the alphabetically first
     (tp1 bf16, >= US$5.85/h) is not the closest: tp1 fp8's bound is US$3.90/h (at the profiles'
-    estimates, with 100-request probes: the scenario is about the why-not, whatever a fit or a longer
-    probe makes of these GPUs)."""
-    r = plan(MODEL, get_workload("chat"), 15.0, SLO_TEXT, cache_dir=cache_dir, fit=PROFILE_ESTIMATES,
-             **{**SPACE, "requests_per_probe": 100})
+    estimates: the scenario is about the why-not, whatever a fit makes of these GPUs)."""
+    r = plan(MODEL, get_workload("chat"), 15.0, SLO_TEXT, cache_dir=cache_dir, fit=PROFILE_ESTIMATES, **SPACE)
     assert r.recommended is not None and r.recommended.deployment.hardware == "l4"
     [closest] = r.why_not
     l40s = [p for p in r.rejected if p.deployment.hardware == "l40s"]
