@@ -403,8 +403,8 @@ def _verification_missed(q: Question, verification: RunSummary) -> str | None:
         missed.append(f"goodput {goodput.share:.1%} < {goodput.required_share:.0%}")
     return (f"the verification run, every replica behind round robin at {q.rate_per_s:g} req/s, missed the SLO "
             f"({'; '.join(missed)}) although each replica's probes of {q.requests_per_probe} requests met it (a probe can "
-            "end before a queue near capacity shows). Plan again with longer probes (--requests-per-probe) or "
-            "headroom (--headroom) before relying on this answer")
+            "end before a queue near capacity shows). Plan again with longer probes (requests_per_probe) or "
+            "headroom (headroom) before relying on this answer")
 
 
 def _assumptions(q: Question, shape: Shape, space: SearchSpace) -> list[str]:
