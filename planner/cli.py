@@ -920,6 +920,8 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
                       f"TTFT P50 {v.ttft_ms.p50:,.0f} / P99 {v.ttft_ms.p99:,.0f} ms, "
                       f"TPOT P50 {v.tpot_ms.p50:,.1f} / P99 {v.tpot_ms.p99:,.1f} ms, "
                       f"goodput {v.goodput.share:.1%}, SLO {'MET' if v.goodput.slo_met else 'MISSED'}")
+        for step in r.stepped_up:
+            console.print(f"  [yellow]stepped up:[/yellow] {step}")
         if r.verification_missed is not None:
             console.print(f"  [bold red]warning:[/bold red] {r.verification_missed}")
         if (band := v.prediction_interval) is not None:
@@ -938,6 +940,8 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
             console.print(f"  {r.quality}")
     else:
         console.print(f"[bold red]no recommendation:[/bold red] {r.nearest_miss}")
+        for step in r.stepped_up:
+            console.print(f"  [yellow]stepped up:[/yellow] {step}")
     if r.widening is not None:
         console.print(f"[bold yellow]{r.widening.summary}[/bold yellow]")
 

@@ -33,7 +33,7 @@ from planner.search.capacity import (
 from planner.search.executors import EXECUTORS, Executor, Runner, progress_bar
 from planner.quality import DEFAULT_MAX_QUALITY_LOSS_PCT, NO_QUALITY_LIMIT_PCT, deployment_loss_pct, within_budget
 from planner.search.report import (
-    CandidatePlan, PDComparison, PlanResult, SearchSpace, Verdict, Widening, answer, assemble,
+    CandidatePlan, PDComparison, PlanResult, SearchSpace, Verdict, Widening, answer, assemble, verified,
 )
 from planner.search.screen import Shape, screen_candidate
 from planner.search.ttft_bound import ProbeRequests
@@ -117,8 +117,9 @@ def plan(
     `every_hardware` sizes each hardware's own cheapest deployment; False does not simulate a
     candidate that cannot beat the cheapest answer on any hardware (the same recommendation, in a
     fraction of the simulations; a hardware that cannot win gets the least it would cost). With
-    `every_hardware` and `on_answer`, the search finds the recommendation that faster way first and
-    hands it to `on_answer` (None: nothing meets the SLO within the budget), then sizes every hardware.
+    `every_hardware` and `on_answer`, the search finds the recommendation that faster way first,
+    verifies it as the plan's own is verified (report.verified), and hands it to `on_answer` (None:
+    nothing meets the SLO within the budget), then sizes every hardware.
     Every input and limit is checked before any work; bad input raises InputError naming the field
     as front ends declare it (rate, hw, max_gpus, requests_per_probe, ...), for them to map to a
     flag or widget.
@@ -186,13 +187,18 @@ def plan(
              for c in candidates]
     live = sum(s.screen.capacity_bound_per_s is not None for s in found)
 
+    verifications: dict[str, RunSummary] = {}  # the answer first and the plan verify the same deployments
+
     def verify(dep: Deployment) -> RunSummary:
-        hw = next(c.hw for c in candidates if c.hw.name == dep.hardware)
-        w = probe_workload(base, rate_per_s, min(VERIFY_MAX_REQUESTS, probe_requests(requests_per_probe, dep, base) * dep.replicas))
-        summary, notes = simulate_cached(cfg, hw, dep, w, slo, runs, fit)
-        for note in notes:
-            _log.warning(note)
-        return summary
+        key = dep.model_dump_json()
+        if key not in verifications:
+            hw = next(c.hw for c in candidates if c.hw.name == dep.hardware)
+            n = min(VERIFY_MAX_REQUESTS, probe_requests(requests_per_probe, dep, base) * dep.replicas)
+            summary, notes = simulate_cached(cfg, hw, dep, probe_workload(base, rate_per_s, n), slo, runs, fit)
+            for note in notes:
+                _log.warning(note)
+            verifications[key] = summary
+        return verifications[key]
 
     def capacity_task(p: CandidatePlan) -> ReplicasCapacity:
         assert p.sustained_rate_per_s is not None and p.replicas is not None
@@ -210,7 +216,7 @@ def plan(
         first: list[Searched] = []
         if every_hardware and on_answer is not None:
             first = branch_and_bound(replace(q, every_hardware=False), found, runner, lambda: None)
-            on_answer(answer(q, shape, first))
+            on_answer(answer(q, shape, verified(q, first, verify)[0]))
         found = branch_and_bound(q, found, runner, advance, first)
         for note in (n for s in found if s.outcome is not None for n in s.outcome.notes):
             _log.warning(note)
@@ -219,9 +225,9 @@ def plan(
         capacity_of = runner.later(replicas_capacity, capacity_task(rec)) if rec is not None else None
 
         def capacity(p: CandidatePlan) -> SLOCapacity:
-            if capacity_of is None or p != rec:
-                raise RuntimeError(f"the plan recommends {p.label}, not what its capacity search was started for")
-            return capacity_of()
+            # The recommendation the search ended on, unless its verification added replicas or moved
+            # on to another candidate (report.verified): that one's capacity is searched now.
+            return capacity_of() if capacity_of is not None and p == rec else replicas_capacity(capacity_task(p))
 
         result = assemble(q, shape, found, space, verify, capacity)
     if result.recommended is None and widen and space.narrower_than_default:

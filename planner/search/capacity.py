@@ -158,6 +158,15 @@ class Searched:
     candidate: Candidate
     screen: Screen
     outcome: Outcome | None = None  # None: out at the screen, or its bound could not beat the best
+    # Replicas added beyond the count its probes sized, because the whole deployment missed the SLO
+    # when verified at the target rate (planner/search/report.py, `verified`).
+    added_replicas: int = 0
+
+    @property
+    def replicas(self) -> int | None:
+        """Replicas it is planned with: the count its probes sized, plus any added when verified."""
+        out = self.outcome
+        return None if out is None or out.replicas is None else out.replicas + self.added_replicas
 
     @property
     def cost_bound_usd_per_hour(self) -> float | None:
@@ -167,8 +176,8 @@ class Searched:
             return None
         if out is None:
             return c.usd_per_hour(self.screen.min_replicas)
-        if out.replicas is not None:
-            return c.usd_per_hour(out.replicas)
+        if self.replicas is not None:
+            return c.usd_per_hour(self.replicas)
         miss = out.lightest_miss
         return c.usd_per_hour(miss.replicas + 1) if out.cost_capped and miss is not None else None
 

@@ -5,6 +5,7 @@ closest), what was searched and what was cut, the nearest miss and the assumptio
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 import math
 from typing import Literal
 
@@ -24,6 +25,10 @@ class _Out(BaseModel):
 
 
 Verdict = Literal["recommended", "memory", "slo", "cost", "budget"]
+# Whole-deployment simulations a plan may run to find its recommendation (`verified`): the cheapest
+# candidate, then, while each misses, one more replica of it or the next cheapest. Each simulates up to
+# VERIFY_MAX_REQUESTS requests, as long as a few probes.
+MAX_VERIFICATIONS = 4
 
 
 class CandidatePlan(_Out):
@@ -137,9 +142,12 @@ class PlanResult(_Out):
         "else the least SLO miss, else the least memory shortfall"))
     why_not: list[CandidatePlan] = Field(description="per_hardware without the recommendation's hardware")
     nearest_miss: str | None = Field(description="When nothing is recommended: the closest candidate and by how much")
+    stepped_up: list[str] = Field([], description=(
+        "Each verification that missed the SLO on the way to the recommendation, cheapest first: the deployment, what "
+        "missed, and that it went on with one more replica"))
     verification_missed: str | None = Field(None, description=(
-        "When the recommendation's verification misses the SLO although each replica's probes met it: what missed, "
-        "and what to rerun with"))
+        "When the recommendation's verification still misses the SLO after the verifications a plan may run "
+        f"({MAX_VERIFICATIONS}): what missed, and what to rerun with"))
     capacity: SLOCapacity | None = Field(None, description=(
         "The recommendation's capacity: the highest rate one replica serves within the SLO, times its replicas"))
     quality: str | None = Field(None, description="What the recommendation's formats cost in quality, with sources")
@@ -191,7 +199,8 @@ def _verdict(s: Searched, best: Searched | None, hw_best: Searched | None, budge
                             f"{miss.replicas + 1}+ replicas = US${s.cost_bound_usd_per_hour:,.2f}/h or more, "
                             f"{_beaten_by(s, best, hw_best)}")
         return "slo", f"SLO: misses it even at {miss.rate_per_s:,.2f} req/s per replica ({checks})"
-    cost = c.usd_per_hour(out.replicas)
+    assert s.replicas is not None
+    cost = c.usd_per_hour(s.replicas)
     if budget is not None and cost > budget:
         return "budget", f"budget: US${cost:,.2f}/h > US${budget:,.2f}/h"
     if s is best:
@@ -224,9 +233,10 @@ def _candidate_plan(s: Searched, verdict: Verdict, reason: str, hours_per_millio
         fields["failed_rate_per_s"] = min((p.rate_per_s for p in out.probes if not p.passed), default=None)
         sized, miss = out.sized, out.lightest_miss
         if sized is not None:
-            dep = dep.model_copy(update={"replicas": sized.replicas})
-            cost, t = c.usd_per_hour(sized.replicas), sized.summary
-            fields |= {"sustained_rate_per_s": sized.rate_per_s, "replicas": sized.replicas, "gpus": dep.total_gpus,
+            assert s.replicas is not None
+            dep = dep.model_copy(update={"replicas": s.replicas})
+            cost, t = c.usd_per_hour(s.replicas), sized.summary
+            fields |= {"sustained_rate_per_s": sized.rate_per_s, "replicas": s.replicas, "gpus": dep.total_gpus,
                        "usd_per_hour": cost, "usd_per_million_output_tokens": cost * hours_per_million_tokens,
                        "ttft_p50_ms": t.ttft_ms.p50, "ttft_p99_ms": t.ttft_ms.p99,
                        "tpot_p50_ms": t.tpot_ms.p50, "tpot_p99_ms": t.tpot_ms.p99}
@@ -249,8 +259,9 @@ def _closeness(p: CandidatePlan) -> tuple[int, float, str]:
 
 def assemble(q: Question, shape: Shape, found: list[Searched], space: SearchSpace,
              verify: Callable[[Deployment], RunSummary], capacity: Callable[[CandidatePlan], SLOCapacity]) -> PlanResult:
-    """The PlanResult; `verify` simulates the recommended deployment at the target rate, `capacity`
-    finds its highest rate within the SLO."""
+    """The PlanResult; `verify` simulates a deployment at the target rate (see `verified`), `capacity`
+    finds the recommendation's highest rate within the SLO."""
+    found, verification, stepped_up = verified(q, found, verify)
     feasible = _feasible(found)
     best = feasible[0] if feasible else None
     hw_best: dict[str, Searched] = {}
@@ -282,15 +293,14 @@ def assemble(q: Question, shape: Shape, found: list[Searched], space: SearchSpac
                                                         for s in found),
                 "simulated": len(simulated)}
     rec_dep = recommended.deployment if recommended is not None else None
-    verification = verify(rec_dep) if rec_dep is not None else None
     return PlanResult(
         model=q.model.name, workload=q.workload.name, rate_per_s=q.rate_per_s, headroom=q.headroom, slo=slo,
         budget_usd_per_hour=q.budget_usd_per_hour, requests_per_probe=q.requests_per_probe, recommended=recommended,
-        verification=verification,
+        verification=verification, stepped_up=stepped_up,
         ranked=ranked, pareto_metric=metric, pareto=pareto, rejected=rejected, per_hardware=answers,
         why_not=[p for p in answers if rec_dep is None or p.deployment.hardware != rec_dep.hardware],
         nearest_miss=None if recommended is not None else _nearest_miss(ranked, rejected, q.budget_usd_per_hour),
-        verification_missed=_verification_missed(q, verification) if verification is not None else None,
+        verification_missed=_verification_missed(q, verification, len(stepped_up)) if verification is not None else None,
         capacity=capacity(recommended) if recommended is not None else None,
         quality=describe_quality(rec_dep.weight_dtype, rec_dep.kv_dtype) if rec_dep is not None else None,
         space=space.model_copy(update={"outcomes": outcomes}),
@@ -300,8 +310,38 @@ def assemble(q: Question, shape: Shape, found: list[Searched], space: SearchSpac
     )
 
 
+def verified(q: Question, found: list[Searched],
+             verify: Callable[[Deployment], RunSummary]) -> tuple[list[Searched], RunSummary | None, list[str]]:
+    """`found` with replicas added where a whole deployment missed the SLO, the verification of the
+    recommendation (None when nothing is recommended) and what each miss was.
+
+    Each replica was probed alone at its share of the rate; a probe near a replica's capacity can end
+    before its queue shows, so the cheapest candidate is simulated whole (every replica behind round
+    robin at the target rate). One that misses goes back among the others with one more replica, at
+    its new cost, and the cheapest again is verified: the recommendation is the cheapest deployment
+    found to meet the SLO whole, within MAX_VERIFICATIONS simulations. Past them, the last one
+    verified stands, and the plan says it missed (`verification_missed`)."""
+    stepped_up: list[str] = []
+    for attempt in range(MAX_VERIFICATIONS):
+        feasible = _feasible(found)
+        best = feasible[0] if feasible else None
+        if best is None or _verdict(best, best, best, q.budget_usd_per_hour)[0] != "recommended":
+            return found, None, stepped_up
+        assert best.replicas is not None
+        summary = verify(best.candidate.dep.model_copy(update={"replicas": best.replicas}))
+        if summary.goodput.slo_met is not False or attempt == MAX_VERIFICATIONS - 1:
+            return found, summary, stepped_up
+        more = best.replicas + 1
+        stepped_up.append(f"{best.replicas} x {best.candidate.label} missed the SLO when verified at "
+                          f"{q.rate_per_s:g} req/s ({'; '.join(_missed_targets(summary))}); with {more} replicas "
+                          f"(US${best.candidate.usd_per_hour(more):,.2f}/h) it was ranked again")
+        found = [replace(s, added_replicas=s.added_replicas + 1) if s is best else s for s in found]
+    raise AssertionError("unreachable: the last verification returns")
+
+
 def answer(q: Question, shape: Shape, found: list[Searched]) -> CandidatePlan | None:
-    """The recommendation alone, as assemble() makes it, without its verification and capacity."""
+    """The recommendation alone, as assemble() makes it from `found` (verified or not), without its
+    verification and capacity."""
     feasible = _feasible(found)
     if not feasible:
         return None
@@ -391,20 +431,25 @@ def _nearest_miss(ranked: list[CandidatePlan], rejected: list[CandidatePlan], bu
     return "no candidate deployment: the hardware list and parallelism limits leave nothing to try"
 
 
-def _verification_missed(q: Question, verification: RunSummary) -> str | None:
-    """What to tell a user whose recommendation missed the SLO when verified whole (None when it met it). Its
-    every replica passed its probes, but a probe of a replica near its capacity can end before its queue
-    shows; the verification runs all the replicas' probes' requests at the whole rate."""
-    goodput = verification.goodput
-    if goodput.slo_met is not False:
-        return None
+def _missed_targets(summary: RunSummary) -> list[str]:
+    goodput = summary.goodput
     missed = [f"{c.target} {c.observed_ms:,.0f} ms > {c.limit_ms:,.0f}" for c in goodput.checks if not c.met]
     if goodput.required_share is not None and goodput.share < goodput.required_share:
         missed.append(f"goodput {goodput.share:.1%} < {goodput.required_share:.0%}")
+    return missed
+
+
+def _verification_missed(q: Question, verification: RunSummary, stepped_up: int) -> str | None:
+    """What to tell a user whose recommendation missed the SLO when verified whole (None when it met it). Its
+    every replica passed its probes, but a probe of a replica near its capacity can end before its queue
+    shows; the verification runs all the replicas' probes' requests at the whole rate."""
+    if verification.goodput.slo_met is not False:
+        return None
+    after = f", as did the {stepped_up} verified before it (stepped_up)" if stepped_up else ""
     return (f"the verification run, every replica behind round robin at {q.rate_per_s:g} req/s, missed the SLO "
-            f"({'; '.join(missed)}) although each replica's probes of {q.requests_per_probe} requests met it (a probe can "
-            "end before a queue near capacity shows). Plan again with longer probes (requests_per_probe) or "
-            "headroom (headroom) before relying on this answer")
+            f"({'; '.join(_missed_targets(verification))}){after}, although each replica's probes of "
+            f"{q.requests_per_probe} requests met it (a probe can end before a queue near capacity shows). Plan again "
+            "with longer probes (requests_per_probe) or headroom (headroom) before relying on this answer")
 
 
 def _assumptions(q: Question, shape: Shape, space: SearchSpace) -> list[str]:
@@ -428,7 +473,8 @@ def _assumptions(q: Question, shape: Shape, space: SearchSpace) -> list[str]:
         f"analytic capacity bounds are inflated x{CAPACITY_SLACK:g} before pruning; a candidate that misses the SLO at "
         f"1/{LIGHT_LOAD_FACTOR} of its first probe's load is not probed further",
         "latencies of candidates are at the per-replica load they were sized for (with headroom); the "
-        "verification run is the recommended deployment at the target rate behind round robin",
+        "verification run is the recommended deployment at the target rate behind round robin; a cheapest candidate "
+        f"that misses there is ranked again with one more replica, up to {MAX_VERIFICATIONS} verifications",
         quality,
         "each hardware's candidates are pruned against that hardware's best cost only, so every hardware gets its "
         "cheapest feasible candidate",

@@ -140,20 +140,43 @@ def test_the_ttft_queue_bound_prunes_without_changing_the_answer() -> None:
     assert any((p.ttft_min_replicas or 0) > 1 for p in queue.ranked + queue.rejected)
 
 
-def test_a_recommendation_that_misses_when_verified_says_so(result: PlanResult, cache_dir,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    """With 100-request probes, four L4 replicas each pass at 1.5 req/s and together miss the TTFT target:
-    the plan says what missed and what to plan again with, in its result and on the command line."""
+def test_a_recommendation_that_misses_when_verified_is_stepped_up(result: PlanResult, cache_dir,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """With 100-request probes, four L4 replicas each pass at 1.5 req/s and together miss the TTFT target.
+    Verified cheapest first, a deployment that misses goes back among the others with one more replica:
+    two L4 TP2 replicas miss as well, and five L4 replicas meet it, the answer of the longer probes."""
     short = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **SPACE)
+    assert short.recommended is not None and result.recommended is not None
+    assert short.recommended.deployment == result.recommended.deployment
+    assert short.recommended.replicas == 5 and short.recommended.usd_per_hour == result.recommended.usd_per_hour
+    assert short.verification is not None and short.verification.goodput.slo_met
+    assert short.verification.num_requests == 5 * 100  # the five replicas' probes' requests, at the whole rate
+    assert short.verification_missed is None
+    first, second = short.stepped_up
+    assert first.startswith("4 x l4 tp1 w:fp8") and "ttft_p99_ms" in first and "with 5 replicas (US$2.40/h)" in first
+    assert second.startswith("2 x l4 tp2 w:fp8") and "with 3 replicas" in second
+    # Every verdict is against the stepped-up costs: nothing ranks as cheaper than the recommendation.
+    assert [p.usd_per_hour for p in short.ranked] == sorted(p.usd_per_hour for p in short.ranked)
+    assert short.capacity is not None and "times 5 replicas" in short.capacity.basis
+    render_plan(short, 0.0)
+    out = capsys.readouterr().out
+    assert out.count("stepped up:") == 2 and "warning:" not in out
+    assert result.stepped_up == []  # the default probes: the cheapest met the SLO when verified
+
+
+def test_a_plan_out_of_verifications_says_its_recommendation_missed(cache_dir, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """With a single verification allowed, the four L4 replicas stand: the plan says what missed and what to
+    plan again with, in its result and on the command line."""
+    monkeypatch.setattr(search.report, "MAX_VERIFICATIONS", 1)
+    short = plan(MODEL, get_workload("chat"), RATE_PER_S, SLO_TEXT, cache_dir=cache_dir, **SPACE)
+    assert short.recommended is not None and short.recommended.replicas == 4 and short.stepped_up == []
     assert short.verification is not None and short.verification.goodput.slo_met is False
     missed = short.verification_missed
     assert missed is not None and "ttft_p99_ms" in missed and "probes of 100 requests" in missed
     assert "(requests_per_probe)" in missed and "(headroom)" in missed  # the settings' names, not one front end's flags
     render_plan(short, 0.0)
     assert "warning:" in capsys.readouterr().out
-    assert result.verification_missed is None  # the default probes: verified, nothing to warn of
-    render_plan(result, 0.0)
-    assert "warning:" not in capsys.readouterr().out
 
 
 def test_second_ask_comes_from_the_cache(result: PlanResult, cache_dir, monkeypatch: pytest.MonkeyPatch) -> None:
