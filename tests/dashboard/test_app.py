@@ -61,6 +61,21 @@ def test_plan_waits_for_the_button_then_recommends_from_the_url():
                for i in at.info)
 
 
+def test_plan_shows_each_step_up_of_its_verification(monkeypatch: pytest.MonkeyPatch):
+    """A plan whose cheapest deployment missed the SLO when verified whole says, above its metrics, what
+    missed and with how many replicas it was ranked again (PlanResult.stepped_up)."""
+    plan = compute.search.plan
+    step = "1 x h100-sxm tp1 missed the SLO when verified at 3 req/s (ttft_p99_ms 2,000 ms > 1,000); with 2 replicas"
+
+    def stepped(*args: object, **kwargs: object):
+        return plan(*args, **kwargs).model_copy(update={"stepped_up": [step]})
+
+    monkeypatch.setattr(compute.search, "plan", stepped)
+    at = open_page("plan", **NARROW_PLAN, rate="3", run="true")
+    assert not at.exception and not errors(at)
+    assert any(i.value == f"Stepped up: {step}." for i in at.info)
+
+
 def test_plan_page_defaults_are_the_clis():
     """One question, one answer: left at their defaults, the page asks what `serveplan plan` asks:
     every priced profile, and each declared plan setting, prefix caching and the probe size at the
