@@ -322,21 +322,20 @@ def verified(q: Question, found: list[Searched],
     found to meet the SLO whole, within MAX_VERIFICATIONS simulations. Past them, the last one
     verified stands, and the plan says it missed (`verification_missed`)."""
     stepped_up: list[str] = []
-    for attempt in range(MAX_VERIFICATIONS):
+    while True:
         feasible = _feasible(found)
         best = feasible[0] if feasible else None
         if best is None or _verdict(best, best, best, q.budget_usd_per_hour)[0] != "recommended":
             return found, None, stepped_up
         assert best.replicas is not None
         summary = verify(best.candidate.dep.model_copy(update={"replicas": best.replicas}))
-        if summary.goodput.slo_met is not False or attempt == MAX_VERIFICATIONS - 1:
+        if summary.goodput.slo_met is not False or len(stepped_up) + 1 >= MAX_VERIFICATIONS:
             return found, summary, stepped_up
         more = best.replicas + 1
         stepped_up.append(f"{best.replicas} x {best.candidate.label} missed the SLO when verified at "
                           f"{q.rate_per_s:g} req/s ({'; '.join(_missed_targets(summary))}); with {more} replicas "
                           f"(US${best.candidate.usd_per_hour(more):,.2f}/h) it was ranked again")
         found = [replace(s, added_replicas=s.added_replicas + 1) if s is best else s for s in found]
-    raise AssertionError("unreachable: the last verification returns")
 
 
 def answer(q: Question, shape: Shape, found: list[Searched]) -> CandidatePlan | None:
