@@ -909,6 +909,8 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
     console.print(f"[bold]{r.model}[/bold], workload {r.workload} at {r.rate_per_s:g} req/s, SLO {slo} "
                   f"(goodput >= {r.slo.goodput_share:.0%})")
     rec, v = r.recommended, r.verification
+    for step in r.stepped_up:  # the verifications that missed on the way to the answer below
+        console.print(f"[yellow]stepped up:[/yellow] {step}")
     if rec is not None and v is not None:
         d = rec.deployment
         console.print(f"[bold green]recommended:[/bold green] {rec.replicas} x {rec.label}: {rec.gpus} GPUs, "
@@ -920,8 +922,6 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
                       f"TTFT P50 {v.ttft_ms.p50:,.0f} / P99 {v.ttft_ms.p99:,.0f} ms, "
                       f"TPOT P50 {v.tpot_ms.p50:,.1f} / P99 {v.tpot_ms.p99:,.1f} ms, "
                       f"goodput {v.goodput.share:.1%}, SLO {'MET' if v.goodput.slo_met else 'MISSED'}")
-        for step in r.stepped_up:
-            console.print(f"  [yellow]stepped up:[/yellow] {step}")
         if r.verification_missed is not None:
             console.print(f"  [bold red]warning:[/bold red] {r.verification_missed}")
         if (band := v.prediction_interval) is not None:
@@ -940,8 +940,6 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
             console.print(f"  {r.quality}")
     else:
         console.print(f"[bold red]no recommendation:[/bold red] {r.nearest_miss}")
-        for step in r.stepped_up:
-            console.print(f"  [yellow]stepped up:[/yellow] {step}")
     if r.widening is not None:
         console.print(f"[bold yellow]{r.widening.summary}[/bold yellow]")
 

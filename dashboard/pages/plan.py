@@ -82,10 +82,10 @@ def _pd_comparison(result: PlanResult) -> pd.DataFrame:
 
 def _show(result: PlanResult) -> None:
     rec = result.recommended
+    for step in result.stepped_up:  # the verifications that missed on the way to the answer below
+        st.info(f"Stepped up: {step}.")
     if rec is None:
         st.warning(f"No recommendation: {result.nearest_miss}")
-        for step in result.stepped_up:
-            st.info(f"Stepped up: {step}.")
     else:
         st.subheader(f"Recommended: {rec.replicas} × {rec.label}")
         cols = st.columns(5)
@@ -99,8 +99,6 @@ def _show(result: PlanResult) -> None:
             st.caption(f"Verification: all {rec.replicas} replicas behind round robin at {result.rate_per_s:g} req/s "
                        f"(no headroom), {v.num_requests} requests; SLO met: {v.goodput.slo_met}, goodput "
                        f"{v.goodput.share:.1%}. Cost basis: {v.cost.basis}.")
-            for step in result.stepped_up:
-                st.info(f"Stepped up: {step}.")
             if result.verification_missed is not None:
                 st.warning(f"The verification missed the SLO: {result.verification_missed}.")
             if (steady := v.steady_state) is not None:

@@ -38,7 +38,8 @@ SPACE = dict(hardware=HARDWARE, max_gpus_per_replica=2, weight_dtypes=["bf16", "
              knobs_grid=[KNOBS], headroom=0.0, requests_per_probe=100, executor="serial", progress=False)
 # The plan whose answer is checked against the simulator asks with the planner's own probe length: at
 # 100 requests, an L4 replica probed at 1.5 req/s, near its capacity, ends its probe before its queue
-# shows, and four of them miss the SLO when verified together (verification_missed says so).
+# shows, and four of them miss the SLO when verified together (the plan steps them up, see
+# test_a_recommendation_that_misses_when_verified_is_stepped_up).
 PROBE = DEFAULT_REQUESTS_PER_PROBE
 VERIFIED = {**SPACE, "requests_per_probe": PROBE}
 
