@@ -32,6 +32,10 @@ TIMESERIES_POINTS = 120
 # Published figures and prediction bands are grouped so: rates, time to first token, time between
 # tokens (TPOT and ITL), whole-request latency.
 MetricFamily = Literal["throughput", "ttft", "tpot_itl", "e2e"]
+# How requests reach the server: "offline", every one at once with none held back (a benchmark
+# client's request rate inf, a batch job); "online", over time, or from users who each wait for a
+# reply. Predictions miss differently in the two, so their bands may differ (costmodel/fitted.py).
+ArrivalRegime = Literal["online", "offline"]
 
 
 @dataclass(frozen=True)

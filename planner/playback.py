@@ -22,6 +22,7 @@ from pathlib import Path
 
 from engine.core import WindowGroups, blocks_to_hold
 from engine.errors import InputError
+from planner.metrics import ArrivalRegime
 from planner.workload import (ClosedLoopArrivals, Workload, WorkloadRequest, build_prompt, context_error, draw, follow_ups,
                               load_trace)
 
@@ -47,6 +48,16 @@ class Replay:
             description=f"workload {workload.name!r} ({arrival.kind}, seed {workload.seed})",
             max_concurrency=getattr(arrival, "max_concurrency", None),
         )
+
+    @property
+    def regime(self) -> ArrivalRegime:
+        """'offline' where every request is offered at once and none is held back, else 'online'
+        (planner.metrics.ArrivalRegime): from the requests themselves, so a drawn workload, a trace
+        and a measured run's requests are told apart the same way."""
+        if self.concurrency is not None or self.max_concurrency is not None:
+            return "online"
+        starts = {r.arrival_s for r in self.requests if r.arrival_s is not None}  # follow-up turns: None
+        return "offline" if len(starts) <= 1 else "online"
 
     @classmethod
     def from_trace(cls, path: str | Path, vocab_size: int | None = None, seed: int = 0,

@@ -53,14 +53,17 @@ def render_public() -> None:
                               "target %": v.targets_pct.get(g.group), "met": v.met.get(g.group)}
                              for g in v.by_metric_family])
     ui.table(families, "By metric family", key="validate.public.families")
-    bands = pd.DataFrame([{"engine": engine, "metric family": name, "P10 measured/predicted": b.interval()[0],
+    bands = pd.DataFrame([{"band of": engine, "metric family": name, "P10 measured/predicted": b.interval()[0],
                            "P90 measured/predicted": b.interval()[1], "held-out coverage": b.held_out_coverage,
                            "figures": b.figures}
-                          for engine, table in (("all engines", v.bands), *v.engine_bands.items())
+                          for engine, table in (("all engines", v.bands), *v.engine_bands.items(),
+                                                *((f"{c.regime} runs", {c.family: c.band}) for c in v.regime_bands
+                                                  if c.carried))
                           for name, b in table.items()])
     ui.table(bands, "Prediction bands every simulated GPU run carries", key="validate.public.bands",
              caption="Held-out coverage is measured: each source's band was built from the other sources only. A run "
-                     "carries its engine's band where it has one, the all-engines band elsewhere.")
+                     "carries the band of runs whose requests arrived as its did (online: over time; offline: all at "
+                     "once) where there is one, else its engine's, else the all-engines band.")
     figures = pd.DataFrame([{"run": f.run_key, "metric": f.metric, "family": f.family, "engine": f.engine,
                              "measured": f.measured, "held-out prediction": f.held_out,
                              "error (%)": 100 * (f.held_out / f.measured - 1)} for f in v.figure_errors])

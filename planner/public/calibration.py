@@ -17,7 +17,7 @@ and held-out prediction and the bands: everything `serveplan validate --public` 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 import datetime as dt
 from functools import partial
@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.costmodel.fitted import BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band, FittedModel, load_fitted_model
 from planner.engines import get_engine
-from planner.metrics import MetricFamily
+from planner.metrics import ArrivalRegime, MetricFamily
 from planner.public.data import MEASUREMENTS_FILE, PublicRun, public_runs
 from planner.public.fit import (ROBUST_SCALE, Figures, Progress, Rounds, Space, fit_folds, fit_rounds, no_progress,
                                 simulate_runs)
@@ -193,8 +193,9 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
                                 on_fold=partial(store.save_fold, unit) if store is not None else None)
     results, refused_later = predict_public(fitted_runs, figs, folds, workers=workers, progress=progress)
     skipped += refused_later
-    model = FittedModel(families=figs.families, engines=figs.engines, bands=bands(results),
-                        engine_bands=engine_bands(results),
+    own = engine_bands(results)
+    model = FittedModel(families=figs.families, engines=figs.engines, bands=bands(results), engine_bands=own,
+                        regime_bands=regime_bands(regime_candidates(results, run_regimes(r.run for r in prepared), own)),
                         source=f"{command} on {dt.date.today().isoformat()}: {len(results)} figures, "
                                f"{len(folds['source'])} sources, {len(folds['publisher'])} publishers")
     return PublicFit(
@@ -217,12 +218,16 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
     )
 
 
-def rebanded(fit: PublicFit, command: str, figures: Sequence[FigureResult], skipped: Sequence[SkippedRun]) -> PublicFit:
+def rebanded(fit: PublicFit, command: str, figures: Sequence[FigureResult], skipped: Sequence[SkippedRun],
+             regimes: Mapping[str, ArrivalRegime]) -> PublicFit:
     """`fit` with `figures`, its stored folds' predictions made again by today's simulator (the
-    runs it `skipped` set aside), and the bands made from them by today's rules: the same fitted
-    figures and folds, no refit (`serveplan calibrate --public --bands-only`). A fit keeps, this
-    way, the bands of the simulator that uses them."""
-    model = fit.model.model_copy(update={"bands": bands(figures), "engine_bands": engine_bands(figures)})
+    runs it `skipped` set aside), and the bands made from them by today's rules (`regimes`: each
+    figure's run key -> how its requests arrived): the same fitted figures and folds, no refit
+    (`serveplan calibrate --public --bands-only`). A fit keeps, this way, the bands of the
+    simulator that uses them."""
+    own = engine_bands(figures)
+    model = fit.model.model_copy(update={"bands": bands(figures), "engine_bands": own,
+                                         "regime_bands": regime_bands(regime_candidates(figures, regimes, own))})
     note = (f"held-out figures predicted again by the simulator of {dt.date.today().isoformat()} from the stored "
             f"folds, and bands made again from them, by `{command}` (nothing refitted); " + ENGINE_BANDS_NOTE)
     return fit.model_copy(update={"model": model, "figures": list(figures), "skipped": list(skipped),
@@ -270,9 +275,21 @@ MIN_BAND_SOURCES = 3
 BAND_PARTNERS: dict[MetricFamily, tuple[MetricFamily, ...]] = {"e2e": ("tpot_itl",)}
 # An engine's own band of a family needs this many held-out figures of it: ten beyond each end of P10..P90.
 MIN_ENGINE_BAND_FIGURES = 100
+# A regime's own band of a family (regime_bands): six beyond each end of P10..P90. The online figures of
+# the public data number 34-128 per family, from 2-8 sources.
+MIN_REGIME_BAND_FIGURES = 60
+# ... and must hold them this much nearer the stated share than the bands they carry otherwise: the
+# bands of the regime most figures come from differ from those by noise, and they would replace an
+# engine's own band with one that pools all engines (SGLang's bursts would lose their wider band).
+REGIME_BAND_GAIN = 0.05
 METRIC_FAMILIES: tuple[MetricFamily, ...] = ("throughput", "ttft", "tpot_itl", "e2e")
 ENGINE_BANDS_NOTE = (f"engine_bands: the same from one engine's figures (every release of it), for the families where "
-                     f"it has {MIN_ENGINE_BAND_FIGURES} figures from {MIN_BAND_SOURCES} sources")
+                     f"it has {MIN_ENGINE_BAND_FIGURES} figures from {MIN_BAND_SOURCES} sources; regime_bands: the same "
+                     f"from the figures of runs whose requests arrived online (over time, or from users back to back) "
+                     f"or offline (all at once), for the families where a regime has {MIN_REGIME_BAND_FIGURES} figures "
+                     f"from {MIN_BAND_SOURCES} sources and its own band's held-out coverage of them is at least "
+                     f"{100 * REGIME_BAND_GAIN:g} points nearer {BAND_COVERAGE:.0%} than that of the bands they carry "
+                     "otherwise")
 
 
 def data_digest() -> str:
@@ -302,9 +319,17 @@ def bands(results: Sequence[HeldOutFigure]) -> dict[MetricFamily, Band]:
         rows = [r for r in results if r.family == family]
         if len(rows) < 2:
             continue
-        partners = BAND_PARTNERS.get(family, ()) if _num_sources(rows) < MIN_BAND_SOURCES else ()
-        out[family] = _band(rows, rows + [r for r in results if r.family in partners], partners)
+        basis, partners = _pooled(results, family)
+        out[family] = _band(rows, basis, partners)
     return out
+
+
+def _pooled(results: Sequence[HeldOutFigure], family: MetricFamily) -> tuple[list[HeldOutFigure], tuple[MetricFamily, ...]]:
+    """What `family`'s all-engines band is made of: its figures, and its partners' (BAND_PARTNERS)
+    where its own come from fewer than MIN_BAND_SOURCES sources; and those partners."""
+    rows = [r for r in results if r.family == family]
+    partners = BAND_PARTNERS.get(family, ()) if _num_sources(rows) < MIN_BAND_SOURCES else ()
+    return rows + [r for r in results if r.family in partners], partners
 
 
 def engine_bands(results: Sequence[FigureResult]) -> dict[str, dict[MetricFamily, Band]]:
@@ -326,6 +351,74 @@ def engine_bands(results: Sequence[FigureResult]) -> dict[str, dict[MetricFamily
         if own:
             out[engine] = own
     return out
+
+
+class RegimeBand(_Rec):
+    """One arrival regime's own band of a metric family, beside the held-out coverage of the same
+    figures by the bands they carry otherwise (their engine's, else all engines'). Its runs carry it
+    only where it holds them at least REGIME_BAND_GAIN nearer the stated share (`carried`)."""
+
+    regime: ArrivalRegime
+    family: MetricFamily
+    band: Band
+    otherwise_coverage: float = Field(ge=0, le=1, description="Held-out coverage of the band's figures by the bands "
+                                      "they would carry without it")
+
+    @property
+    def carried(self) -> bool:
+        gain = abs(self.otherwise_coverage - BAND_COVERAGE) - abs(self.band.held_out_coverage - BAND_COVERAGE)
+        return gain >= REGIME_BAND_GAIN
+
+
+def regime_candidates(results: Sequence[FigureResult], regimes: Mapping[str, ArrivalRegime],
+                      own: Mapping[str, Mapping[MetricFamily, Band]]) -> list[RegimeBand]:
+    """Per arrival regime (`regimes`: run key -> its Client.regime), the band `bands` makes from that
+    regime's figures alone, for each metric family where they number MIN_REGIME_BAND_FIGURES from
+    MIN_BAND_SOURCES sources, with the coverage of the same figures by their engine's band (`own`)
+    or all engines'.
+
+    Requests offered at once and requests arriving over time miss their predictions differently:
+    online, the simulator is optimistic on time to first token (a median x1.4 of measured /
+    predicted in the held-out figures of 2026-12-06, where offline it is x1.0), so bands made mostly
+    of offline figures held under two thirds of the online ones."""
+    out = []
+    for regime in sorted(set(regimes.values())):
+        for family in METRIC_FAMILIES:
+            rows = [r for r in results if r.family == family and regimes[r.run_key] == regime]
+            if len(rows) >= MIN_REGIME_BAND_FIGURES and _num_sources(rows) >= MIN_BAND_SOURCES:
+                out.append(RegimeBand(regime=regime, family=family, band=_band(rows, rows, ()),
+                                      otherwise_coverage=_carried_coverage(rows, results, own)))
+    return out
+
+
+def regime_bands(candidates: Sequence[RegimeBand]) -> dict[ArrivalRegime, dict[MetricFamily, Band]]:
+    """The bands of `candidates` (regime_candidates) that runs of their regime carry (RegimeBand.carried):
+    a regime's band replaces their engine's or all engines' only where it is the better calibrated
+    by a margin (FittedModel.regime_bands)."""
+    out: dict[ArrivalRegime, dict[MetricFamily, Band]] = {}
+    for c in candidates:
+        if c.carried:
+            out.setdefault(c.regime, {})[c.family] = c.band
+    return out
+
+
+def run_regimes(runs: Iterable[PublicRun]) -> dict[str, ArrivalRegime]:
+    """run key -> how its requests arrived (Client.regime): what regime_bands groups figures by."""
+    return {run.run_key: run.client.regime for run in runs}
+
+
+def _carried_coverage(rows: Sequence[FigureResult], results: Sequence[FigureResult],
+                      own: Mapping[str, Mapping[MetricFamily, Band]]) -> float:
+    """Held-out coverage of `rows` (one metric family) by the bands they carry without a regime's:
+    their engine's where `own` has one for the family, else all engines' (bands, partners pooled)."""
+    family = rows[0].family
+    pooled, _ = _pooled(results, family)
+    inside = 0.0
+    for engine in {engine_of(r) for r in rows}:
+        mine = [r for r in rows if engine_of(r) == engine]
+        basis = [r for r in pooled if engine_of(r) == engine] if family in own.get(engine, {}) else pooled
+        inside += held_out_coverage(mine, basis) * len(mine)
+    return inside / len(rows)
 
 
 def engine_of(result: FigureResult) -> str:
@@ -357,5 +450,5 @@ def _band(rows: Sequence[HeldOutFigure], basis: Sequence[HeldOutFigure], partner
                 held_out_coverage=held_out_coverage(rows, basis), figures=len(rows), pooled_with=list(partners))
 
 
-__all__ = ["PublicFit", "FigureResult", "HeldOutFigure", "SkippedRun", "bands", "engine_bands", "engine_of",
+__all__ = ["PublicFit", "FigureResult", "HeldOutFigure", "SkippedRun", "bands", "engine_bands", "engine_of", "RegimeBand", "regime_bands", "regime_candidates", "run_regimes",
            "held_out_coverage", "rebanded", "calibrate_public", "predict_public", "write_fit"]

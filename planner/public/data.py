@@ -25,7 +25,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from planner.metrics import MetricFamily
+from planner.metrics import ArrivalRegime, MetricFamily
 from planner.specs import Dtype, ProfileSampler
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"
@@ -172,6 +172,12 @@ class Client(_Data):
         if self.served_unpublished and self.served_before is not None:
             raise ValueError("served_before lists the server's whole history: it cannot also be unpublished")
         return self
+
+    @property
+    def regime(self) -> ArrivalRegime:
+        """'offline': every request at once, none held back; 'online': over time, or users back to
+        back (the replay's Replay.regime says the same of the requests it plays)."""
+        return "offline" if self.arrival == "offline" and self.max_concurrency is None else "online"
 
     @property
     def setup(self) -> str:

@@ -19,10 +19,11 @@ from engine.errors import InputError, from_validation_error
 from engine.files import load_json
 from hwprofiles import PROFILE_DIR
 from planner.costmodel.fitted import PUBLIC_FIT_FILE, Band
-from planner.metrics import MetricFamily
+from planner.metrics import ArrivalRegime, MetricFamily
 from planner.public.calibration import (
-    MIN_BAND_SOURCES, MIN_ENGINE_BAND_FIGURES, UNITS, FigureResult, PublicFit, SkippedRun, bands, data_digest,
-    engine_bands, engine_of, held_out_coverage, predict_public, prepare_all, unit_of,
+    MIN_BAND_SOURCES, MIN_ENGINE_BAND_FIGURES, MIN_REGIME_BAND_FIGURES, REGIME_BAND_GAIN, UNITS, FigureResult,
+    PublicFit, RegimeBand, SkippedRun, bands, data_digest, engine_bands, engine_of, held_out_coverage, predict_public,
+    prepare_all, regime_bands, regime_candidates, run_regimes, unit_of,
 )
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import Figures, Progress, no_progress
@@ -61,6 +62,10 @@ class PublicValidation(BaseModel):
     all_engines_coverage: dict[str, dict[MetricFamily, float]] = Field(
         default_factory=dict, description="Per engine with bands of its own: the held-out coverage of its figures by "
         "the all-engines band of the same family, which its runs would carry otherwise")
+    regime_bands: list[RegimeBand] = Field(
+        default_factory=list, description="Per arrival regime and metric family with figures enough, its own band "
+        "beside the coverage of the same figures by the bands they carry otherwise (calibration.regime_candidates); "
+        "those `carried` are the fit's regime_bands")
     targets_pct: dict[str, float]
     met: dict[str, bool]
     figure_errors: list[FigureResult]
@@ -101,7 +106,8 @@ def validate_public(path: str | Path = PUBLIC_FIT_FILE, *, workers: int = 1, run
     fit = load_fit(path)
     runs = list(runs) if runs is not None else None
     results, skipped = predict_again(fit, path, workers=workers, runs=runs, progress=progress)
-    return validation_of(results, skipped, path, client_setups(runs if runs is not None else public_runs())), fit
+    runs = runs if runs is not None else public_runs()
+    return validation_of(results, skipped, path, client_setups(runs), run_regimes(runs)), fit
 
 
 def predict_again(fit: PublicFit, path: str | Path, *, workers: int = 1, runs: Sequence[PublicRun] | None = None,
@@ -129,9 +135,10 @@ def client_setups(runs: Iterable[PublicRun]) -> dict[str, str]:
 
 
 def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun], fit_file: str | Path,
-                  clients: Mapping[str, str]) -> PublicValidation:
+                  clients: Mapping[str, str], regimes: Mapping[str, ArrivalRegime]) -> PublicValidation:
     """The errors of predicted figures grouped every way the report shows them, against the targets;
-    `clients` (client_setups) gives each figure's run its benchmark client's setup."""
+    `clients` (client_setups) gives each figure's run its benchmark client's setup, `regimes`
+    (run_regimes) how its requests arrived."""
     by_family = group_errors(results, lambda r: r.family)
     own = engine_bands(results)
     met = {g.group: g.held_out_median_abs_pct <= TARGETS_PCT[g.group] for g in by_family if g.group in TARGETS_PCT}
@@ -142,6 +149,7 @@ def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun]
         by_engine=group_errors(results, lambda r: r.engine),
         by_gpu=group_errors(results, lambda r: r.hardware), by_source=group_errors(results, lambda r: r.source_key),
         bands=bands(results), engine_bands=own, all_engines_coverage=_all_engines_coverage(results, own),
+        regime_bands=regime_candidates(results, regimes, own),
         targets_pct=TARGETS_PCT, met=met, figure_errors=list(results),
     )
 
@@ -214,6 +222,19 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
           + f" | {b.held_out_coverage:.0%} | {b.figures} | {v.all_engines_coverage[engine][family]:.0%} |"
           for engine, table in v.engine_bands.items() for family, b in table.items()),
         "",
+        f"Per arrival regime (online: requests over time, Poisson or users back to back; offline: all at once), where "
+        f"its held-out figures of a family number {MIN_REGIME_BAND_FIGURES} from {MIN_BAND_SOURCES} sources: the "
+        "regime's own band, and how many of the same figures it held beside how many the bands they carry otherwise "
+        f"held (their engine's, else all engines'), measured the same way. Runs of that regime carry it, before their "
+        f"engine's, where it holds them at least {100 * REGIME_BAND_GAIN:g} points nearer the stated share; `simulate` and "
+        "`compare` take a run's regime from its requests, `plan` probes online.",
+        "",
+        "| regime: metric family | P5 | P10 | P50 | P90 | P95 | P10..P90 held-out coverage | figures | otherwise | carried |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        *(f"| {c.regime}: {c.family} | " + " | ".join(f"x{c.band.ratio_at(p):.2f}" for p in (0.05, 0.1, 0.5, 0.9, 0.95))
+          + f" | {c.band.held_out_coverage:.0%} | {c.band.figures} | {c.otherwise_coverage:.0%} | "
+          f"{'yes' if c.carried else 'no'} |" for c in v.regime_bands),
+        "",
         "## By benchmark client",
         "",
         "How the publication's client offered the requests (offline: all at once; Poisson: an open-loop stream at a "
@@ -246,10 +267,13 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
 def _bands_carried(v: PublicValidation, fit: PublicFit) -> str:
     """Which bands results carry: these, or (a report re-predicted by a later simulator) the fit's,
     which stay until a refit, and how far their P10 and P90 lie from these."""
-    if v.bands == fit.model.bands and v.engine_bands == fit.model.engine_bands:
+    regimes = regime_bands(v.regime_bands)
+    if v.bands == fit.model.bands and v.engine_bands == fit.model.engine_bands and regimes == fit.model.regime_bands:
         return "Every `simulate`, `plan` and `compare` result carries these bands"
     pairs = [(b, fit.model.bands.get(name)) for name, b in v.bands.items()] + [
         (b, fit.model.engine_bands.get(engine, {}).get(name)) for engine, table in v.engine_bands.items()
+        for name, b in table.items()] + [
+        (b, fit.model.regime_bands.get(regime, {}).get(name)) for regime, table in regimes.items()
         for name, b in table.items()]
     shift = max((abs(b.ratio_at(p) / carried.ratio_at(p) - 1) for b, carried in pairs if carried is not None
                  for p in (0.1, 0.9)), default=float("nan"))

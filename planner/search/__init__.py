@@ -145,7 +145,8 @@ def plan(
     runner = Runner(capacity_search, executor, workers)
     cfg = resolve_model(model) if isinstance(model, str) else model
     slo = SLO.parse(slo) if isinstance(slo, str) else slo
-    margin = pessimistic(slo, confidence, get_engine(engine).engine, fit) if confidence is not None else None
+    # Every probe and verification offers Poisson arrivals at a rate (capacity.py): online requests.
+    margin = pessimistic(slo, confidence, get_engine(engine).engine, "online", fit) if confidence is not None else None
     base = get_workload(workload) if isinstance(workload, str) else workload
     weights = checked_dtypes("weight_dtypes", "weight_dtype", weight_dtypes) if weight_dtypes is not None else None
     kvs = checked_dtypes("kv_dtypes", "kv_dtype", kv_dtypes if kv_dtypes is not None else DEFAULT_KV_DTYPES)

@@ -338,7 +338,7 @@ def simulate(
     }
     summary = summarize(record, source="simulator", model=memory.model, hardware=hw.name, workload=replay.name,
                         slo=slo, pricing=pricing, assumptions=assumptions)
-    summary = summary.model_copy(update={"prediction_interval": prediction_interval(summary, hw, engine, fit)})
+    summary = summary.model_copy(update={"prediction_interval": prediction_interval(summary, hw, engine, replay.regime, fit)})
     return SimulationResult(summary=summary, record=record, memory=memory,
                             trace=None if recorder is None else recorder.trace())
 

@@ -14,14 +14,15 @@ from planner.cli import main
 from planner.costmodel.fitted import PUBLIC_FIT_FILE, Band, FittedModel, pessimistic, prediction_interval
 from planner.hardware import get_hardware
 from planner.engines import get_engine
-from planner.public.calibration import (FigureResult, HeldOutFigure, bands, calibrate_public, engine_bands,
-                                        held_out_coverage, rebanded, write_fit)
+from planner.public.calibration import (FigureResult, HeldOutFigure, RegimeBand, bands, calibrate_public,
+                                        engine_bands, held_out_coverage, rebanded, regime_bands, regime_candidates,
+                                        run_regimes, write_fit)
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import (FIT_TOLERANCE, PLAUSIBLE, SETTLED_X, START_MARGIN, Figures, Space, Traced, fit,
                                 fit_folds, fit_rounds, simulate_runs, surrogate, trace_run)
 from planner.public.replay import ReplayRun, prepare
-from planner.public.report import (PublicValidation, client_setups, load_fit, predict_again, validate_public,
-                                   validation_of, write_report)
+from planner.public.report import (PublicValidation, client_setups, load_fit, markdown, predict_again,
+                                   validate_public, validation_of, write_report)
 from planner.specs import SLO
 
 # Four runs of at most ten requests: Qwen2.5-7B on one or two A100s under vLLM 0.11.
@@ -261,8 +262,9 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path, monke
     stale = result.model_copy(update={"figures": stale_figures, "model": result.model.model_copy(
         update={"bands": bands(stale_figures), "engine_bands": engine_bands(stale_figures)})})
     assert stale.model.bands != result.model.bands
-    again = rebanded(stale, "test --bands-only", *predict_again(stale, path, runs=runs))
+    again = rebanded(stale, "test --bands-only", *predict_again(stale, path, runs=runs), run_regimes(runs))
     assert again.model.bands == result.model.bands and again.model.engine_bands == result.model.engine_bands
+    assert again.model.regime_bands == result.model.regime_bands
     assert again.figures == result.figures and again.notes[-1].startswith("held-out figures predicted again")
     assert again.folds == result.folds and again.model.families == result.model.families
     # The same from the command line, over the published runs (here, this study's).
@@ -280,14 +282,19 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path, monke
     assert {g.group for g in report.by_metric_family} == {f.family for f in result.figures}
     assert report.bands.keys() == result.model.bands.keys()
     # `calibrate --public --report` reports the fit's own predictions: the same groups as re-simulating.
-    own = validation_of(result.figures, result.skipped, path, client_setups(runs))
+    own = validation_of(result.figures, result.skipped, path, client_setups(runs), run_regimes(runs))
     assert own.fit_file == str(path)  # outside the project: as given
-    assert validation_of([], [], PUBLIC_FIT_FILE, {}).fit_file == "hwprofiles/calibrations/public-gpu.json"
+    assert validation_of([], [], PUBLIC_FIT_FILE, {}, {}).fit_file == "hwprofiles/calibrations/public-gpu.json"
     assert own.model_dump(exclude={"figure_errors"}) == report.model_dump(exclude={"figure_errors"})
     out = write_report(own, result, "test", tmp_path / "report.md")
     assert PublicValidation.model_validate_json(out.with_suffix(".json").read_text()) == own
     assert out.with_suffix(".png").stat().st_size > 0 and "Held out" in out.read_text()
     assert "Every `simulate`, `plan` and `compare` result carries these bands" in out.read_text()
+    # A regime's band the validation would carry and the fit does not: listed, and the fit's bands are stale.
+    online = RegimeBand(regime="online", family="ttft", band=WIDE, otherwise_coverage=0.5)
+    text = markdown(own.model_copy(update={"regime_bands": [online]}), result, "test", None)
+    assert "| online: ttft | x0.40 | x0.50 | x1.00 | x2.00 | x3.00 | 80% | 100 | 50% | yes |" in text
+    assert "results carry the fit's bands of" in text
     # Re-predicted by a later simulator, the report's bands are today's; results keep the fit's.
     wider = {name: b.model_copy(update={"ratios": [r * 1.1 for r in b.ratios]}) for name, b in result.model.bands.items()}
     older = result.model_copy(update={"model": result.model.model_copy(update={"bands": wider})})
@@ -329,7 +336,7 @@ def test_band_quantiles_interval_and_bounds() -> None:
     p10 = Band(probabilities=[0.1, 0.5, 0.9], ratios=[0.8, 1.0, 1.25], held_out_coverage=0.8, figures=3)
     assert p10.interval() == (0.8, 1.25)
     narrow = MODEL.model_copy(update={"bands": dict.fromkeys(MODEL.bands, p10)})
-    assert pessimistic(SLO(ttft_p99_ms=500), 0.9, "vllm", narrow).rate_factor == pytest.approx(1 / 0.8)
+    assert pessimistic(SLO(ttft_p99_ms=500), 0.9, "vllm", "online", narrow).rate_factor == pytest.approx(1 / 0.8)
 
 
 def _figure(family: str, source: str, ratio: float, i: int) -> HeldOutFigure:
@@ -391,52 +398,113 @@ def test_an_engine_with_enough_figures_from_enough_sources_gets_bands_of_its_own
     assert own["vllm"]["tpot_itl"].held_out_coverage == pytest.approx(np.mean(inside))
     assert held_out_coverage(vllm, vllm) == pytest.approx(np.mean(inside))
     model = MODEL.model_copy(update={"bands": bands(results), "engine_bands": own})
-    assert model.bands_for("sglang")["tpot_itl"] == own["sglang"]["tpot_itl"]
-    assert model.bands_for("sglang")["ttft"] == model.bands["ttft"] and model.bands_for("trtllm") == model.bands
-    wide, narrow = model.bands_for("sglang")["tpot_itl"].interval(), model.bands_for("vllm")["tpot_itl"].interval()
+    assert model.bands_for("sglang", "online")["tpot_itl"] == own["sglang"]["tpot_itl"]
+    assert model.bands_for("sglang", "online")["ttft"] == model.bands["ttft"] and model.bands_for("trtllm", "offline") == model.bands
+    wide, narrow = (model.bands_for(e, "offline")["tpot_itl"].interval() for e in ("sglang", "vllm"))
     assert wide[1] / wide[0] > narrow[1] / narrow[0]
+
+
+def test_a_regime_carries_its_own_band_only_where_it_holds_its_figures_nearer_the_stated_share() -> None:
+    """Known answer: online TTFT figures measured 1.5x their predictions while offline ones sit at
+    1x. A band made mostly of offline figures holds few online ones, so online runs carry their
+    own band (the quantiles of their ratios, coverage each source against the others'); where the
+    online figures sit with the rest (TPOT/ITL), the bands they carry already hold them and stay.
+    A regime short of figures or sources gets no candidate."""
+    rng = np.random.default_rng(2)
+
+    def draw(family: str, prefix: str, centres: list[float], each: int, spread: float) -> list[FigureResult]:
+        return [_result(family, f"{prefix}{k}", float(r), i, "vllm-0.11") for k, centre in enumerate(centres)
+                for i, r in enumerate(centre * rng.lognormal(0, spread, each))]
+
+    offline = draw("ttft", "off", [1.0] * 6, 40, 0.15) + draw("tpot_itl", "off", [1.0] * 6, 40, 0.3)
+    # Online TPOT/ITL: each source apart from the others, so a band from three of them misses the fourth.
+    online = (draw("ttft", "on", [1.5] * 4, 20, 0.15) + draw("tpot_itl", "on", [0.75, 0.9, 1.1, 1.3], 20, 0.05)
+              + draw("e2e", "on", [1.5] * 2, 40, 0.15))
+    results = offline + online
+    regimes = {r.run_key: "online" if r.run_key.startswith("on") else "offline" for r in results}
+    own = engine_bands(results)
+    candidates = {(c.regime, c.family): c for c in regime_candidates(results, regimes, own)}
+    assert set(candidates) == {(regime, family) for regime in ("online", "offline") for family in ("ttft", "tpot_itl")}
+    ttft = candidates["online", "ttft"]
+    on_ttft = [f for f in online if f.family == "ttft"]
+    assert ttft.band.ratios == pytest.approx(list(np.quantile([f.measured for f in on_ttft], ttft.band.probabilities)))
+    assert ttft.band.held_out_coverage == pytest.approx(held_out_coverage(on_ttft, on_ttft))
+    assert ttft.otherwise_coverage == pytest.approx(held_out_coverage(on_ttft, [f for f in results if f.family == "ttft"]))
+    assert ttft.otherwise_coverage <= 0.5 < 0.7 <= ttft.band.held_out_coverage and ttft.carried
+    tpot = candidates["online", "tpot_itl"]
+    assert tpot.band.held_out_coverage < 0.6 < tpot.otherwise_coverage and not tpot.carried
+    carried = regime_bands(list(candidates.values()))
+    assert carried["online"] == {"ttft": ttft.band}
+    model = MODEL.model_copy(update={"regime_bands": {"online": carried["online"]}})
+    assert model.bands_for("vllm", "online")["ttft"] == ttft.band and model.bands_for("vllm", "offline") == MODEL.bands
+    slo = SLO(ttft_p99_ms=500)
+    online_sizing, offline_sizing = (pessimistic(slo, 0.9, "vllm", regime, model) for regime in ("online", "offline"))
+    assert online_sizing.slo.ttft_p99_ms == pytest.approx(500 / ttft.band.ratio_at(0.9))
+    assert offline_sizing.slo.ttft_p99_ms == pytest.approx(400) and online_sizing.slo.ttft_p99_ms < 400
+    assert "ttft of online runs" in online_sizing.note and "ttft of all engines" in offline_sizing.note
+
+
+def test_the_regime_of_a_replay_and_of_its_published_run_agree() -> None:
+    """Every published run's client and the requests its replay plays say the same of how they arrive."""
+    from planner.playback import Replay
+    from planner.public.replay import _workload
+    for run in public_runs():
+        assert Replay.of(_workload(run)).regime == run.client.regime, run.run_key
+    assert {run.client.regime for run in public_runs()} == {"online", "offline"}
 
 
 def test_pessimistic_sizing_tightens_targets_and_raises_the_rate() -> None:
     slo = SLO(ttft_p99_ms=500, tpot_p99_ms=50)
-    p = pessimistic(slo, 0.9, "vllm", MODEL)
+    p = pessimistic(slo, 0.9, "vllm", "online", MODEL)
     assert p.slo.ttft_p99_ms == pytest.approx(400)
     assert p.slo.tpot_p99_ms == pytest.approx(40)
     assert p.rate_factor == pytest.approx(1 / 0.8)
     assert "confidence 0.9" in p.note
-    assert pessimistic(slo, 0.5, "vllm", MODEL).slo == slo  # at the median ratio of 1, nothing changes
+    assert pessimistic(slo, 0.5, "vllm", "online", MODEL).slo == slo  # at the median ratio of 1, nothing changes
     # An engine with a TPOT/ITL band of its own is sized by it, and by the all-engines band elsewhere.
-    own = pessimistic(slo, 0.9, "sglang", MODEL.model_copy(update={"engine_bands": {"sglang": {"tpot_itl": WIDE}}}))
+    own = pessimistic(slo, 0.9, "sglang", "online", MODEL.model_copy(update={"engine_bands": {"sglang": {"tpot_itl": WIDE}}}))
     assert own.slo.tpot_p99_ms == pytest.approx(25) and own.slo.ttft_p99_ms == pytest.approx(400)
-    assert "sglang's own bands for tpot_itl" in own.note
+    assert "tpot_itl of sglang runs" in own.note and "ttft of all engines" in own.note
 
 
 def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     from planner.sim import simulate
     from planner.specs import Deployment
-    from planner.workload import get_workload
+    from planner.workload import OfflineArrivals, get_workload
     from engine.catalog import resolve_model
 
     model, hw = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
     w = get_workload("chat").model_copy(update={"num_requests": 20})
     summary = simulate(model, hw, Deployment(hardware=hw.name), w).summary
-    band = prediction_interval(summary, hw, get_engine("vllm-0.11"), MODEL)
+    band = prediction_interval(summary, hw, get_engine("vllm-0.11"), "online", MODEL)
     assert band is not None
     low, high = band.ranges["ttft_ms.p99"]
     assert (low, high) == (pytest.approx(summary.ttft_ms.p99 * 0.8), pytest.approx(summary.ttft_ms.p99 * 1.25))
     assert "not in the fit" not in band.basis
-    other = prediction_interval(summary, get_hardware("b200"), get_engine("sglang-0.5"), MODEL)
+    other = prediction_interval(summary, get_hardware("b200"), get_engine("sglang-0.5"), "online", MODEL)
     assert other is not None and "'blackwell' was not in the fit" in other.basis and "'sglang-0.5'" in other.basis
-    assert prediction_interval(summary, get_hardware("xeon-8480-2s"), get_engine("serveplan"), MODEL) is None
+    assert prediction_interval(summary, get_hardware("xeon-8480-2s"), get_engine("serveplan"), "online", MODEL) is None
     # A run carries its engine's own band where the fit has one, the all-engines band elsewhere.
     model = MODEL.model_copy(update={"engine_bands": {"sglang": {"tpot_itl": WIDE}}})
-    sglang = prediction_interval(summary, hw, get_engine("sglang-0.5"), model)
+    sglang = prediction_interval(summary, hw, get_engine("sglang-0.5"), "online", model)
     assert sglang is not None and sglang.ranges["itl_ms.p50"] == (pytest.approx(summary.itl_ms.p50 * 0.5),
                                                                   pytest.approx(summary.itl_ms.p50 * 2.0))
     assert sglang.ranges["ttft_ms.p99"] == band.ranges["ttft_ms.p99"]
     assert "tpot_itl of sglang runs (100 figures" in sglang.basis and "ttft of all engines" in sglang.basis
-    vllm = prediction_interval(summary, hw, get_engine("vllm-0.11"), model)
+    vllm = prediction_interval(summary, hw, get_engine("vllm-0.11"), "online", model)
     assert vllm is not None and vllm.ranges == band.ranges
+    # Runs of a regime with a band of its own carry it before their engine's; the simulator tells a
+    # Poisson stream (online) from a burst (offline) by its requests.
+    model = model.model_copy(update={"regime_bands": {"online": {"tpot_itl": BAND}}})
+    online, offline = (prediction_interval(summary, hw, get_engine("sglang-0.5"), regime, model)
+                       for regime in ("online", "offline"))
+    assert online is not None and online.ranges["itl_ms.p50"] == band.ranges["itl_ms.p50"]
+    assert "tpot_itl of online runs" in online.basis
+    assert offline is not None and offline.ranges == sglang.ranges
+    cfg = resolve_model("llama-3.1-8b")
+    for workload, regime in ((w, "online"), (w.model_copy(update={"arrival": OfflineArrivals()}), "offline")):
+        carried = simulate(cfg, hw, Deployment(hardware=hw.name), workload, fit=model).summary.prediction_interval
+        assert carried is not None and ("tpot_itl of online runs" in carried.basis) == (regime == "online")
     assert all(math.isfinite(v) for pair in band.ranges.values() for v in pair)
 
 
