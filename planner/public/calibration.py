@@ -416,7 +416,10 @@ def _carried_coverage(rows: Sequence[FigureResult], results: Sequence[FigureResu
     inside = 0.0
     for engine in {engine_of(r) for r in rows}:
         mine = [r for r in rows if engine_of(r) == engine]
-        basis = [r for r in pooled if engine_of(r) == engine] if family in own.get(engine, {}) else pooled
+        if family in own.get(engine, {}):  # engine_bands' basis: the engine's figures of the family
+            basis = [r for r in results if r.family == family and engine_of(r) == engine]
+        else:
+            basis = pooled
         inside += held_out_coverage(mine, basis) * len(mine)
     return inside / len(rows)
 
@@ -450,5 +453,6 @@ def _band(rows: Sequence[HeldOutFigure], basis: Sequence[HeldOutFigure], partner
                 held_out_coverage=held_out_coverage(rows, basis), figures=len(rows), pooled_with=list(partners))
 
 
-__all__ = ["PublicFit", "FigureResult", "HeldOutFigure", "SkippedRun", "bands", "engine_bands", "engine_of", "RegimeBand", "regime_bands", "regime_candidates", "run_regimes",
+__all__ = ["PublicFit", "FigureResult", "HeldOutFigure", "RegimeBand", "SkippedRun", "bands", "engine_bands", "engine_of",
+           "regime_bands", "regime_candidates", "run_regimes",
            "held_out_coverage", "rebanded", "calibrate_public", "predict_public", "write_fit"]
