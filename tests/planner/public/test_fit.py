@@ -408,8 +408,8 @@ def test_a_regime_carries_its_own_band_only_where_it_holds_its_figures_nearer_th
     """Known answer: online TTFT figures measured 1.5x their predictions while offline ones sit at
     1x. A band made mostly of offline figures holds few online ones, so online runs carry their
     own band (the quantiles of their ratios, coverage each source against the others'); where the
-    online figures sit with the rest (TPOT/ITL), the bands they carry already hold them and stay.
-    A regime short of figures or sources gets no candidate."""
+    online sources disagree among themselves (TPOT/ITL here), their own band holds fewer of them
+    than the bands they carry, which stay. A regime short of sources (online E2E) gets no candidate."""
     rng = np.random.default_rng(2)
 
     def draw(family: str, prefix: str, centres: list[float], each: int, spread: float) -> list[FigureResult]:
@@ -445,12 +445,15 @@ def test_a_regime_carries_its_own_band_only_where_it_holds_its_figures_nearer_th
 
 
 def test_the_regime_of_a_replay_and_of_its_published_run_agree() -> None:
-    """Every published run's client and the requests its replay plays say the same of how they arrive."""
+    """Every replayed published run's client and the requests its replay plays say the same of how
+    they arrive (the fit groups figures by the one, the simulator picks bands by the other)."""
     from planner.playback import Replay
-    from planner.public.replay import _workload
-    for run in public_runs():
-        assert Replay.of(_workload(run)).regime == run.client.regime, run.run_key
-    assert {run.client.regime for run in public_runs()} == {"online", "offline"}
+    from planner.public.calibration import prepare_all
+    prepared, _ = prepare_all(public_runs())
+    for r in prepared:
+        replay = r.workload if isinstance(r.workload, Replay) else Replay.of(r.workload)
+        assert replay.regime == r.run.client.regime, r.run.run_key
+    assert {r.run.client.regime for r in prepared} == {"online", "offline"}
 
 
 def test_pessimistic_sizing_tightens_targets_and_raises_the_rate() -> None:
