@@ -1025,6 +1025,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 def cmd_validate_public(args: argparse.Namespace) -> None:
     from planner.costmodel.fitted import PUBLIC_FIT_FILE
+    from planner.public.calibration import regime_bands
     from planner.public.report import validate_public, write_report
 
     path = args.calibration or PUBLIC_FIT_FILE
@@ -1048,7 +1049,7 @@ def cmd_validate_public(args: argparse.Namespace) -> None:
                       f"{g.in_sample_median_abs_pct:.1f}", f"{report.targets_pct.get(g.group, float('nan')):g}",
                       "met" if report.met.get(g.group) else "MISSED")
         console.print(t)
-        regimes = [(f"{c.regime} runs", {c.family: c.band}) for c in report.regime_bands if c.carried]
+        regimes = ((f"{regime} runs", table) for regime, table in regime_bands(report.regime_bands).items())
         for whose, table in (("all engines", report.bands), *report.engine_bands.items(), *regimes):
             for name, b in table.items():
                 low, high = b.interval()

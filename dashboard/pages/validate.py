@@ -11,6 +11,7 @@ from dashboard import charts, compute, ui
 from dashboard.inputs import choice_input, upload_bytes
 from dashboard.state import PageState
 from engine.errors import EXCERPT_CHARS, InputError
+from planner.public.calibration import regime_bands
 
 DEFAULT_REPORT = "validation.json"
 PUBLIC_REPORT = "validation-public.json"
@@ -57,8 +58,8 @@ def render_public() -> None:
                            "P90 measured/predicted": b.interval()[1], "held-out coverage": b.held_out_coverage,
                            "figures": b.figures}
                           for engine, table in (("all engines", v.bands), *v.engine_bands.items(),
-                                                *((f"{c.regime} runs", {c.family: c.band}) for c in v.regime_bands
-                                                  if c.carried))
+                                                *((f"{regime} runs", table)
+                                                  for regime, table in regime_bands(v.regime_bands).items()))
                           for name, b in table.items()])
     ui.table(bands, "Prediction bands every simulated GPU run carries", key="validate.public.bands",
              caption="Held-out coverage is measured: each source's band was built from the other sources only. A run "
