@@ -595,7 +595,7 @@ _MODE_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
     "calibrate": {
         "cpu": ("model", "device", "dtype", "threads", "random_weights", "quick", "write_profile", "tensor_parallel",
                 "expert_parallel"),
-        "public": ("rounds", "workers", "public_report", "checkpoint", "fresh", "bands_only"),
+        "public": ("rounds", "workers", "public_report", "checkpoint", "fresh", "bands_only", "only"),
         "from_bench": ("model", "rounds", "workers", "hardware", "max_model_len",
                        *(s.name for s in (*DEPLOYMENT, *KNOBS, *DISAGGREGATION))),
     },
@@ -646,7 +646,7 @@ def stages() -> Iterator[Progress]:
 
 def cmd_calibrate_public(args: argparse.Namespace) -> None:
     from planner.costmodel.fitted import PUBLIC_FIT_FILE
-    from planner.public.calibration import PUBLIC_ROUNDS, calibrate_public, rebanded, run_regimes, write_fit
+    from planner.public.calibration import PUBLIC_ROUNDS, Stage, calibrate_public, rebanded, run_regimes, write_fit
     from planner.public.data import public_runs
     from planner.public.report import (
         TARGETS_PCT, client_setups, group_errors, load_fit, predict_again, set_aside_summary, validation_of, write_report,
@@ -655,7 +655,7 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
     command = "serveplan calibrate " + " ".join(sys.argv[2:])
     out = Path(args.out) if args.out else PUBLIC_FIT_FILE
     if args.bands_only:
-        for name in ("rounds", "checkpoint", "fresh", "public_report"):
+        for name in ("rounds", "checkpoint", "fresh", "public_report", "only"):
             if getattr(args, name) != args.mode_defaults[name]:
                 raise UsageError(f"{args.flags.get(name, name)} does not apply to --bands-only: nothing is fitted")
         fit = load_fit(out)
@@ -664,12 +664,18 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
         path = write_fit(rebanded(fit, command, figures, skipped, run_regimes(public_runs())), out)
         console.print(f"wrote {path}: its {len(figures)} held-out figures predicted again and its bands made from them")
         return
+    stage = None
+    if args.only:
+        for name in ("checkpoint", "fresh"):
+            if getattr(args, name) != args.mode_defaults[name]:
+                raise UsageError(f"{args.flags.get(name, name)} does not apply to --only: it stages on the fit in --out")
+        stage = Stage(tuple(p.strip() for p in args.only.split(",") if p.strip()), load_fit(out), out.name)
     if args.public_report:
         output_file(args.public_report, "public_report")  # before hours of fitting, not after
     with stages() as progress:
         result = calibrate_public(command=command, rounds=args.rounds or PUBLIC_ROUNDS, workers=args.workers or default_threads(),
                                   progress=progress, checkpoint=Path(args.checkpoint) if args.checkpoint else None,
-                                  previous=None if args.fresh else out)
+                                  previous=None if args.fresh else out, stage=stage)
     path = write_fit(result, out)
     if args.public_report:
         # The fit's own predictions are the validation's: the same figures, folds and simulator.
@@ -1260,6 +1266,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="--public: predict the held-out figures of the fit file (--out) again with today's simulator, "
                         "from the folds it stores, and make its prediction intervals from them; nothing is fitted "
                         "(minutes)")
+    p.add_argument("--only", metavar="PARAM[,PARAM]",
+                   help="--public: a staged fit: fit only these figures (e.g. a term the cost model gained), every other "
+                        "held at the fit in --out, each held-out fold's at that fold's (minutes, not hours)")
     p.add_argument("--report", dest="public_report",
                    help="--public: also write the validation of the fit's own predictions (markdown, with a plot and "
                         "the JSON the dashboard reads beside it), as `serveplan validate --public --report` would")

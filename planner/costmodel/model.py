@@ -222,7 +222,13 @@ class CostModel:
         self._s_per_high_flop = slow / (high_peak * p.compute_efficiency)
         self._s_per_byte = slow / (bw * p.memory_efficiency)
         self._s_per_kv_byte = slow / (bw * p.attention_memory_efficiency)
-        self._s_per_attn_flop = slow / (high_peak * p.attention_compute_efficiency)
+        # The engine runs this model's attention in its portable Triton kernels on this family (attention
+        # sinks without FlashAttention-class kernels for them): their math at triton_attention_efficiency
+        # of the FlashAttention kernels' rate. The KV reads of decode stay at the memory share: bandwidth-bound
+        # kernels differ less, and the published decode of these runs is met without it.
+        self.triton_attention = model.attention_sinks and hw.family in engine.execution.triton_sink_attention_families
+        attention_share = p.attention_compute_efficiency * (p.triton_attention_efficiency if self.triton_attention else 1.0)
+        self._s_per_attn_flop = slow / (high_peak * attention_share)
         self._s_per_dequant_op = slow / (self._vector_peak * p.compute_efficiency) if self.dequant else 0.0
         # The weight matmuls (not the unquantised LM head and router): scaled low-precision formats reach
         # their shares of the format's rates.
@@ -449,7 +455,9 @@ class CostModel:
             "the grouped-GEMM share slows the tensor-core math, not the vector dequantisation or the weight reads",
             "attention: causal pairs q x (cached + (q+1)/2) per request and layer, capped by sliding windows; "
             "K/V of the context read once per request and layer at attention_memory efficiency, FLOPs at "
-            "attention_compute efficiency; decode and prefill requests are separate rooflines",
+            "attention_compute efficiency; decode and prefill requests are separate rooflines"
+            + (" (the engine's Triton attention kernels here: FLOPs at attention_compute x triton_attention efficiency)"
+               if self.triton_attention else ""),
             "LM head and sampling only for rows that sample (1 + draft tokens per sampling request); "
             f"sampler reads fp32 logits {SAMPLER_COPIES} times",
             "TP: an all-reduce of tokens x hidden after attention and after the MLP in every layer and one after "

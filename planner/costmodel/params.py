@@ -35,6 +35,12 @@ class CostParams:
     interconnect_efficiency: float
     step_overhead_s: float  # host time per step: scheduling, input preparation, output handling
     attention_compute_efficiency: float = 0.5  # FLOP share of the prefill attention kernels
+    # Share of that FLOP rate an engine's portable Triton attention kernels reach on this GPU family,
+    # where the engine runs them instead of its FlashAttention-class ones (`CostModel.triton_attention`):
+    # Triton's tiles and pipelines are not FlashAttention-2/3's. The estimate, a half, is of the order
+    # reported for vLLM's unified Triton kernel (an 8k-token prefill on an A100 1.5 s against 0.6 s,
+    # vLLM issue 18152, before its causal tile skipping, PR 20308); the public fit learns it per family.
+    triton_attention_efficiency: float = 0.5
     per_request_overhead_s: float = 0.0  # host time per scheduled request per step
     layer_overhead_s: float = 0.0  # host time per layer per step (a CPU engine's per-module Python)
     # Device time every kernel costs beyond its roofline (ramp-up, tail, the gap to the next one).
@@ -116,7 +122,8 @@ class CostParams:
 
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
-                     "attention_compute_efficiency", "interconnect_efficiency", "moe_kernel_efficiency",
+                     "attention_compute_efficiency", "triton_attention_efficiency", "interconnect_efficiency",
+                     "moe_kernel_efficiency",
                      "dense_kernel_efficiency",
                      "grouped_gemm_efficiency", "scaled_gemm_efficiency", "scaled_gemm_memory_efficiency"):
             value = getattr(self, name)

@@ -207,6 +207,11 @@ class Execution(_Sourced):
         "link (NVLink/NVSwitch) and 2, 4, 6 or 8 ranks, run the engine's own one- or two-stage kernel instead of NCCL "
         "(vLLM's custom all-reduce, 8 MiB); 0: always NCCL"
     )
+    triton_sink_attention_families: tuple[str, ...] = Field(
+        (), description="GPU families on which the engine runs the attention of models with attention sinks (gpt-oss) "
+        "in its portable Triton kernels, its FlashAttention-class kernels having no sinks there (vLLM and SGLang before "
+        "Hopper); priced at the family's triton_attention_efficiency"
+    )
     expert_dispatch: Literal["all_reduce", "all_to_all"] = Field(
         "all_reduce", description="Expert parallelism beside tensor-parallel attention: every rank runs its own experts on "
         "the replicated tokens and the layer's all-reduce sums them (vLLM's FusedMoE, SGLang's EP MoE), or each rank "

@@ -31,11 +31,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.costmodel.fitted import BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band, FittedModel, load_fitted_model
+from engine.errors import InputError
 from planner.engines import get_engine
 from planner.metrics import ArrivalRegime, MetricFamily
 from planner.public.data import MEASUREMENTS_FILE, PublicRun, public_runs
-from planner.public.fit import (ROBUST_SCALE, Figures, Progress, Rounds, Space, fit_folds, fit_rounds, no_progress,
-                                simulate_runs)
+from planner.public.fit import (ENGINE_PARAMS, HARDWARE_PARAMS, ROBUST_SCALE, Figures, Progress, Rounds, Space, fit_folds,
+                                fit_rounds, no_progress, simulate_runs)
 from planner.public.replay import ReplayRun, prepare
 
 class _Rec(BaseModel):
@@ -165,20 +166,59 @@ def _replace(path: Path, data: bytes) -> None:
     part.replace(path)
 
 
+@dataclass(frozen=True)
+class Stage:
+    """A staged fit: only `params` are fitted, every other figure held at `on`'s (each fold's at
+    that fold's), so that a term the cost model gains is fitted without refitting the others."""
+
+    params: tuple[str, ...]
+    on: PublicFit
+    on_name: str
+
+    def __post_init__(self) -> None:
+        unknown = [p for p in self.params if p not in HARDWARE_PARAMS and p not in ENGINE_PARAMS]
+        if unknown or not self.params:
+            raise InputError("only", ",".join(unknown) or "(none)",
+                             f"allowed: one or more of {', '.join(HARDWARE_PARAMS + ENGINE_PARAMS)}")
+
+    def space(self, runs: Sequence[ReplayRun]) -> Space:
+        return Space.of(runs, tuple(p for p in ENGINE_PARAMS if p in self.params),
+                        tuple(p for p in HARDWARE_PARAMS if p in self.params), _figures(self.on.model))
+
+    def held_folds(self, unit: Unit, names: Iterable[str]) -> dict[str, Figures]:
+        stored = self.on.folds.get(unit, {})
+        missing = sorted(set(names) - set(stored))
+        if missing:
+            raise InputError("only", ",".join(self.params), f"{self.on_name} has no fold without the {unit} "
+                             f"{', '.join(missing)}: stage on a fit of today's data")
+        return {name: _figures(f) for name, f in stored.items()}
+
+    @property
+    def note(self) -> str:
+        """The staged fit's notes are those of the fit it stages on (how its figures were made), then this."""
+        return (f"staged on {self.on_name} (created {self.on.created_utc} by `{self.on.command}`): only "
+                f"{', '.join(self.params)} fitted, every other figure held at that fit's, each fold's at that fold's")
+
+
+def _figures(fitted: FittedModel | FoldFigures) -> Figures:
+    return Figures(fitted.families, fitted.engines)
+
+
 def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int = 1, runs: Sequence[PublicRun] | None = None,
                      max_nfev: int = 400, progress: Progress = no_progress, checkpoint: Path | None = None,
-                     previous: Path | None = None) -> PublicFit:
+                     previous: Path | None = None, stage: Stage | None = None) -> PublicFit:
     """The whole study; `runs` defaults to every published run. The all-data fit starts from the
     fit in `previous` (where there is one) and from the profiles' estimates, and keeps the lower
-    cost. With `checkpoint` (a folder), the rounds and each held-out fold are kept there as they
-    complete, and a new run resumes from them."""
+    cost; a `stage` fits only its figures, from the fit it stages on. With `checkpoint` (a folder),
+    the rounds and each held-out fold are kept there as they complete, and a new run resumes from them."""
     prepared, skipped = prepare_all(list(runs) if runs is not None else public_runs())
-    space = Space.of(prepared)
+    space = stage.space(prepared) if stage is not None else Space.of(prepared)
     store = Checkpoint.of(checkpoint, rounds) if checkpoint is not None else None
     saved = store.rounds() if store is not None else None
     if saved is None:
-        saved = fit_rounds(prepared, space, starts=starts(space, previous), rounds=rounds, workers=workers,
-                           max_nfev=max_nfev, progress=progress)
+        begin = {"the fit it stages on": space.held} if stage is not None else starts(space, previous)
+        saved = fit_rounds(prepared, space, starts=begin, rounds=rounds, workers=workers, max_nfev=max_nfev,
+                           progress=progress)
         if store is not None:
             store.save_rounds(saved)
     figs, traced = saved.figures, saved.traced
@@ -190,7 +230,9 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
         folds[unit] = fit_folds(traced, lambda t, u=unit: unit_of(t.run.run, u), figs, workers=workers,
                                 max_nfev=max_nfev, progress=progress(f"fitting with each {unit} left out", len(names)),
                                 done=store.folds(unit) if store is not None else None,
-                                on_fold=partial(store.save_fold, unit) if store is not None else None)
+                                on_fold=partial(store.save_fold, unit) if store is not None else None,
+                                engine_params=space.engine_params, family_params=space.family_params,
+                                held=stage.held_folds(unit, names) if stage is not None else None)
     results, refused_later = predict_public(fitted_runs, figs, folds, workers=workers, progress=progress)
     skipped += refused_later
     own = engine_bands(results)
@@ -204,7 +246,7 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
         folds={u: {name: FoldFigures(families=f.families, engines=f.engines) for name, f in table.items()}
                for u, table in folds.items()},
         figures=results, skipped=skipped,
-        notes=[
+        notes=[*stage.on.notes, stage.note] if stage is not None else [
             "residuals: log(predicted / measured), soft L1 beyond a log error of "
             f"{ROBUST_SCALE:g} (squared below it, linear above), each source weighted alike (1/sqrt(its figures)), "
             "high/medium/low confidence 1/0.7/0.4; a weak prior at the profiles' estimates",
@@ -455,4 +497,4 @@ def _band(rows: Sequence[HeldOutFigure], basis: Sequence[HeldOutFigure], partner
 
 __all__ = ["PublicFit", "FigureResult", "HeldOutFigure", "RegimeBand", "SkippedRun", "bands", "engine_bands", "engine_of",
            "regime_bands", "regime_candidates", "run_regimes",
-           "held_out_coverage", "rebanded", "calibrate_public", "predict_public", "write_fit"]
+           "held_out_coverage", "rebanded", "calibrate_public", "predict_public", "write_fit", "Stage"]

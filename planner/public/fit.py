@@ -46,7 +46,8 @@ from planner.sim.trace import RunTrace
 # near it (0.41 us on Hopper, cost 0.611 on the 2026-12-05 traces) where holding 3 us costs less (0.603).
 HARDWARE_PARAMS: tuple[str, ...] = (
     "compute_efficiency", "memory_efficiency", "attention_memory_efficiency", "attention_compute_efficiency",
-    "collective_time_scale", "grouped_gemm_efficiency", "scaled_gemm_efficiency", "scaled_gemm_memory_efficiency",
+    "triton_attention_efficiency", "collective_time_scale", "grouped_gemm_efficiency", "scaled_gemm_efficiency",
+    "scaled_gemm_memory_efficiency",
 )
 ENGINE_PARAMS: tuple[str, ...] = ("step_overhead_s", "per_request_overhead_s", "api_request_s", "api_chat_template_s",
                                   "api_latency_s", "moe_kernel_efficiency", "dense_kernel_efficiency")
@@ -82,6 +83,10 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     # An engine's dense matmuls against the family's shares (which its fastest engine sets): within
     # 2x. Log space, the estimate 1 the edge, as for the MoE share.
     "dense_kernel_efficiency": (0.5, 1.0),
+    # Triton attention kernels against the FlashAttention-2/3 kernels of the same family: from par to
+    # several times slower (vLLM's unified Triton kernel took 2.5x FlashAttention's time for an 8k-token
+    # prefill on an A100 before its causal tile skipping, issue 18152). Log space, like the kernel shares.
+    "triton_attention_efficiency": (0.15, 1.0),
     # The family's share for grouped GEMMs whatever the engine (Triton's fused-MoE kernels do not run
     # Hopper's wgmma/TMA pipelines as cuBLAS's dense GEMMs do): an estimate of the floor, in log space
     # for the same reason.
@@ -159,21 +164,26 @@ class Figures:
 
 @dataclass(frozen=True)
 class Space:
-    """The free parameters: each family's HARDWARE_PARAMS, each engine's `engine_params`."""
+    """The free parameters: each family's `family_params`, each engine's `engine_params`; every other
+    figure is `held` (a staged fit: `calibrate --public --only`), else the profiles' estimate."""
 
     families: tuple[str, ...]
     engines: tuple[str, ...]
     engine_params: tuple[str, ...] = ENGINE_PARAMS
+    family_params: tuple[str, ...] = HARDWARE_PARAMS
+    held: Figures = field(default_factory=Figures)
 
     @classmethod
-    def of(cls, runs: Iterable[ReplayRun], engine_params: tuple[str, ...] = ENGINE_PARAMS) -> Space:
+    def of(cls, runs: Iterable[ReplayRun], engine_params: tuple[str, ...] = ENGINE_PARAMS,
+           family_params: tuple[str, ...] = HARDWARE_PARAMS, held: Figures | None = None) -> Space:
         runs = list(runs)
-        return cls(tuple(sorted({r.hw.family for r in runs})), tuple(sorted({r.engine.name for r in runs})), engine_params)
+        return cls(tuple(sorted({r.hw.family for r in runs})), tuple(sorted({r.engine.name for r in runs})), engine_params,
+                   family_params, held or Figures())
 
     @property
     def names(self) -> list[tuple[str, str, str]]:
         """(scope, owner, parameter) per coordinate."""
-        return ([("family", f, p) for f in self.families for p in HARDWARE_PARAMS]
+        return ([("family", f, p) for f in self.families for p in self.family_params]
                 + [("engine", e, p) for e in self.engines for p in self.engine_params])
 
     def prior(self) -> np.ndarray:
@@ -188,8 +198,9 @@ class Space:
                 np.array([_to_x(p, v) for (_s, _o, p), v in zip(self.names, high, strict=True)]))
 
     def figures(self, x: np.ndarray) -> Figures:
-        families: dict[str, dict[str, float]] = {f: {} for f in self.families}
-        engines: dict[str, dict[str, float]] = {e: {} for e in self.engines}
+        """The held figures with the coordinates' values of x."""
+        families = {f: dict(self.held.families.get(f, {})) for f in sorted({*self.held.families, *self.families})}
+        engines = {e: dict(self.held.engines.get(e, {})) for e in sorted({*self.held.engines, *self.engines})}
         for (scope, owner, p), value in zip(self.names, x, strict=True):
             (families if scope == "family" else engines)[owner][p] = _from_x(p, float(value))
         return Figures(families, engines)
@@ -374,16 +385,20 @@ def fit_folds(traced: Sequence[Traced], group: Callable[[Traced], str], start: F
               max_nfev: int = 400, progress: Callable[[], None] = lambda: None,
               done: Mapping[str, Figures] | None = None,
               on_fold: Callable[[str, Figures], None] | None = None,
-              engine_params: tuple[str, ...] = ENGINE_PARAMS) -> dict[str, Figures]:
+              engine_params: tuple[str, ...] = ENGINE_PARAMS, family_params: tuple[str, ...] = HARDWARE_PARAMS,
+              held: Mapping[str, Figures] | None = None) -> dict[str, Figures]:
     """For each group (a source, a publisher), the figures fitted on every other group's traces,
-    from `start`, over the same `engine_params` as `start`'s fit. A family or engine only the
-    left-out group has keeps the profiles' estimates: never figures fitted on the group itself.
-    Groups in `done` (a checkpoint) are not fitted again; `on_fold` hears of each fold as it completes."""
+    from `start`, over the same `engine_params` and `family_params` as `start`'s fit, every other
+    figure at the group's own `held` ones (a staged fit) else the profiles' estimates. A family or
+    engine only the left-out group has keeps the profiles' estimates: never figures fitted on the
+    group itself. Groups in `done` (a checkpoint) are not fitted again; `on_fold` hears of each fold
+    as it completes."""
     names = sorted({group(t) for t in traced})
     folds = {name: figs for name, figs in (done or {}).items() if name in names}
     todo = [name for name in names if name not in folds]
     _index_traces(traced)
-    for name, figs in _forked(_fit_fold, todo, (traced, group, start, max_nfev, engine_params), workers, progress):
+    shared = (traced, group, start, max_nfev, engine_params, family_params, held or {})
+    for name, figs in _forked(_fit_fold, todo, shared, workers, progress):
         folds[name] = figs
         if on_fold is not None:
             on_fold(name, figs)
@@ -391,10 +406,10 @@ def fit_folds(traced: Sequence[Traced], group: Callable[[Traced], str], start: F
 
 
 def _fit_fold(left_out: str) -> Figures:
-    traced, group, start, max_nfev, engine_params = _SHARED  # set by fit_folds
+    traced, group, start, max_nfev, engine_params, family_params, held = _SHARED  # set by fit_folds
     keep = [t for t in traced if group(t) != left_out]
-    space = Space.of((t.run for t in keep), engine_params)
-    return fit(keep, space, _restrict(start, space), max_nfev=max_nfev).figures if keep else Figures()
+    space = Space.of((t.run for t in keep), engine_params, family_params, held.get(left_out))
+    return fit(keep, space, _restrict(start, space), max_nfev=max_nfev).figures if keep else held.get(left_out, Figures())
 
 
 def _index_traces(traced: Sequence[Traced]) -> None:

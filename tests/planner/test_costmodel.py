@@ -527,3 +527,29 @@ def test_api_latency_delays_each_request_without_loading_the_server() -> None:
     assert alone_late[0] == pytest.approx(alone[0] + 50.0)
     burst, burst_late = ttfts_ms(8), ttfts_ms(8, api_latency_s=0.05)
     assert burst_late == pytest.approx([t + 50.0 for t in burst])
+
+
+@pytest.mark.parametrize(("model_name", "hw_name", "engine_name", "triton"), [
+    ("gpt-oss-20b", "a100-80gb-sxm", "vllm-0.11", True),  # sinks before Hopper: vLLM's Triton backend
+    ("gpt-oss-20b", "l40s", "sglang-0.5", True),  # and SGLang's, on Ada too
+    ("gpt-oss-20b", "h100-sxm", "vllm-0.11", False),  # FlashAttention 3 has sinks
+    ("gpt-oss-20b", "a100-80gb-sxm", "trtllm-1.2", False),  # TensorRT-LLM's own kernels
+    ("qwen3-14b", "a100-80gb-sxm", "vllm-0.11", False),  # no sinks: FlashAttention 2
+])
+def test_prefill_attention_runs_at_the_triton_share_where_the_engine_takes_triton_kernels(
+        model_name: str, hw_name: str, engine_name: str, triton: bool) -> None:
+    """Known answer: a long prompt's attention is FLOP-bound, so at a Triton share of 1/4 it takes 4x
+    as long where the engine runs Triton attention, and exactly as long elsewhere; decode attention,
+    bound by its KV reads, is the same either way."""
+    model, hw = resolve_model(model_name), get_hardware(hw_name)
+    dep = Deployment(hardware=hw.name, engine=engine_name)
+    base = CostParams.defaults(hw, get_engine(engine_name)).with_values({"kernel_latency_s": 0.0})
+
+    def attention_s(share: float) -> tuple[float, float]:
+        cm = CostModel(model, hw, dep, base.with_values({"triton_attention_efficiency": share}))
+        assert cm.triton_attention is triton
+        return cm.prefill_breakdown(8192)["attention"], cm.decode_breakdown(32, 2048)["attention"]
+
+    (prefill_full, decode_full), (prefill_quarter, decode_quarter) = attention_s(1.0), attention_s(0.25)
+    assert prefill_quarter == pytest.approx(prefill_full * (4.0 if triton else 1.0), rel=1e-9)
+    assert decode_quarter == pytest.approx(decode_full, rel=1e-9)

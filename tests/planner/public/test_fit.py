@@ -14,7 +14,7 @@ from planner.cli import main
 from planner.costmodel.fitted import PUBLIC_FIT_FILE, Band, FittedModel, pessimistic, prediction_interval
 from planner.hardware import get_hardware
 from planner.engines import get_engine
-from planner.public.calibration import (FigureResult, HeldOutFigure, RegimeBand, bands, calibrate_public,
+from planner.public.calibration import (FigureResult, FoldFigures, HeldOutFigure, RegimeBand, Stage, bands, calibrate_public,
                                         engine_bands, held_out_coverage, rebanded, regime_bands, regime_candidates,
                                         run_regimes, write_fit)
 from planner.public.data import PublicRun, public_runs
@@ -306,6 +306,47 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path, monke
     assert list(result.start_costs) == ["the profiles' estimates"]
 
 
+def test_a_staged_fit_fits_only_its_figures_and_holds_every_other_at_each_folds() -> None:
+    """Measurements made at TRUTH; a fit that holds TRUTH's other figures but lacks its weight-read
+    share (each fold with an API time of its own, to tell them apart). Staged on it with only the
+    share free: the all-data fit is least squares over that one coordinate (the held figures
+    around it), each fold the same on the other source's traces around its own held figures, every
+    other figure stays as held, and the file says it was staged."""
+    runs = _small_runs()
+    published = _with_measurements(runs, _at_truth(runs))
+    base = calibrate_public(command="test", rounds=1, runs=published)
+    held = Figures(families={"ampere": {"collective_time_scale": 0.6}}, engines={"vllm-0.11": {"step_overhead_s": 4e-3}})
+    folds = {unit: {name: FoldFigures(families=held.families,
+                                      engines={"vllm-0.11": {"step_overhead_s": 4e-3, "api_request_s": 1e-3 * (i + 1)}})
+                    for i, name in enumerate(sorted(table))} for unit, table in base.folds.items()}
+    on = base.model_copy(update={"model": base.model.model_copy(update={"families": held.families, "engines": held.engines}),
+                                 "folds": folds})
+    staged = calibrate_public(command="test", rounds=1, runs=published, stage=Stage(("memory_efficiency",), on, "held.json"))
+
+    prepared = _prepared(published)
+    traced = [trace_run(r, held) for r in prepared]
+    alone = fit(traced, Space.of(prepared, (), ("memory_efficiency",), held), held).figures
+    share = staged.model.families["ampere"]["memory_efficiency"]
+    assert share == pytest.approx(alone.families["ampere"]["memory_efficiency"], rel=1e-6)
+    assert 0.65 < share < 0.8  # moved from the estimate (0.85) towards the truth, the weak prior against 4 runs
+    assert Figures(staged.model.families, staged.model.engines) == alone  # every other figure as held
+    for name, fold in staged.folds["source"].items():
+        fold_held = Figures(folds["source"][name].families, folds["source"][name].engines)
+        keep = [t for t in traced if t.run.run.source_key != name]
+        # From the all-data figure, as every fold starts.
+        expected = fit(keep, Space.of((t.run for t in keep), (), ("memory_efficiency",), fold_held), alone).figures
+        assert Figures(fold.families, fold.engines) == expected, name
+    assert staged.folds["source"]["tp1"].engines != staged.folds["source"]["tp2"].engines  # each its own
+    assert staged.notes[:-1] == on.notes and staged.notes[-1].startswith("staged on held.json")
+    assert "only memory_efficiency fitted" in staged.notes[-1]
+    # What a staged fit refuses: a figure the fit does not have, and a fit without a fold it must hold.
+    with pytest.raises(InputError, match="only.*allowed: one or more of compute_efficiency"):
+        Stage(("memory_bandwith",), on, "held.json")
+    tp1_only = on.model_copy(update={"folds": {u: {n: f for n, f in t.items() if n in ("tp1", "a")} for u, t in folds.items()}})
+    with pytest.raises(InputError, match="has no fold without the source tp2"):
+        calibrate_public(command="test", rounds=1, runs=published, stage=Stage(("memory_efficiency",), tp1_only, "old.json"))
+
+
 def test_validate_refuses_a_fit_without_the_sources_it_must_hold_out(tmp_path) -> None:
     runs = _small_runs()
     result = calibrate_public(command="test", rounds=1, runs=runs[:2])  # tp1 only
@@ -525,6 +566,10 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     (["calibrate", "--checkpoint", "/tmp/x"], "--checkpoint does not apply to a CPU calibration"),
     (["calibrate", "--public", "--bands-only", "--rounds", "2"], "--rounds does not apply to --bands-only"),
     (["calibrate", "--bands-only"], "--bands-only does not apply to a CPU calibration"),
+    (["calibrate", "--public", "--bands-only", "--only", "memory_efficiency"], "--only does not apply to --bands-only"),
+    (["calibrate", "--public", "--only", "memory_efficiency", "--fresh"], "--fresh does not apply to --only"),
+    (["calibrate", "--public", "--only", "memory_bandwidth"], "--only='memory_bandwidth' is invalid: allowed: one or more"),
+    (["calibrate", "--only", "memory_efficiency"], "--only does not apply to a CPU calibration"),
 ])
 def test_public_and_cpu_flags_do_not_mix(argv: list[str], message: str, capsys) -> None:
     assert main(argv) == 2
