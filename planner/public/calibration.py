@@ -30,8 +30,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.costmodel.fitted import BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band, FittedModel, load_fitted_model
 from engine.errors import InputError
+from planner.costmodel.fitted import BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band, FittedModel, load_fitted_model
 from planner.engines import get_engine
 from planner.metrics import ArrivalRegime, MetricFamily
 from planner.public.data import MEASUREMENTS_FILE, PublicRun, public_runs
@@ -211,6 +211,8 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
     fit in `previous` (where there is one) and from the profiles' estimates, and keeps the lower
     cost; a `stage` fits only its figures, from the fit it stages on. With `checkpoint` (a folder),
     the rounds and each held-out fold are kept there as they complete, and a new run resumes from them."""
+    if stage is not None and checkpoint is not None:
+        raise InputError("checkpoint", str(checkpoint), "not with a staged fit: its rounds and folds would be a whole fit's")
     prepared, skipped = prepare_all(list(runs) if runs is not None else public_runs())
     space = stage.space(prepared) if stage is not None else Space.of(prepared)
     store = Checkpoint.of(checkpoint, rounds) if checkpoint is not None else None

@@ -4,6 +4,7 @@ held-out predictions are honest, `validate --public` reproduces them, and bands 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -343,6 +344,9 @@ def test_a_staged_fit_fits_only_its_figures_and_holds_every_other_at_each_folds(
     with pytest.raises(InputError, match="only.*allowed: one or more of compute_efficiency"):
         Stage(("memory_bandwith",), on, "held.json")
     tp1_only = on.model_copy(update={"folds": {u: {n: f for n, f in t.items() if n in ("tp1", "a")} for u, t in folds.items()}})
+    with pytest.raises(InputError, match="checkpoint.*not with a staged fit"):
+        calibrate_public(command="test", runs=published, stage=Stage(("memory_efficiency",), on, "held.json"),
+                         checkpoint=Path("ck"))
     with pytest.raises(InputError, match="has no fold without the source tp2"):
         calibrate_public(command="test", rounds=1, runs=published, stage=Stage(("memory_efficiency",), tp1_only, "old.json"))
 
