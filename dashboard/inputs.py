@@ -141,11 +141,12 @@ def deployment_inputs(state: PageState) -> Deployment:
               for name in ("tensor_parallel", "pipeline_parallel", "replicas", "weight_dtype", "kv_dtype")}
     with st.expander("Engine knobs"):
         knobs = {s.name: setting_input(state, s) for s in KNOBS}
+        attention_kernel = setting_input(state, DEPLOYMENT["attention_kernel"])
     with st.expander("Prefill/decode disaggregation"):
         split = st.checkbox("Separate prefill and decode instances", key=state.bind("disaggregate", False),
                             help="Each replica becomes x prefill and y decode instances; a prompt's KV moves between them")
         disagg = {s.name: setting_input(state, s) for s in DISAGGREGATION}
-    return Deployment(hardware=hw, **layout, knobs=EngineKnobs(**knobs),
+    return Deployment(hardware=hw, **layout, knobs=EngineKnobs(**knobs), attention_kernel=attention_kernel,
                       disaggregation=Disaggregation(**disagg) if split else None)
 
 

@@ -283,6 +283,9 @@ class Disaggregation(Spec):
 # How a memory-profiling pass's top-k/top-p sampler works (planner/memory/activations.py): it decides
 # the bytes per logit the pass reserves.
 ProfileSampler = Literal["torch_sort", "torch_sort_gather", "flashinfer"]
+# The engine's attention kernels: FlashAttention-class (FlashAttention 2/3, FlashInfer, the engines' own
+# CUDA kernels) or its portable Triton ones (SGLang --attention-backend triton, vLLM's TRITON_ATTN).
+AttentionKernel = Literal["flash", "triton"]
 
 
 class Deployment(Spec):
@@ -331,6 +334,11 @@ class Deployment(Spec):
         None, description="The top-k/top-p sampler of the engine's memory-profiling pass, for engines whose pass "
         "samples (vLLM): torch_sort, torch_sort_gather or flashinfer (default: the profile's). vLLM 0.10.x-0.11.0 "
         "sample with flashinfer when FlashInfer is installed, as in their release images (docs/memory.md)")
+    attention_kernel: Annotated[AttentionKernel | None, Knob("--attention-kernel", "Attention kernels")] = Field(
+        None, description="flash: FlashAttention-class kernels (FlashAttention 2/3, FlashInfer); triton: the engine's "
+        "portable Triton kernels (SGLang --attention-backend triton, vLLM TRITON_ATTN), priced at the GPU family's "
+        "triton_attention_efficiency of their FLOP rate (default: the engine's choice, Triton only where it has no "
+        "other kernel for the model: attention sinks before Hopper)")
     disaggregation: Disaggregation | None = Field(
         None, description="Separate prefill and decode instances (xPyD) per replica; None: every instance does both")
 

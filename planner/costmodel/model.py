@@ -222,11 +222,12 @@ class CostModel:
         self._s_per_high_flop = slow / (high_peak * p.compute_efficiency)
         self._s_per_byte = slow / (bw * p.memory_efficiency)
         self._s_per_kv_byte = slow / (bw * p.attention_memory_efficiency)
-        # The engine runs this model's attention in its portable Triton kernels on this family (attention
-        # sinks without FlashAttention-class kernels for them): their math at triton_attention_efficiency
-        # of the FlashAttention kernels' rate. The KV reads of decode stay at the memory share: bandwidth-bound
-        # kernels differ less, and the published decode of these runs is met without it.
-        self.triton_attention = model.attention_sinks and hw.family in engine.execution.triton_sink_attention_families
+        # The engine runs this model's attention in its portable Triton kernels (chosen, or the only ones it
+        # has for attention sinks on this family): their math at triton_attention_efficiency of the
+        # FlashAttention kernels' rate. The KV reads of decode stay at the memory share: bandwidth-bound
+        # kernels differ less, and the published decode of such runs is met without it.
+        kernel = engine.attention_kernel(hw.family, model.attention_sinks, dep.attention_kernel)
+        self.triton_attention = kernel == "triton"
         attention_share = p.attention_compute_efficiency * (p.triton_attention_efficiency if self.triton_attention else 1.0)
         self._s_per_attn_flop = slow / (high_peak * attention_share)
         self._s_per_dequant_op = slow / (self._vector_peak * p.compute_efficiency) if self.dequant else 0.0

@@ -23,7 +23,7 @@ import yaml
 from engine.core.scheduler import Batching, OutputReservation
 from engine.errors import InputError, unknown_name_error
 from engine.files import profile_folder
-from planner.specs import DEFAULT_ENGINE, Deployment, EngineKnobs, HardwareProfile, ProfileSampler
+from planner.specs import AttentionKernel, DEFAULT_ENGINE, Deployment, EngineKnobs, HardwareProfile, ProfileSampler
 
 PROFILE_DIR = Path(__file__).parent
 EngineName = Literal["vllm", "sglang", "trtllm", "serveplan"]
@@ -396,6 +396,16 @@ class EngineProfile(_Spec):
         if s.budget_covers_max_model_len and not s.enable_chunked_prefill and max_model_len is not None:
             tokens = max(max_model_len, tokens)
         return seqs, tokens
+
+    def attention_kernel(self, family: str, sinks: bool, chosen: AttentionKernel | None = None) -> AttentionKernel:
+        """The kernels this engine runs a model's attention in on a GPU `family` (`chosen`: the
+        deployment's, None: the engine's own choice): Triton where it has no FlashAttention-class
+        kernel for attention sinks, and FlashAttention-class ones cannot be chosen there."""
+        triton_only = sinks and family in self.execution.triton_sink_attention_families
+        if chosen == "flash" and triton_only:
+            raise InputError("attention_kernel", chosen, f"{self.name} has no FlashAttention-class kernel for attention "
+                             f"sinks on {family} GPUs: triton, or leave it to the engine")
+        return chosen or ("triton" if triton_only else "flash")
 
     def chunked_prefill_default(self, max_model_len: int | None = None) -> bool:
         return self.scheduling.enable_chunked_prefill or self._long_context(max_model_len) is not None

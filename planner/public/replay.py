@@ -24,7 +24,7 @@ from planner.playback import Replay
 from planner.public.data import Figure, PublicRun
 from planner.public.retime import summary_value
 from planner.sim import SimulationResult, simulate
-from planner.specs import Deployment, HardwareProfile
+from planner.specs import AttentionKernel, Deployment, HardwareProfile
 from planner.workload import (
     ClosedLoopArrivals,
     FixedLength,
@@ -41,12 +41,19 @@ from planner.workload import (
 # Flags that change nothing the simulator models (kernels and backends are inside the fitted
 # efficiencies of the engine; the rest is bookkeeping of the run).
 _NEUTRAL_ARGS = frozenset({
-    "attention_backend", "enable_torch_compile", "dtype", "quantization", "VLLM_USE_TRITON_FLASH_ATTN",
+    "enable_torch_compile", "dtype", "quantization", "VLLM_USE_TRITON_FLASH_ATTN",
     "kv_cache_dtype", "kv_cache_dtype_skip_layers", "max_seq_len_to_capture", "max_model_len", "max_seq_len",
     "kv_transfer_config", "async_scheduling", "enable_expert_parallel", "disable_radix_cache",
 })
 # Flags that shape the Deployment (read in `prepare`).
-_DEPLOYMENT_ARGS = frozenset({"enable_dp_attention"})
+_DEPLOYMENT_ARGS = frozenset({"enable_dp_attention", "attention_backend"})
+# The engines' attention backends by the kernels they run (SGLang's --attention-backend, vLLM's
+# VLLM_ATTENTION_BACKEND); one not listed sets the run aside.
+_ATTENTION_KERNELS: dict[str, AttentionKernel] = {
+    "triton": "triton", "TRITON_ATTN": "triton",
+    "fa3": "flash", "fa4": "flash", "flashinfer": "flash", "trtllm_mha": "flash", "FLASH_ATTN": "flash",
+    "FLASHINFER": "flash",
+}
 # Flags whose feature the simulator does not reproduce: the run is set aside.
 _UNSUPPORTED_ARGS: dict[str, str] = {
     "speculative_algorithm": "EAGLE speculative decoding: the draft head's acceptance is not published",
@@ -131,6 +138,9 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     unknown = sorted(set(args) - set(ENGINE_FLAG_KNOBS) - _NEUTRAL_ARGS - _DEPLOYMENT_ARGS)
     if unknown:
         return f"engine flags not modelled: {', '.join(unknown)}"
+    backend = args.get("attention_backend")
+    if backend is not None and backend not in _ATTENTION_KERNELS:
+        return f"attention backend {backend} not modelled"
     d = run.deployment
     engine, note = engine_for_release(run.engine.engine, run.engine.version)
     assumptions = [note] if note else []
@@ -157,7 +167,8 @@ def prepare(run: PublicRun) -> ReplayRun | str:
                      weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype, engine=engine.name,
                      api_server=run.client.endpoint != "in-process",
                      api_endpoint="completions" if run.client.endpoint == "completions" else "chat", knobs=knobs,
-                     profile_sampler=run.engine.profile_sampler, peer_access=d.peer_access)
+                     profile_sampler=run.engine.profile_sampler, peer_access=d.peer_access,
+                     attention_kernel=_ATTENTION_KERNELS[str(backend)] if backend is not None else None)
     overlap = True if args.get("async_scheduling") else None
     if d.expert_parallel > 1 and not dispatches_by_all_to_all(dep):
         assumptions.append(f"expert parallelism as {engine.name} runs it without DP attention: each rank's experts "

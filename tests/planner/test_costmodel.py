@@ -529,20 +529,22 @@ def test_api_latency_delays_each_request_without_loading_the_server() -> None:
     assert burst_late == pytest.approx([t + 50.0 for t in burst])
 
 
-@pytest.mark.parametrize(("model_name", "hw_name", "engine_name", "triton"), [
-    ("gpt-oss-20b", "a100-80gb-sxm", "vllm-0.11", True),  # sinks before Hopper: vLLM's Triton backend
-    ("gpt-oss-20b", "l40s", "sglang-0.5", True),  # and SGLang's, on Ada too
-    ("gpt-oss-20b", "h100-sxm", "vllm-0.11", False),  # FlashAttention 3 has sinks
-    ("gpt-oss-20b", "a100-80gb-sxm", "trtllm-1.2", False),  # TensorRT-LLM's own kernels
-    ("qwen3-14b", "a100-80gb-sxm", "vllm-0.11", False),  # no sinks: FlashAttention 2
+@pytest.mark.parametrize(("model_name", "hw_name", "engine_name", "chosen", "triton"), [
+    ("gpt-oss-20b", "a100-80gb-sxm", "vllm-0.11", None, True),  # sinks before Hopper: vLLM's Triton backend
+    ("gpt-oss-20b", "l40s", "sglang-0.5", None, True),  # and SGLang's, on Ada too
+    ("gpt-oss-20b", "h100-sxm", "vllm-0.11", None, False),  # FlashAttention 3 has sinks
+    ("gpt-oss-20b", "a100-80gb-sxm", "trtllm-1.2", None, False),  # TensorRT-LLM's own kernels
+    ("qwen3-14b", "a100-80gb-sxm", "vllm-0.11", None, False),  # no sinks: FlashAttention 2
+    ("qwen3-14b", "h100-sxm", "sglang-0.5", "triton", True),  # --attention-backend triton
+    ("gpt-oss-20b", "h100-sxm", "vllm-0.11", "flash", False),
 ])
 def test_prefill_attention_runs_at_the_triton_share_where_the_engine_takes_triton_kernels(
-        model_name: str, hw_name: str, engine_name: str, triton: bool) -> None:
+        model_name: str, hw_name: str, engine_name: str, chosen: str | None, triton: bool) -> None:
     """Known answer: a long prompt's attention is FLOP-bound, so at a Triton share of 1/4 it takes 4x
-    as long where the engine runs Triton attention, and exactly as long elsewhere; decode attention,
-    bound by its KV reads, is the same either way."""
+    as long where the engine runs Triton attention (its choice, or the deployment's), and exactly as
+    long elsewhere; decode attention, bound by its KV reads, is the same either way."""
     model, hw = resolve_model(model_name), get_hardware(hw_name)
-    dep = Deployment(hardware=hw.name, engine=engine_name)
+    dep = Deployment(hardware=hw.name, engine=engine_name, attention_kernel=chosen)
     base = CostParams.defaults(hw, get_engine(engine_name)).with_values({"kernel_latency_s": 0.0})
 
     def attention_s(share: float) -> tuple[float, float]:
@@ -553,3 +555,12 @@ def test_prefill_attention_runs_at_the_triton_share_where_the_engine_takes_trito
     (prefill_full, decode_full), (prefill_quarter, decode_quarter) = attention_s(1.0), attention_s(0.25)
     assert prefill_quarter == pytest.approx(prefill_full * (4.0 if triton else 1.0), rel=1e-9)
     assert decode_quarter == pytest.approx(decode_full, rel=1e-9)
+
+
+def test_flash_attention_is_refused_where_the_engine_has_none_for_the_model() -> None:
+    """gpt-oss's attention sinks have no FlashAttention-class kernel in vLLM before Hopper: choosing one
+    is one line naming the setting, not a silent Triton price."""
+    model, hw = resolve_model("gpt-oss-20b"), get_hardware("a100-80gb-sxm")
+    with pytest.raises(InputError, match="attention_kernel.*vllm-0.11 has no FlashAttention-class kernel for attention "
+                                         "sinks on ampere GPUs"):
+        CostModel(model, hw, Deployment(hardware=hw.name, engine="vllm-0.11", attention_kernel="flash"))

@@ -53,6 +53,24 @@ def test_dp_attention_with_a_dp_size_runs_attention_groups_inside_one_engine() -
     assert prepare(plain) == "data-parallel engines behind one client are not replayed"
 
 
+def test_a_run_replays_with_the_attention_kernels_its_backend_runs() -> None:
+    """SGLang's --attention-backend: triton runs its Triton kernels, fa3 and flashinfer FlashAttention-class
+    ones; a backend the simulator does not price sets the run aside, saying which."""
+    runs = {r.run_key: r for r in public_runs()}
+    kernels = {}
+    for backend in ("triton", "fa3", "flashinfer"):
+        replay = prepare(runs[f"gpustack-qwen3-14b-h100/sglang-fp8-attn-{backend}-sharegpt"])
+        assert isinstance(replay, ReplayRun)
+        kernels[backend] = replay.dep.attention_kernel
+    assert kernels == {"triton": "triton", "fa3": "flash", "flashinfer": "flash"}
+    default = prepare(runs["gpustack-qwen3-14b-h100/sglang-fp8-sharegpt"])
+    assert isinstance(default, ReplayRun) and default.dep.attention_kernel is None  # the engine's choice
+    run = runs["gpustack-qwen3-14b-h100/sglang-fp8-attn-triton-sharegpt"]
+    torch_native = run.model_copy(update={"engine": run.engine.model_copy(
+        update={"args": {**run.engine.args, "attention_backend": "torch_native"}})})
+    assert prepare(torch_native) == "attention backend torch_native not modelled"
+
+
 def test_a_run_replays_with_the_kv_cache_and_links_its_source_shows() -> None:
     """dennislee22's TP 2 runs: the README prints each test's KV cache per GPU, and the start-up logs
     say the GPUs had no peer access. The replay sizes the cache to the printed figure (the flags that
