@@ -47,12 +47,9 @@ _NEUTRAL_ARGS = frozenset({
 })
 # Flags that shape the Deployment (read in `prepare`).
 _DEPLOYMENT_ARGS = frozenset({"enable_dp_attention", "attention_backend"})
-# The engines' attention backends by the kernels they run (SGLang's --attention-backend, vLLM's
-# VLLM_ATTENTION_BACKEND); one not listed sets the run aside.
+# SGLang's --attention-backend values by the kernels they run; one not listed sets the run aside.
 _ATTENTION_KERNELS: dict[str, AttentionKernel] = {
-    "triton": "triton", "TRITON_ATTN": "triton",
-    "fa3": "flash", "fa4": "flash", "flashinfer": "flash", "trtllm_mha": "flash", "FLASH_ATTN": "flash",
-    "FLASHINFER": "flash",
+    "triton": "triton", "fa3": "flash", "fa4": "flash", "flashinfer": "flash", "trtllm_mha": "flash",
 }
 # Flags whose feature the simulator does not reproduce: the run is set aside.
 _UNSUPPORTED_ARGS: dict[str, str] = {
