@@ -70,6 +70,9 @@ class RunRecord:
     offload: TierStats | None = None  # summed over replicas; None without offload tiers
     transfers: list[KVTransferRecord] | None = None  # None without disaggregation
     stopped: EarlyStop | None = None  # the run stopped once it could no longer meet its SLO
+    # Per request, the server's streamed events without a token that the client timed as inter-token
+    # gaps of about nothing (simulate's client_times_token_less_events); 0: gaps between token chunks.
+    token_less_events: int = 0
 
 
 class SLOWatch:
@@ -339,6 +342,8 @@ def summarize(
     tpot = np.array([r.tpot_s for r in reqs if r.output_tokens > 1])
     e2e = np.array([r.e2e_s for r in reqs])
     itl = inter_token_gaps(reqs)
+    if record.token_less_events:
+        itl = np.concatenate([itl, np.zeros(record.token_less_events * len(reqs))])
     stats = {
         "ttft_ms": latency_stats_ms(ttft),
         "itl_ms": latency_stats_ms(itl),

@@ -265,6 +265,22 @@ class Overheads(_Spec):
     provenance: str
 
 
+class Streaming(_Sourced):
+    """What the engine's OpenAI server streams besides tokens. A benchmark client that times every SSE
+    event with a choice (`vllm bench serve`) counts each token-less one as an inter-token latency of
+    about nothing; one that times only events with text (SGLang's bench_serving, ServePlan's
+    `endpoint bench`) does not."""
+
+    chat_token_less_events: int = Field(
+        ge=0, description="Events of a streamed chat completion that carry a choice but no token, per request: the "
+        "role chunk some servers send before the first token's, a finish_reason chunk of its own after the last")
+    completions_token_less_events: int = Field(
+        ge=0, description="The same for a streamed text completion")
+
+    def token_less_events(self, endpoint: Literal["chat", "completions"]) -> int:
+        return self.chat_token_less_events if endpoint == "chat" else self.completions_token_less_events
+
+
 class UtilizationByTP(_Spec):
     """SGLang <= 0.4: mem_fraction_static by tensor-parallel size."""
 
@@ -358,6 +374,9 @@ class EngineProfile(_Spec):
     execution: Execution
     overheads: Overheads
     memory: Memory
+    streaming: Streaming | None = Field(
+        None, description="None: not established for these releases (a replay whose client times token-less events "
+        "refuses the profile)")
     notes: tuple[str, ...] = ()
 
     @model_validator(mode="after")

@@ -65,8 +65,9 @@ def render(profile: EngineProfile) -> str:
     """The Markdown table of one profile: every field that is set, its value and its source."""
     lines = [f"**{profile.display_name}** (`{profile.name}`, versions {profile.versions})", "",
              "| field | value | source |", "|---|---|---|"]
-    for section in ("scheduling", "execution", "memory", "overheads"):
-        lines += _rows(section, getattr(profile, section))
+    for section in ("scheduling", "execution", "memory", "overheads", "streaming"):
+        spec = getattr(profile, section)
+        lines += _rows(section, spec) if spec is not None else [f"| {section} | not established for these releases | |"]
     lines += ["", f"Overheads (estimates): {profile.overheads.provenance}", ""]
     lines += [f"- {note}" for note in profile.notes]
     return "\n".join(lines)

@@ -90,6 +90,8 @@ class ReplayRun:
     test_request: bool = False
     set_aside: frozenset[str] = frozenset()  # metric families the run's conditions leave unknown
     set_aside_reason: str = ""
+    # The client times every streamed event with a choice, the server's token-less ones too (ITL).
+    times_token_less_events: bool = False
 
     @property
     def figures(self) -> tuple[Figure, ...]:
@@ -110,7 +112,8 @@ class ReplayRun:
             if self.test_request:
                 served.append(_served_tokens(workload.requests[0], 0, self.workload))
         return simulate(self.model, self.hw, self.dep, workload, calibration=self.params(params),
-                        max_model_len=self.max_model_len, trace=trace, served_before=served)
+                        max_model_len=self.max_model_len, trace=trace, served_before=served,
+                        client_times_token_less_events=self.times_token_less_events)
 
 
 def _served_tokens(request: WorkloadRequest, index: int, workload: Workload) -> list[int]:
@@ -167,6 +170,10 @@ def prepare(run: PublicRun) -> ReplayRun | str:
                      profile_sampler=run.engine.profile_sampler, peer_access=d.peer_access,
                      attention_kernel=_ATTENTION_KERNELS[str(backend)] if backend is not None else None)
     overlap = True if args.get("async_scheduling") else None
+    times_token_less = run.client.tool in _TIMES_TOKEN_LESS_EVENTS and dep.api_server
+    if times_token_less and engine.streaming is None:
+        return (f"{run.client.tool} times every streamed event, and {engine.name}'s profile does not say which of its "
+                "server's events carry no token")
     if d.expert_parallel > 1 and not dispatches_by_all_to_all(dep):
         assumptions.append(f"expert parallelism as {engine.name} runs it without DP attention: each rank's experts "
                            "on every token, summed by the layer's all-reduce (no all-to-all)")
@@ -187,7 +194,7 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     # initial test run), so a server with prefix caching meets prompt 0 warm.
     test_request = run.client.tool == "vllm-bench-serve"
     return ReplayRun(run, model, hw, engine, dep, workload, max_model_len, overlap, tuple(assumptions),
-                     served_runs, test_request, set_aside, set_aside_reason)
+                     served_runs, test_request, set_aside, set_aside_reason, times_token_less)
 
 
 def _workload(run: PublicRun) -> Workload:
@@ -233,6 +240,12 @@ def _drawn_with_means(workload: Workload, mean_input_tokens: float | None, mean_
             for side, ratio in off.items()})
     return workload
 
+
+# Clients that time every SSE event with a choice: TTFT at the first, an ITL at each next one, the
+# server's role and finish_reason chunks included (vllm bench serve: `if choices := data.get("choices")`,
+# https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/benchmarks/lib/endpoint_request_func.py).
+# SGLang's bench_serving times only events with text and spreads a chunk's gap over its tokens.
+_TIMES_TOKEN_LESS_EVENTS = frozenset({"vllm-bench-serve"})
 
 # Clients that leave EOS on for the random dataset: `vllm bench serve` sends max_tokens = the
 # drawn length and ignore_eos only under --ignore-eos, so a request may stop early (GPUStack's

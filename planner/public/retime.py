@@ -137,11 +137,14 @@ def _latencies_ms(group: str, trace: RunTrace, end: np.ndarray, send: np.ndarray
         many = trace.output_tokens > 1
         return (finish[many] - first_token[many]) / (trace.output_tokens[many] - 1) * 1e3, None
     # ITL: gaps between a request's consecutive deliveries (its tokens arrive in chunks), priced
-    # once per pair of steps they lie between.
+    # once per pair of steps they lie between. The server's token-less events that the client timed
+    # are gaps of about nothing, so many per request.
     pairs = trace.delivery_gaps
     gaps = (end[pairs.later] - end[pairs.earlier]) * 1e3
     kept = gaps != 0
-    return gaps[kept], pairs.count[kept]
+    if not trace.token_less_events:
+        return gaps[kept], pairs.count[kept]
+    return (np.append(gaps[kept], 0.0), np.append(pairs.count[kept], trace.token_less_events * len(send)))
 
 
 def _stats(values: np.ndarray, count: np.ndarray | None, fields: set[str]) -> dict[str, float]:

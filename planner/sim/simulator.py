@@ -160,6 +160,7 @@ def simulate(
     bulk_decodes: bool = True,
     stop_once_missed: bool = False,
     served_before: Sequence[Sequence[int]] = (),
+    client_times_token_less_events: bool = False,
 ) -> SimulationResult:
     """Play `workload` (a spec to draw, or a trace / already drawn Replay) against `dep` until
     every request finishes. `kv_cache_blocks` replaces the memory plan's count per replica (to
@@ -177,11 +178,16 @@ def simulate(
     says so (`stopped_early`), and misses the SLO, as the whole run would have. A plan's capacity
     probes need no more than that verdict.
     `served_before`: what the replicas had served before the workload starts (token ids, prompt then
-    output, in order, dealt round robin): their prefix caches start as those requests left them."""
+    output, in order, dealt round robin): their prefix caches start as those requests left them.
+    `client_times_token_less_events`: the ITL statistics are a client's that times every SSE event
+    with a choice (`vllm bench serve`), so they also count each of the server's token-less events
+    (its engine profile's `streaming`) as a gap of about nothing; by default they are the gaps
+    between the chunks that carry tokens."""
     if router not in ROUTERS:
         raise unknown_name_error("router", router, ROUTERS)
     build = ReplicaTemplate.resolve(model, hw, dep, calibration, max_model_len, kv_cache_blocks, fit)
     engine, dep, memory, cost_model = build.engine, build.dep, build.memory, build.cost_model
+    token_less_events = _token_less_events(engine, dep) if client_times_token_less_events else 0
     max_len, sched_config, spec, acceptance = build.max_len, build.sched_config, build.spec, build.acceptance
     host_blocks, disk_blocks = build.host_blocks, build.disk_blocks
     replay = workload if isinstance(workload, Replay) else Replay.of(workload, model.vocab_size, max_len)
@@ -194,7 +200,8 @@ def simulate(
     playback = Playback(replay)
     private = (private_requests(replay, sched_config.block_size, served_before)
                if sched_config.enable_prefix_caching else frozenset())
-    recorder = TraceRecorder(cost_model.reader, cost_model.api_hold_s, cost_model.api_release == "round") if trace else None
+    recorder = (TraceRecorder(cost_model.reader, cost_model.api_hold_s, cost_model.api_release == "round",
+                              token_less_events) if trace else None)
     api = FrontEnd(env, cost_model.front_end_s, cost_model.params.api_latency_s, cost_model.api_release)
 
     def send(sub: Submission, gate: str | None = None) -> None:
@@ -283,6 +290,7 @@ def simulate(
         offload=sum_tier_stats(s.offload for s in stats),
         transfers=cluster.transfers if cluster is not None else None,
         stopped=stopped,
+        token_less_events=token_less_events,
     )
     # The replicas, the API server and the functions above refer to one another (SimPy events and
     # their callbacks), so only the cyclic collector frees them, and it runs rarely while simulations run
@@ -341,6 +349,16 @@ def simulate(
     summary = summary.model_copy(update={"prediction_interval": prediction_interval(summary, hw, engine, replay.regime, fit)})
     return SimulationResult(summary=summary, record=record, memory=memory,
                             trace=None if recorder is None else recorder.trace())
+
+
+def _token_less_events(engine: EngineProfile, dep: Deployment) -> int:
+    """The SSE events with a choice but no token that the engine's server streams per request."""
+    if not dep.api_server:
+        return 0
+    if engine.streaming is None:
+        raise InputError("engine", engine.name, "its profile does not say which streamed events carry no token, so a "
+                         "client that times every event cannot be replayed against it")
+    return engine.streaming.token_less_events(dep.api_endpoint)
 
 
 def sum_tier_stats(stats: Iterable[TierStats | None]) -> TierStats | None:

@@ -46,6 +46,8 @@ class RunTrace:
     # The API server let requests go on to the engine in rounds (planner/sim/frontend.py): the requests
     # that reached the engine at one instant were handled in one round.
     api_rounds: bool = False
+    # Per request, streamed events without a token that the client timed as gaps (RunRecord's).
+    token_less_events: int = 0
 
     @property
     def num_steps(self) -> int:
@@ -105,6 +107,7 @@ class TraceRecorder:
     reader: ShapeReader
     api_hold_s: float = 0.0  # the replicas' API time per request that arrives while they run
     api_rounds: bool = False  # the API server's release ("round": RunTrace.api_rounds)
+    token_less_events: int = 0  # RunTrace.token_less_events
     _shapes: list[StepShape] = field(default_factory=list)
     _replica: list[int] = field(default_factory=list)
     _times: list[tuple[float, float, float]] = field(default_factory=list)  # (start, end, hold after)
@@ -168,5 +171,5 @@ class TraceRecorder:
             prompt_tokens=np.array(self._prompt, dtype=np.int64),
             output_tokens=np.array(self._output, dtype=np.int64),
             delivery_request=d[:, 0], delivery_step=d[:, 1], delivery_tokens=d[:, 2],
-            api_rounds=self.api_rounds,
+            api_rounds=self.api_rounds, token_less_events=self.token_less_events,
         )

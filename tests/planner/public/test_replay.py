@@ -184,3 +184,16 @@ def test_a_sharegpt_run_replays_the_sample_its_client_drew() -> None:
     inputs, outputs = draw_lengths(replay.workload)
     assert inputs.mean() == pytest.approx(run.lengths.mean_input_tokens, rel=1e-3)
     assert outputs.mean() == pytest.approx(220.61, rel=1e-3)
+
+
+def test_a_run_counts_the_streamed_events_its_client_times() -> None:
+    """vllm bench serve times every SSE event with a choice (the server's role and finish chunks too);
+    SGLang's bench_serving only events with text: each replay says which its client did."""
+    seen = set()
+    for run in public_runs():
+        replay = prepare(run)
+        if isinstance(replay, str):
+            continue
+        assert replay.times_token_less_events == (run.client.tool == "vllm-bench-serve" and replay.dep.api_server)
+        seen.add(replay.times_token_less_events)
+    assert seen == {True, False}

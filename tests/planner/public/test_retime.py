@@ -10,6 +10,7 @@ import pytest
 
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs
+from engine.errors import InputError
 from planner.costmodel import CostModel, CostParams
 from planner.hardware import get_hardware
 from planner.public.retime import SUMMARY_FIELD, _stats, figures, retime, summary_value
@@ -133,3 +134,37 @@ def test_repeated_values_give_numpys_statistics_of_the_repeated_array(pairs: lis
     assert got["p50"] == float(np.percentile(repeated, 50))
     assert got["p99"] == float(np.percentile(repeated, 99))
     assert got["mean"] == pytest.approx(float(repeated.mean()), rel=1e-12)
+
+
+def _served(engine: str, endpoint: str, timed: bool):
+    w = Workload(name="t", arrival=OfflineArrivals(), num_requests=60, seed=1,
+                 input_tokens=LognormalLength(median_tokens=300, sigma=0.8, max_tokens=2000),
+                 output_tokens=LognormalLength(median_tokens=8, sigma=0.8, max_tokens=40))
+    dep = Deployment(hardware="h100-sxm", engine=engine, api_server=True, api_endpoint=endpoint,
+                     knobs=EngineKnobs(max_num_seqs=32, max_num_batched_tokens=1024))
+    params = CostParams.defaults(HW).with_values({"api_request_s": 0.002})
+    return simulate(MODEL, HW, dep, w, calibration=params, trace=True, client_times_token_less_events=timed)
+
+
+@pytest.mark.parametrize(("engine", "endpoint", "events"), [
+    ("vllm-0.11", "chat", 1),  # the role chunk before the first token's
+    ("sglang-0.5", "chat", 2),  # the role chunk, and finish_reason in a chunk of its own
+    ("vllm-0.11", "completions", 0),
+])
+def test_a_client_that_times_every_event_counts_the_servers_token_less_ones(engine, endpoint, events) -> None:
+    """`vllm bench serve` takes an ITL at every SSE event with a choice: each token-less event of the
+    server's is a gap of about nothing, so many per request; the schedule and every other figure stay."""
+    plain, timed = _served(engine, endpoint, False), _served(engine, endpoint, True)
+    gaps, n = plain.summary.itl_ms.count, len(plain.record.requests)
+    assert timed.summary.itl_ms.count == gaps + events * n
+    assert timed.summary.itl_ms.mean == pytest.approx(plain.summary.itl_ms.mean * gaps / (gaps + events * n), rel=1e-12)
+    assert timed.summary.tpot_ms == plain.summary.tpot_ms and timed.summary.ttft_ms == plain.summary.ttft_ms
+    durations = np.array([s.end_s - s.start_s for s in timed.record.samples])
+    got = figures(timed.trace, retime(timed.trace, durations, 0.002), METRICS)
+    for metric in METRICS:
+        assert got[metric] == pytest.approx(summary_value(timed.summary, metric), rel=1e-9), metric
+
+
+def test_a_profile_that_does_not_say_its_streamed_events_is_refused_for_such_a_client() -> None:
+    with pytest.raises(InputError, match="engine"):
+        _served("sglang-0.4", "chat", True)
