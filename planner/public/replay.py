@@ -244,7 +244,7 @@ def _drawn_with_means(workload: Workload, mean_input_tokens: float | None, mean_
 # Clients that time every SSE event with a choice: TTFT at the first, an ITL at each next one, the
 # server's role and finish_reason chunks included (vllm bench serve: `if choices := data.get("choices")`,
 # https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/benchmarks/lib/endpoint_request_func.py).
-# SGLang's bench_serving times only events with text and spreads a chunk's gap over its tokens.
+# SGLang's bench_serving times only events that carry text.
 _TIMES_TOKEN_LESS_EVENTS = frozenset({"vllm-bench-serve"})
 
 # Clients that leave EOS on for the random dataset: `vllm bench serve` sends max_tokens = the
