@@ -1160,8 +1160,8 @@ def build_parser() -> argparse.ArgumentParser:
          "profile name or YAML file", cmd_hw_list, cmd_hw_show),
         ("models", "model", "one model's architecture and derived sizes", "model",
          "catalog name or path to a config.json / checkpoint folder", cmd_models_list, cmd_models_show),
-        ("engines", "engine profile", "one engine profile: scheduling, execution, overheads and memory rules with "
-         "their sources", "engine", "profile name, e.g. vllm-0.11", cmd_engines_list, cmd_engines_show),
+        ("engines", "engine profile", "one engine profile: scheduling, execution, overheads, memory and streaming "
+         "rules with their sources", "engine", "profile name, e.g. vllm-0.11", cmd_engines_list, cmd_engines_show),
     ):
         actions = sub.add_parser(catalog, help=f"{what} catalog").add_subparsers(
             dest=f"{catalog}_command", required=True, metavar="ACTION")
