@@ -49,6 +49,18 @@ class KVTransferRecord:
     load_s: float  # decode engine time copying it into its cache (0 for DMA/RDMA)
 
 
+@dataclass(frozen=True)
+class ClientStream:
+    """What a streaming client times of a response besides one event per token (the engine profile's
+    `streaming`, for a client that times every SSE event, as `vllm bench serve` does):
+    `token_less_events` events a request with no token, each an inter-token gap of about nothing; the
+    first `silent_leading_tokens` tokens stream no event of their own (a harmony response's channel
+    header under vLLM): the role chunk stands for the first, the others arrive with the next event."""
+
+    token_less_events: int = 0
+    silent_leading_tokens: int = 0
+
+
 @dataclass
 class RunRecord:
     """What one run (engine or simulator) produced, before any statistics."""
@@ -70,9 +82,9 @@ class RunRecord:
     offload: TierStats | None = None  # summed over replicas; None without offload tiers
     transfers: list[KVTransferRecord] | None = None  # None without disaggregation
     stopped: EarlyStop | None = None  # the run stopped once it could no longer meet its SLO
-    # Per request, the server's streamed events without a token that the client timed as inter-token
-    # gaps of about nothing (simulate's client_times_token_less_events); 0: gaps between token chunks.
-    token_less_events: int = 0
+    # What the client timed of each request's stream besides its token chunks (simulate's
+    # client_times_every_event); by default the gaps between token chunks alone.
+    stream: ClientStream = field(default_factory=ClientStream)
 
 
 class SLOWatch:
@@ -307,12 +319,18 @@ def latency_stats_ms(values_s: Sequence[float] | np.ndarray) -> LatencyStats:
     return LatencyStats(count=int(v.size), mean=float(v.mean()), p50=p50, p90=p90, p95=p95, p99=p99, max=float(v.max()))
 
 
-def inter_token_gaps(reqs: Sequence[RequestMetrics]) -> np.ndarray:
+def inter_token_gaps(reqs: Sequence[RequestMetrics], silent_leading_tokens: int = 0) -> np.ndarray:
     """Every request's ITLs (RequestMetrics.itl_s), in request order, as one array: the gaps of all
-    their token times at once, less those between one request's last token and the next one's first."""
+    their token times at once, less those between one request's last token and the next one's first.
+    Tokens 2..`silent_leading_tokens` of a request, but its last, stream no event (ClientStream)."""
     counts = np.fromiter((len(r.token_times) for r in reqs), dtype=np.int64, count=len(reqs))
     times = np.fromiter(itertools.chain.from_iterable(r.token_times for r in reqs), dtype=float,
                         count=int(counts.sum()))  # sized once: millions of tokens in a long run
+    if silent_leading_tokens > 1:
+        position = np.arange(times.size) - np.repeat(np.cumsum(counts) - counts, counts)
+        last = np.repeat(counts, counts) - 1
+        times = times[~((position >= 1) & (position < silent_leading_tokens) & (position < last))]
+        counts = counts - np.clip(np.minimum(counts - 1, silent_leading_tokens) - 1, 0, None)
     gaps = np.diff(times)
     within = np.ones(gaps.size, dtype=bool)
     within[np.cumsum(counts)[:-1] - 1] = False
@@ -341,9 +359,9 @@ def summarize(
     ttft = np.array([r.ttft_s for r in reqs])
     tpot = np.array([r.tpot_s for r in reqs if r.output_tokens > 1])
     e2e = np.array([r.e2e_s for r in reqs])
-    itl = inter_token_gaps(reqs)
-    if record.token_less_events:
-        itl = np.concatenate([itl, np.zeros(record.token_less_events * len(reqs))])
+    itl = inter_token_gaps(reqs, record.stream.silent_leading_tokens)
+    if record.stream.token_less_events:
+        itl = np.concatenate([itl, np.zeros(record.stream.token_less_events * len(reqs))])
     stats = {
         "ttft_ms": latency_stats_ms(ttft),
         "itl_ms": latency_stats_ms(itl),

@@ -276,6 +276,19 @@ class Streaming(_Sourced):
         "role chunk some servers send before the first token's, a finish_reason chunk of its own after the last")
     completions_token_less_events: int = Field(
         ge=0, description="The same for a streamed text completion")
+    silent_leading_tokens: dict[str, int] = Field(
+        default_factory=dict, description="Model type (config.json model_type) -> the leading tokens of a streamed chat "
+        "response that send no event of their own (vLLM's harmony parser while a gpt-oss response's channel header is "
+        "read): the role chunk stands for the first, the rest arrive with the next event")
+
+    @model_validator(mode="after")
+    def _role_chunk_for_silent_tokens(self) -> Streaming:
+        if self.silent_leading_tokens and self.chat_token_less_events < 1:
+            raise ValueError("silent_leading_tokens needs the role chunk that stands for the first token "
+                             "(chat_token_less_events >= 1)")
+        if any(n < 1 for n in self.silent_leading_tokens.values()):
+            raise ValueError("silent_leading_tokens counts at least one token per model type")
+        return self
 
     def token_less_events(self, endpoint: Literal["chat", "completions"]) -> int:
         return self.chat_token_less_events if endpoint == "chat" else self.completions_token_less_events

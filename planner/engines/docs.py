@@ -52,7 +52,7 @@ def _rows(section: str, spec: BaseModel) -> list[str]:
             for rule in value:
                 rows.append(f"| {section}.device_defaults | {_value(rule)} | {_link(rule.source)} |")
             continue
-        if value is None or value == ():
+        if value is None or value in ((), {}):
             continue
         source = (_link(value.source) if isinstance(value, BaseModel) and hasattr(value, "source")
                   else _link(cited[name]) if name in cited

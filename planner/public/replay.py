@@ -91,7 +91,7 @@ class ReplayRun:
     set_aside: frozenset[str] = frozenset()  # metric families the run's conditions leave unknown
     set_aside_reason: str = ""
     # The client times every streamed event with a choice, the server's token-less ones too (ITL).
-    times_token_less_events: bool = False
+    times_every_event: bool = False
 
     @property
     def figures(self) -> tuple[Figure, ...]:
@@ -113,7 +113,7 @@ class ReplayRun:
                 served.append(_served_tokens(workload.requests[0], 0, self.workload))
         return simulate(self.model, self.hw, self.dep, workload, calibration=self.params(params),
                         max_model_len=self.max_model_len, trace=trace, served_before=served,
-                        client_times_token_less_events=self.times_token_less_events)
+                        client_times_every_event=self.times_every_event)
 
 
 def _served_tokens(request: WorkloadRequest, index: int, workload: Workload) -> list[int]:
@@ -170,8 +170,8 @@ def prepare(run: PublicRun) -> ReplayRun | str:
                      profile_sampler=run.engine.profile_sampler, peer_access=d.peer_access,
                      attention_kernel=_ATTENTION_KERNELS[str(backend)] if backend is not None else None)
     overlap = True if args.get("async_scheduling") else None
-    times_token_less = run.client.tool in _TIMES_TOKEN_LESS_EVENTS and dep.api_server
-    if times_token_less and engine.streaming is None:
+    times_every_event = run.client.tool in _TIMES_EVERY_EVENT and dep.api_server
+    if times_every_event and engine.streaming is None:
         return (f"{run.client.tool} times every streamed event, and {engine.name}'s profile does not say which of its "
                 "server's events carry no token")
     if d.expert_parallel > 1 and not dispatches_by_all_to_all(dep):
@@ -194,7 +194,7 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     # initial test run), so a server with prefix caching meets prompt 0 warm.
     test_request = run.client.tool == "vllm-bench-serve"
     return ReplayRun(run, model, hw, engine, dep, workload, max_model_len, overlap, tuple(assumptions),
-                     served_runs, test_request, set_aside, set_aside_reason, times_token_less)
+                     served_runs, test_request, set_aside, set_aside_reason, times_every_event)
 
 
 def _workload(run: PublicRun) -> Workload:
@@ -245,7 +245,7 @@ def _drawn_with_means(workload: Workload, mean_input_tokens: float | None, mean_
 # server's role and finish_reason chunks included (vllm bench serve: `if choices := data.get("choices")`,
 # https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/benchmarks/lib/endpoint_request_func.py).
 # SGLang's bench_serving times only events that carry text.
-_TIMES_TOKEN_LESS_EVENTS = frozenset({"vllm-bench-serve"})
+_TIMES_EVERY_EVENT = frozenset({"vllm-bench-serve"})
 
 # Clients that leave EOS on for the random dataset: `vllm bench serve` sends max_tokens = the
 # drawn length and ignore_eos only under --ignore-eos, so a request may stop early (GPUStack's

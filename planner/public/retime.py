@@ -142,9 +142,10 @@ def _latencies_ms(group: str, trace: RunTrace, end: np.ndarray, send: np.ndarray
     pairs = trace.delivery_gaps
     gaps = (end[pairs.later] - end[pairs.earlier]) * 1e3
     kept = gaps != 0
-    if not trace.token_less_events:
+    events = trace.stream.token_less_events
+    if not events:
         return gaps[kept], pairs.count[kept]
-    return (np.append(gaps[kept], 0.0), np.append(pairs.count[kept], trace.token_less_events * len(send)))
+    return np.append(gaps[kept], 0.0), np.append(pairs.count[kept], events * len(send))
 
 
 def _stats(values: np.ndarray, count: np.ndarray | None, fields: set[str]) -> dict[str, float]:

@@ -26,7 +26,7 @@ from planner.costmodel import CostModel, CostParams
 from planner.costmodel.fitted import FittedModel, prediction_interval
 from planner.engines import EngineProfile, get_engine, resolve_deployment
 from planner.memory import MemoryPlan, plan_memory
-from planner.metrics import EarlyStop, PricingBasis, RunRecord, RunSummary, SLOWatch, StepSample, summarize
+from planner.metrics import ClientStream, EarlyStop, PricingBasis, RunRecord, RunSummary, SLOWatch, StepSample, summarize
 from planner.playback import Playback, Replay, Submission, check_lengths, private_requests
 from planner.sim.collector import fewer_collections
 from planner.sim.disagg import Disaggregated
@@ -160,7 +160,7 @@ def simulate(
     bulk_decodes: bool = True,
     stop_once_missed: bool = False,
     served_before: Sequence[Sequence[int]] = (),
-    client_times_token_less_events: bool = False,
+    client_times_every_event: bool = False,
 ) -> SimulationResult:
     """Play `workload` (a spec to draw, or a trace / already drawn Replay) against `dep` until
     every request finishes. `kv_cache_blocks` replaces the memory plan's count per replica (to
@@ -179,15 +179,15 @@ def simulate(
     probes need no more than that verdict.
     `served_before`: what the replicas had served before the workload starts (token ids, prompt then
     output, in order, dealt round robin): their prefix caches start as those requests left them.
-    `client_times_token_less_events`: the ITL statistics are a client's that times every SSE event
-    with a choice (`vllm bench serve`), so they also count each of the server's token-less events
-    (its engine profile's `streaming`) as a gap of about nothing; by default they are the gaps
-    between the chunks that carry tokens."""
+    `client_times_every_event`: the ITL statistics are those of a client that times every SSE event
+    with a choice (`vllm bench serve`): the server's token-less events count as gaps of about
+    nothing, and tokens that stream no event of their own arrive with the next (the engine profile's
+    `streaming`); by default they are the gaps between the chunks that carry tokens."""
     if router not in ROUTERS:
         raise unknown_name_error("router", router, ROUTERS)
     build = ReplicaTemplate.resolve(model, hw, dep, calibration, max_model_len, kv_cache_blocks, fit)
     engine, dep, memory, cost_model = build.engine, build.dep, build.memory, build.cost_model
-    token_less_events = _token_less_events(engine, dep) if client_times_token_less_events else 0
+    stream = _client_stream(engine, dep, model) if client_times_every_event else ClientStream()
     max_len, sched_config, spec, acceptance = build.max_len, build.sched_config, build.spec, build.acceptance
     host_blocks, disk_blocks = build.host_blocks, build.disk_blocks
     replay = workload if isinstance(workload, Replay) else Replay.of(workload, model.vocab_size, max_len)
@@ -200,8 +200,8 @@ def simulate(
     playback = Playback(replay)
     private = (private_requests(replay, sched_config.block_size, served_before)
                if sched_config.enable_prefix_caching else frozenset())
-    recorder = (TraceRecorder(cost_model.reader, cost_model.api_hold_s, cost_model.api_release == "round",
-                              token_less_events) if trace else None)
+    recorder = (TraceRecorder(cost_model.reader, cost_model.api_hold_s, cost_model.api_release == "round", stream)
+                if trace else None)
     api = FrontEnd(env, cost_model.front_end_s, cost_model.params.api_latency_s, cost_model.api_release)
 
     def send(sub: Submission, gate: str | None = None) -> None:
@@ -290,7 +290,7 @@ def simulate(
         offload=sum_tier_stats(s.offload for s in stats),
         transfers=cluster.transfers if cluster is not None else None,
         stopped=stopped,
-        token_less_events=token_less_events,
+        stream=stream,
     )
     # The replicas, the API server and the functions above refer to one another (SimPy events and
     # their callbacks), so only the cyclic collector frees them, and it runs rarely while simulations run
@@ -351,14 +351,17 @@ def simulate(
                             trace=None if recorder is None else recorder.trace())
 
 
-def _token_less_events(engine: EngineProfile, dep: Deployment) -> int:
-    """The SSE events with a choice but no token that the engine's server streams per request."""
+def _client_stream(engine: EngineProfile, dep: Deployment, model: ModelConfig) -> ClientStream:
+    """What a client that times every SSE event sees of the engine's server besides one event a token."""
     if not dep.api_server:
-        return 0
+        return ClientStream()
     if engine.streaming is None:
         raise InputError("engine", engine.name, "its profile does not say which streamed events carry no token, so a "
                          "client that times every event cannot be replayed against it")
-    return engine.streaming.token_less_events(dep.api_endpoint)
+    events = engine.streaming.token_less_events(dep.api_endpoint)
+    silent = engine.streaming.silent_leading_tokens.get(model.model_type, 0) if dep.api_endpoint == "chat" else 0
+    # The role chunk, sent with the first token, is then that token's only event: not an extra one.
+    return ClientStream(events - 1 if silent else events, silent)
 
 
 def sum_tier_stats(stats: Iterable[TierStats | None]) -> TierStats | None:

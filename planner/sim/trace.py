@@ -18,6 +18,7 @@ import numpy as np
 
 from engine.core import RequestUpdate, SchedulerOutput
 from planner.costmodel import ShapeReader, StepShape
+from planner.metrics import ClientStream
 
 
 @dataclass(frozen=True)
@@ -46,8 +47,7 @@ class RunTrace:
     # The API server let requests go on to the engine in rounds (planner/sim/frontend.py): the requests
     # that reached the engine at one instant were handled in one round.
     api_rounds: bool = False
-    # Per request, streamed events without a token that the client timed as gaps (RunRecord's).
-    token_less_events: int = 0
+    stream: ClientStream = field(default_factory=ClientStream)  # what the client timed (RunRecord's)
 
     @property
     def num_steps(self) -> int:
@@ -81,9 +81,20 @@ class RunTrace:
 
     @cached_property
     def delivery_gaps(self) -> DeliveryGaps:
-        """The inter-token gaps of the schedule, by the pair of steps they lie between."""
-        same = self.delivery_request[1:] == self.delivery_request[:-1]
-        earlier, later = self.delivery_step[:-1][same], self.delivery_step[1:][same]
+        """The inter-token gaps of the schedule, by the pair of steps they lie between; a delivery of
+        silent leading tokens only (ClientStream), but a request's last, streams no event."""
+        request, step = self.delivery_request, self.delivery_step
+        silent = self.stream.silent_leading_tokens
+        if silent > 1:
+            tokens_after = np.cumsum(self.delivery_tokens)
+            first = np.r_[True, request[1:] != request[:-1]]
+            before = tokens_after - self.delivery_tokens - np.maximum.accumulate(
+                np.where(first, tokens_after - self.delivery_tokens, 0))
+            last = np.r_[request[1:] != request[:-1], True]
+            streams = ~((before >= 1) & (before + self.delivery_tokens <= silent) & ~last)
+            request, step = request[streams], step[streams]
+        same = request[1:] == request[:-1]
+        earlier, later = step[:-1][same], step[1:][same]
         apart = earlier != later  # deliveries of one step are one chunk: no gap between them
         pairs, count = np.unique(np.stack([earlier[apart], later[apart]]), axis=1, return_counts=True)
         return DeliveryGaps(pairs[0], pairs[1], count)
@@ -107,7 +118,7 @@ class TraceRecorder:
     reader: ShapeReader
     api_hold_s: float = 0.0  # the replicas' API time per request that arrives while they run
     api_rounds: bool = False  # the API server's release ("round": RunTrace.api_rounds)
-    token_less_events: int = 0  # RunTrace.token_less_events
+    stream: ClientStream = field(default_factory=ClientStream)  # RunTrace.stream
     _shapes: list[StepShape] = field(default_factory=list)
     _replica: list[int] = field(default_factory=list)
     _times: list[tuple[float, float, float]] = field(default_factory=list)  # (start, end, hold after)
@@ -171,5 +182,5 @@ class TraceRecorder:
             prompt_tokens=np.array(self._prompt, dtype=np.int64),
             output_tokens=np.array(self._output, dtype=np.int64),
             delivery_request=d[:, 0], delivery_step=d[:, 1], delivery_tokens=d[:, 2],
-            api_rounds=self.api_rounds, token_less_events=self.token_less_events,
+            api_rounds=self.api_rounds, stream=self.stream,
         )

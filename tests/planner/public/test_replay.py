@@ -194,6 +194,6 @@ def test_a_run_counts_the_streamed_events_its_client_times() -> None:
         replay = prepare(run)
         if isinstance(replay, str):
             continue
-        assert replay.times_token_less_events == (run.client.tool == "vllm-bench-serve" and replay.dep.api_server)
-        seen.add(replay.times_token_less_events)
+        assert replay.times_every_event == (run.client.tool == "vllm-bench-serve" and replay.dep.api_server)
+        seen.add(replay.times_every_event)
     assert seen == {True, False}

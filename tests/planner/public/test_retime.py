@@ -143,7 +143,7 @@ def _served(engine: str, endpoint: str, timed: bool):
     dep = Deployment(hardware="h100-sxm", engine=engine, api_server=True, api_endpoint=endpoint,
                      knobs=EngineKnobs(max_num_seqs=32, max_num_batched_tokens=1024))
     params = CostParams.defaults(HW).with_values({"api_request_s": 0.002})
-    return simulate(MODEL, HW, dep, w, calibration=params, trace=True, client_times_token_less_events=timed)
+    return simulate(MODEL, HW, dep, w, calibration=params, trace=True, client_times_every_event=timed)
 
 
 @pytest.mark.parametrize(("engine", "endpoint", "events"), [
@@ -168,3 +168,25 @@ def test_a_client_that_times_every_event_counts_the_servers_token_less_ones(engi
 def test_a_profile_that_does_not_say_its_streamed_events_is_refused_for_such_a_client() -> None:
     with pytest.raises(InputError, match="engine"):
         _served("sglang-0.4", "chat", True)
+
+
+def test_a_harmony_model_streams_its_channel_header_without_events() -> None:
+    """gpt-oss under vLLM: its responses' first two tokens' only event is the role chunk, so each
+    request of three tokens or more has one gap fewer (the second token arrives with the third), and no
+    gap of about nothing; the re-timing counts them the same way."""
+    model = resolve_model("gpt-oss-20b")
+    w = Workload(name="t", arrival=OfflineArrivals(), num_requests=40, seed=2,
+                 input_tokens=LognormalLength(median_tokens=200, sigma=0.5, max_tokens=1000),
+                 output_tokens=LognormalLength(median_tokens=6, sigma=0.8, max_tokens=30))
+    dep = Deployment(hardware="h100-sxm", engine="vllm-0.11", api_server=True, api_endpoint="chat",
+                     knobs=EngineKnobs(max_num_seqs=32, max_num_batched_tokens=1024))
+    params = CostParams.defaults(HW).with_values({"api_request_s": 0.002})
+    plain, timed = (simulate(model, HW, dep, w, calibration=params, trace=True, client_times_every_event=flag)
+                    for flag in (False, True))
+    merged = sum(len(r.token_times) >= 3 for r in plain.record.requests)
+    assert merged > 0 and timed.summary.itl_ms.count == plain.summary.itl_ms.count - merged
+    assert timed.summary.tpot_ms == plain.summary.tpot_ms
+    durations = np.array([s.end_s - s.start_s for s in timed.record.samples])
+    got = figures(timed.trace, retime(timed.trace, durations, 0.002), METRICS)
+    for metric in METRICS:
+        assert got[metric] == pytest.approx(summary_value(timed.summary, metric), rel=1e-9), metric
