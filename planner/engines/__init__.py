@@ -388,7 +388,7 @@ class EngineProfile(_Spec):
     overheads: Overheads
     memory: Memory
     streaming: Streaming | None = Field(
-        None, description="None: not established for these releases (a replay whose client times token-less events "
+        None, description="None: not established for these releases (a replay whose client times every event "
         "refuses the profile)")
     notes: tuple[str, ...] = ()
 
