@@ -319,6 +319,16 @@ def latency_stats_ms(values_s: Sequence[float] | np.ndarray) -> LatencyStats:
     return LatencyStats(count=int(v.size), mean=float(v.mean()), p50=p50, p90=p90, p95=p95, p99=p99, max=float(v.max()))
 
 
+def streamed_deliveries(first: np.ndarray, tokens: np.ndarray, silent_leading_tokens: int) -> np.ndarray:
+    """Which deliveries send an event of their own: `tokens` each, grouped by request in order,
+    `first` marking each request's first. Not one carrying only tokens 2..`silent_leading_tokens` of
+    its request, unless it is the request's last (ClientStream)."""
+    after = np.cumsum(tokens)
+    before = after - tokens - np.maximum.accumulate(np.where(first, after - tokens, 0))
+    last = np.r_[first[1:], True]
+    return ~((before >= 1) & (before + tokens <= silent_leading_tokens) & ~last)
+
+
 def inter_token_gaps(reqs: Sequence[RequestMetrics], silent_leading_tokens: int = 0) -> np.ndarray:
     """Every request's ITLs (RequestMetrics.itl_s), in request order, as one array: the gaps of all
     their token times at once, less those between one request's last token and the next one's first.
@@ -327,10 +337,11 @@ def inter_token_gaps(reqs: Sequence[RequestMetrics], silent_leading_tokens: int 
     times = np.fromiter(itertools.chain.from_iterable(r.token_times for r in reqs), dtype=float,
                         count=int(counts.sum()))  # sized once: millions of tokens in a long run
     if silent_leading_tokens > 1:
-        position = np.arange(times.size) - np.repeat(np.cumsum(counts) - counts, counts)
-        last = np.repeat(counts, counts) - 1
-        times = times[~((position >= 1) & (position < silent_leading_tokens) & (position < last))]
-        counts = counts - np.clip(np.minimum(counts - 1, silent_leading_tokens) - 1, 0, None)
+        starts = np.cumsum(counts) - counts
+        first = np.zeros(times.size, dtype=bool)
+        first[starts] = True
+        streams = streamed_deliveries(first, np.ones(times.size, dtype=np.int64), silent_leading_tokens)
+        times, counts = times[streams], np.add.reduceat(streams, starts)
     gaps = np.diff(times)
     within = np.ones(gaps.size, dtype=bool)
     within[np.cumsum(counts)[:-1] - 1] = False

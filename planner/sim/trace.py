@@ -18,7 +18,7 @@ import numpy as np
 
 from engine.core import RequestUpdate, SchedulerOutput
 from planner.costmodel import ShapeReader, StepShape
-from planner.metrics import ClientStream
+from planner.metrics import ClientStream, streamed_deliveries
 
 
 @dataclass(frozen=True)
@@ -86,12 +86,7 @@ class RunTrace:
         request, step = self.delivery_request, self.delivery_step
         silent = self.stream.silent_leading_tokens
         if silent > 1:
-            tokens_after = np.cumsum(self.delivery_tokens)
-            first = np.r_[True, request[1:] != request[:-1]]
-            before = tokens_after - self.delivery_tokens - np.maximum.accumulate(
-                np.where(first, tokens_after - self.delivery_tokens, 0))
-            last = np.r_[request[1:] != request[:-1], True]
-            streams = ~((before >= 1) & (before + self.delivery_tokens <= silent) & ~last)
+            streams = streamed_deliveries(np.r_[True, request[1:] != request[:-1]], self.delivery_tokens, silent)
             request, step = request[streams], step[streams]
         same = request[1:] == request[:-1]
         earlier, later = step[:-1][same], step[1:][same]
