@@ -31,14 +31,19 @@ PreemptionMode = Literal["recompute", "swap"]
 
 @dataclass(frozen=True)
 class OutputReservation(PickledByFields):
-    """Admit a request only if the free KV cache also holds `ratio` x the output tokens every
-    running request (and the new one) may still produce. ratio 1 never preempts (TensorRT-LLM's
-    GUARANTEED_NO_EVICT); SGLang starts high and decays towards a floor as requests finish early,
-    jumping back up after a preemption. None (no reservation) is vLLM's optimistic admission."""
+    """Admit a request only if the free KV cache also holds the output tokens still to come: `ratio`
+    x what every running request may still produce, and the whole of what each request admitted in
+    this step may (SGLang's PrefillAdder counts its running batch at new_token_ratio and every request
+    of the batch it forms in full). ratio 1 never preempts (TensorRT-LLM's GUARANTEED_NO_EVICT);
+    SGLang starts high and decays towards a floor as requests finish early, jumping back up after a
+    preemption. None (no reservation) is vLLM's optimistic admission."""
 
     initial_ratio: float
     min_ratio: float
     decay_per_step: float = 0.0  # ratio lost per step, down to min_ratio
+    # A request's outputs still to come count at most this many tokens (SGLang's CLIP_MAX_NEW_TOKENS);
+    # None: all of them.
+    clip_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_ratio <= self.initial_ratio <= 1.0:
@@ -46,6 +51,8 @@ class OutputReservation(PickledByFields):
                              "need 0 <= min_ratio <= initial_ratio <= 1")
         if not self.decay_per_step >= 0.0:
             raise ValueError(f"decay_per_step={self.decay_per_step} is invalid: must be >= 0")
+        if self.clip_tokens is not None and self.clip_tokens < 1:
+            raise ValueError(f"clip_tokens={self.clip_tokens} is invalid: must be >= 1 or None")
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,9 @@ class _StepState:
     scheduled: dict[str, ScheduledRequest] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
     num_bulk: int = 0  # bulk decodes counted in
+    # Free blocks admission keeps for outputs still to come: the running requests' share, summed at
+    # the step's first admission (None until then), and in full each request admitted since.
+    reserved_blocks: int | None = None
 
 
 class Scheduler:
@@ -216,9 +226,6 @@ class Scheduler:
         self._num_admitted = 0  # numbers admissions: running_seq
         reservation = config.output_reservation
         self._reserve_ratio = reservation.initial_ratio if reservation is not None else 0.0
-        # Output tokens running requests may still produce (max_tokens - produced): what a
-        # reservation keeps room for. Kept incrementally: the simulator schedules millions of steps.
-        self._remaining_outputs = 0
         # Multi-step: decode steps left in the current group, and what the group delivers at its end.
         self._group_steps_left = 0
         self._group_updates: list[RequestUpdate] = []
@@ -272,7 +279,6 @@ class Scheduler:
             self._members.leave(request)
         if request.status is RequestStatus.RUNNING:
             self.running.remove(request)
-            self._remaining_outputs -= request.max_tokens - request.num_output_tokens
         else:
             self.waiting.remove(request)
         self.kv_cache_manager.free(request)  # a swapped-out request holds host slots
@@ -517,7 +523,6 @@ class Scheduler:
         if not swapped:
             self.kv_cache_manager.free(victim, preempted=True)
             victim.num_computed_tokens = 0  # recompute: output tokens are kept and re-prefilled
-        self._remaining_outputs -= victim.max_tokens - victim.num_output_tokens
         victim.status = RequestStatus.PREEMPTED
         victim.spec_token_ids = []
         victim.num_preemptions += 1
@@ -551,12 +556,16 @@ class Scheduler:
                     return
                 num_new = step.budget
             num_copied = num_hit - num_device_hit + num_external
+            reserved = 0
             if self.config.output_reservation is not None:
                 # Blocks this takes from the free pool: new ones, and hits nobody else holds.
                 held = -(-(num_hit + num_external + num_new) // self.config.block_size)
                 taken = held - len(computed_blocks) + sum(1 for b in computed_blocks if b.ref_cnt == 0)
-                if not self._room_for_outputs(request, taken, held):
+                chunked = num_hit + num_external + num_new < request.num_tokens
+                room = self._room_for_outputs(request, step, taken, held, chunked)
+                if room is None:
                     return
+                reserved = room
             # Tier hits and external tokens need KV slots but no compute (and none of the step's budget).
             new_block_ids = kv.allocate_slots(request, num_copied + num_new, computed_blocks, tier_hits=tier_hits,
                                               num_loaded_tokens=num_copied)
@@ -572,7 +581,8 @@ class Scheduler:
             request.num_computed_tokens = num_hit + num_external
             request.running_seq, self._num_admitted = self._num_admitted, self._num_admitted + 1
             self.running.append(request)
-            self._remaining_outputs += request.max_tokens - request.num_output_tokens
+            if step.reserved_blocks is not None:
+                step.reserved_blocks += reserved
             block_table = [b.block_id for b in computed_blocks] + new_block_ids
             step.scheduled[request.request_id] = self._scheduled_request(
                 request, num_new, block_table, reset_block_table=True
@@ -588,8 +598,13 @@ class Scheduler:
                 return False
             num_new = step.budget
         taken = -(-(request.num_computed_tokens + num_new) // self.config.block_size)  # at most: some may be cached
-        if self.config.output_reservation is not None and not self._room_for_outputs(request, taken, taken):
-            return False
+        reserved = 0
+        if self.config.output_reservation is not None:
+            chunked = request.num_computed_tokens + num_new < request.num_tokens
+            room = self._room_for_outputs(request, step, taken, taken, chunked)
+            if room is None:
+                return False
+            reserved = room
         block_table = self.kv_cache_manager.allocate_swapped_in(request, num_new)
         if block_table is None:
             return False
@@ -598,23 +613,45 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         request.running_seq, self._num_admitted = self._num_admitted, self._num_admitted + 1
         self.running.append(request)
-        self._remaining_outputs += request.max_tokens - request.num_output_tokens
+        if step.reserved_blocks is not None:
+            step.reserved_blocks += reserved
         step.scheduled[request.request_id] = self._scheduled_request(request, num_new, block_table, reset_block_table=True)
         step.budget -= num_new
         return True
 
-    def _room_for_outputs(self, request: Request, num_blocks_taken: int, num_blocks_held: int) -> bool:
-        """Whether admitting `request` (taking num_blocks_taken free blocks now, to hold num_blocks_held)
-        leaves free in the KV cache the reserved share of what every running request, and it, can
-        still take."""
-        kv, ratio = self.kv_cache_manager, self._reserve_ratio
-        if self.config.block_size == 1:  # a pool of tokens (SGLang): the outputs still to come, summed
-            own = request.max_tokens - request.num_output_tokens
-            reserved = int(ratio * (self._remaining_outputs + own))
-        else:  # whole blocks per request, as TensorRT-LLM counts blocks to completion
-            reserved = self._blocks_to_finish(request, num_blocks_held, ratio) + sum(
-                self._blocks_to_finish(r, kv.num_held_blocks(r.request_id), ratio) for r in self.running)
-        return reserved + num_blocks_taken <= kv.num_free_blocks
+    def _room_for_outputs(self, request: Request, step: _StepState, num_blocks_taken: int, num_blocks_held: int,
+                          chunked: bool) -> int | None:
+        """The free blocks admitting `request` keeps for its own outputs, or None when the free pool,
+        less the num_blocks_taken it takes now (to hold num_blocks_held), would not also hold those and
+        what the step reserves already (`_StepState.reserved_blocks`)."""
+        if step.reserved_blocks is None:
+            step.reserved_blocks = self._running_reservation()
+        if self.config.block_size == 1:
+            # A pool of tokens (SGLang): a request whose prompt this step cuts reserves nothing yet
+            # (PrefillAdder: max_new_tokens only if not truncated). A request still prefilling in later
+            # steps counts with the running ones, where SGLang counts it in full at its last chunk.
+            own = 0 if chunked else self._outputs_left(request)
+        else:  # whole blocks per request to its end, prompt chunks to come included (TensorRT-LLM)
+            own = self._blocks_to_finish(request, num_blocks_held, 1.0)
+        if step.reserved_blocks + own + num_blocks_taken > self.kv_cache_manager.num_free_blocks:
+            return None
+        return own
+
+    def _running_reservation(self) -> int:
+        """Free blocks the running requests' outputs keep at the current ratio, summed once a step as
+        SGLang's PrefillAdder does (a running request's count moves only when it decodes)."""
+        ratio = self._reserve_ratio
+        if self.config.block_size == 1:
+            return int(ratio * sum(self._outputs_left(r) for r in self.running))
+        kv = self.kv_cache_manager
+        return sum(self._blocks_to_finish(r, kv.num_held_blocks(r.request_id), ratio) for r in self.running)
+
+    def _outputs_left(self, request: Request) -> int:
+        """Output tokens `request` may still produce, as a reservation counts them (clipped). Read per
+        request: one-token blocks (the pool this serves) decode one by one, so the count is current."""
+        left = request.max_tokens - request.num_output_tokens
+        clip = self.config.output_reservation.clip_tokens if self.config.output_reservation is not None else None
+        return left if clip is None else min(left, clip)
 
     def _blocks_to_finish(self, request: Request, num_blocks_held: int, ratio: float) -> int:
         """`ratio` of the blocks `request` may still take beyond those it holds: whole blocks for the KV
@@ -695,10 +732,8 @@ class Scheduler:
                 stop = self._stop_status(request, token)
                 if stop is not None:
                     break
-            self._remaining_outputs -= num_kept
             if stop is not None:
                 self.kv_cache_manager.free(request)
-                self._remaining_outputs -= request.max_tokens - request.num_output_tokens
                 self._finish(request, stop, now)
                 any_finished = True
             updates.append(RequestUpdate(s.request_id, tuple(sampled[:num_kept]), stop is not None, request.finish_reason))
@@ -707,7 +742,6 @@ class Scheduler:
         bulk = self._bulk
         if bulk is not None:
             if output.bulk_decodes.num_requests:
-                self._remaining_outputs -= bulk.num_requests  # less any aborted since schedule()
                 bulk.advance(now)
             for s, request in live:
                 if s.samples and not request.is_finished:

@@ -480,7 +480,7 @@ class EngineProfile(_Spec):
         if s.admission == "reserve_ratio":
             assert s.admission_ratio is not None
             return OutputReservation(s.admission_ratio, s.admission_ratio_min or s.admission_ratio,
-                                     s.admission_ratio_decay or 0.0)
+                                     s.admission_ratio_decay or 0.0, s.admission_clip_tokens)
         return None
 
     def knob_defaults(self, family: str, memory_gib: float, *, tp: int = 1, pp: int = 1,

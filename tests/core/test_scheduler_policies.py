@@ -118,6 +118,61 @@ def test_a_decaying_reservation_admits_more_as_it_decays_and_resets_after_preemp
         raise AssertionError("two requests of 7 blocks each never ran out of 12 blocks")
 
 
+def test_a_token_pool_reserves_running_outputs_at_the_ratio_and_a_new_request_s_in_full():
+    # SGLang's PrefillAdder: the running batch counts new_token_ratio x its outputs still to come, a
+    # request of the batch being formed its whole max_new_tokens. One-token blocks: counts are tokens.
+    reservation = OutputReservation(initial_ratio=0.5, min_ratio=0.5)
+    for num_blocks, admitted in [(48, True), (47, False)]:
+        sched = scheduler(num_blocks=num_blocks, block_size=1, output_reservation=reservation)
+        sched.add_request(make_request("a", 4, max_tokens=40))
+        step(sched, 0.0)
+        sched.add_request(make_request("b", 4, max_tokens=20))
+        out, _ = step(sched, 1.0)
+        # a's decode brings it to 5 blocks; b needs its 4 prompt blocks free beside 0.5 x a's 39
+        # outputs to come (19) and its own 20 (at the ratio for b too, 38 blocks would do)
+        assert ("b" in {s.request_id for s in out.scheduled}) is admitted, num_blocks
+
+
+def test_requests_admitted_in_one_step_reserve_each_others_outputs_in_full():
+    reservation = OutputReservation(initial_ratio=0.1, min_ratio=0.1)
+    sched = scheduler(num_blocks=40, block_size=1, output_reservation=reservation)
+    for rid in "ab":
+        sched.add_request(make_request(rid, 4, max_tokens=14))
+    out, _ = step(sched, 0.0)
+    # a: 4 + 14 fit in 40; b then finds 36 free, a's 14 and its own 4 + 14 held back: 32, it fits.
+    assert [s.request_id for s in out.scheduled] == ["a", "b"]
+    sched = scheduler(num_blocks=35, block_size=1, output_reservation=reservation)
+    for rid in "ab":
+        sched.add_request(make_request(rid, 4, max_tokens=14))
+    out, _ = step(sched, 0.0)
+    assert [s.request_id for s in out.scheduled] == ["a"]  # at the ratio a's outputs would count 1, not 14
+    out, _ = step(sched, 1.0)
+    assert "b" in {s.request_id for s in out.scheduled}  # a now runs: 0.1 x its 13 to come
+
+
+def test_a_clip_caps_the_outputs_a_request_reserves():
+    reservation = OutputReservation(initial_ratio=1.0, min_ratio=1.0, clip_tokens=8)
+    for prompt, admitted in [(39, True), (40, False)]:
+        sched = scheduler(num_blocks=60, block_size=1, output_reservation=reservation)
+        sched.add_request(make_request("a", 4, max_tokens=50))
+        step(sched, 0.0)
+        sched.add_request(make_request("b", prompt, max_tokens=20))
+        out, _ = step(sched, 1.0)  # a holds 5 of 60; b's prompt needs its blocks beside 8 + 8 (49 + 20 unclipped)
+        assert ("b" in {s.request_id for s in out.scheduled}) is admitted, prompt
+
+
+def test_a_prompt_cut_by_the_budget_reserves_no_outputs_yet():
+    reservation = OutputReservation(initial_ratio=1.0, min_ratio=1.0)
+    sched = scheduler(num_blocks=29, block_size=1, budget=8, output_reservation=reservation)
+    sched.add_request(make_request("x", 2, max_tokens=8))
+    step(sched, 0.0)
+    sched.add_request(make_request("a", 10, max_tokens=20))
+    out, _ = step(sched, 1.0)
+    # x decodes (3 of 29 held, 7 outputs to come); a's first 7 prompt tokens fit beside x's 7 where
+    # its own 20 outputs would not: SGLang reserves them once its prompt is whole
+    assert {s.request_id: s.num_tokens for s in out.scheduled} == {"x": 1, "a": 7}
+
+
 # ---- multi-step ---------------------------------------------------------------------------------
 
 
