@@ -339,7 +339,8 @@ class Scheduler:
 
     def _update_reserve_ratio(self, output: SchedulerOutput) -> None:
         """Decay with every decode step (requests keep finishing before max_tokens); back to the
-        start after a preemption, which shows the estimate was too low (SGLang's retraction)."""
+        start after a preemption, which shows the estimate was too low (SGLang's retraction), and
+        once the scheduler has nothing left (update)."""
         reservation = self.config.output_reservation
         assert reservation is not None
         if output.preempted_request_ids:
@@ -739,6 +740,10 @@ class Scheduler:
             updates.append(RequestUpdate(s.request_id, tuple(sampled[:num_kept]), stop is not None, request.finish_reason))
         if any_finished:
             self.running = [r for r in self.running if not r.is_finished]
+            reservation = self.config.output_reservation
+            if reservation is not None and not self.running and not self.waiting:
+                # Nothing left to run: SGLang's loop finds no batch and re-inits its ratio while idle.
+                self._reserve_ratio = reservation.initial_ratio
         bulk = self._bulk
         if bulk is not None:
             if output.bulk_decodes.num_requests:

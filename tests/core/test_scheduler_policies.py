@@ -118,6 +118,21 @@ def test_a_decaying_reservation_admits_more_as_it_decays_and_resets_after_preemp
         raise AssertionError("two requests of 7 blocks each never ran out of 12 blocks")
 
 
+def test_a_decayed_reservation_starts_again_once_the_scheduler_is_idle():
+    reservation = OutputReservation(initial_ratio=0.8, min_ratio=0.2, decay_per_step=0.1)
+    sched = scheduler(output_reservation=reservation)
+    sched.add_request(make_request("a", 4, max_tokens=4))
+    step(sched, 0.0)
+    for now in (1.0, 2.0):
+        step(sched, now)
+    assert sched._reserve_ratio == pytest.approx(0.6)  # two decode steps; a has one token to go
+    sched.add_request(make_request("b", 4, max_tokens=8))  # waiting when a finishes: not idle
+    step(sched, 3.0)
+    assert sched._reserve_ratio == pytest.approx(0.5)
+    run_to_completion(sched, start=4.0)
+    assert sched._reserve_ratio == 0.8  # SGLang re-inits new_token_ratio when its loop finds no batch
+
+
 def test_a_token_pool_reserves_running_outputs_at_the_ratio_and_a_new_request_s_in_full():
     # SGLang's PrefillAdder: the running batch counts new_token_ratio x its outputs still to come, a
     # request of the batch being formed its whole max_new_tokens. One-token blocks: counts are tokens.
