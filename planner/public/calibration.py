@@ -274,8 +274,10 @@ def rebanded(fit: PublicFit, command: str, figures: Sequence[FigureResult], skip
                                          "regime_bands": regime_bands(regime_candidates(figures, regimes, own))})
     note = (f"held-out figures predicted again by the simulator of {dt.date.today().isoformat()} from the stored "
             f"folds, and bands made again from them, by `{command}` (nothing refitted); " + ENGINE_BANDS_NOTE)
+    # The notes are the fit's history: a second remake the same day with the same command adds nothing to it.
+    notes = fit.notes if fit.notes and fit.notes[-1] == note else [*fit.notes, note]
     return fit.model_copy(update={"model": model, "figures": list(figures), "skipped": list(skipped),
-                                  "notes": [*fit.notes, note]})
+                                  "notes": notes})
 
 
 def starts(space: Space, previous: Path | None) -> dict[str, Figures]:

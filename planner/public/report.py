@@ -43,6 +43,19 @@ class GroupError(BaseModel):
     in_sample_median_abs_pct: float
 
 
+class ScatterFloor(BaseModel):
+    """How much of a metric family's held-out error a constant factor per group could take out."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    family: str
+    figures: int
+    left_pct: dict[str, float] = Field(
+        description="Grouping (SCATTER_GROUPS) -> the median |error| left once each figure's held-out prediction is "
+        "divided by its group's median held-out ratio predicted / measured: a correction taken from the figures it "
+        "is scored on, so a floor for any term constant over that group, not a prediction")
+
+
 class PublicValidation(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -68,6 +81,7 @@ class PublicValidation(BaseModel):
         "those `carried` are the fit's regime_bands")
     targets_pct: dict[str, float]
     met: dict[str, bool]
+    scatter_floors: list[ScatterFloor] = Field(default_factory=list, description="Per metric family (scatter_floors)")
     figure_errors: list[FigureResult]
 
 
@@ -85,6 +99,38 @@ def group_errors(results: Sequence[FigureResult], key: Callable[[FigureResult], 
                               held_out_median_signed_pct=100 * float(np.median(held)),
                               held_out_publisher_median_abs_pct=100 * float(np.median(np.abs(publisher))),
                               in_sample_median_abs_pct=100 * float(np.median(np.abs(within)))))
+    return out
+
+
+# The groupings a constant correction could follow: the finest a fitted figure takes (one per GPU
+# family and engine), one publication (its machines and harness), one benchmark run.
+SCATTER_GROUPS: dict[str, Callable[[FigureResult], str]] = {
+    "GPU family x engine": lambda r: f"{r.gpu_family} x {r.engine}",
+    "source": lambda r: r.source_key,
+    "run": lambda r: r.run_key,
+}
+
+
+def scatter_floors(results: Sequence[FigureResult]) -> list[ScatterFloor]:
+    """Per metric family, the held-out median |error| left after taking out each group's own median
+    error (in log space, so a group's correction is one factor), for every SCATTER_GROUPS grouping."""
+    families: dict[str, list[FigureResult]] = defaultdict(list)
+    for r in results:
+        families[r.family].append(r)
+    out = []
+    for family in sorted(families):
+        rows = families[family]
+        log_ratio = np.log([r.held_out / r.measured for r in rows])
+        left = {}
+        for name, key in SCATTER_GROUPS.items():
+            groups: dict[str, list[int]] = defaultdict(list)
+            for i, r in enumerate(rows):
+                groups[key(r)].append(i)
+            residual = log_ratio.copy()
+            for members in groups.values():
+                residual[members] -= np.median(log_ratio[members])
+            left[name] = 100 * float(np.median(np.abs(np.expm1(residual))))
+        out.append(ScatterFloor(family=family, figures=len(rows), left_pct=left))
     return out
 
 
@@ -150,7 +196,7 @@ def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun]
         by_gpu=group_errors(results, lambda r: r.hardware), by_source=group_errors(results, lambda r: r.source_key),
         bands=bands(results), engine_bands=own, all_engines_coverage=_all_engines_coverage(results, own),
         regime_bands=regime_candidates(results, regimes, own),
-        targets_pct=TARGETS_PCT, met=met, figure_errors=list(results),
+        targets_pct=TARGETS_PCT, met=met, scatter_floors=scatter_floors(results), figure_errors=list(results),
     )
 
 
@@ -198,6 +244,21 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
         "",
         *_table(v.by_metric_family, extra=lambda g: f"{TARGETS_PCT.get(g.group, float('nan')):g} | "
                 f"{'met' if v.met.get(g.group) else 'missed'}", extra_head="target % | |"),
+        "",
+        "## Where the error lies",
+        "",
+        "How much of each family's held-out error a constant factor per group could take out: the median |error| "
+        "left once each figure's prediction is divided by its group's median held-out ratio. The factor is taken from "
+        "the very figures it is scored on, so each column is a floor for a term constant over that group, not a "
+        "prediction. The fit's figures are per GPU family and engine (and per operator, which each run mixes in its "
+        "own proportions); a source is one publication, its machines and its harness; a run leaves only the spread of "
+        "the metrics within one benchmark run.",
+        "",
+        "| metric family | figures | held-out median abs error % | " + " | ".join(f"left, one factor per {g} %"
+                                                                          for g in SCATTER_GROUPS) + " |",
+        "|---|---:|---:|" + "---:|" * len(SCATTER_GROUPS),
+        *(f"| {f.family} | {f.figures} | {_held_out_pct(v, f.family):.1f} | "
+          + " | ".join(f"{f.left_pct[g]:.1f}" for g in SCATTER_GROUPS) + " |" for f in v.scatter_floors),
         "",
         "## Prediction intervals",
         "",
@@ -262,6 +323,10 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
     lines += [f"| {s.run_key} | {s.figures} | {s.reason[:160]} |" for s in v.skipped]
     lines += ["", "## Notes", "", *(f"- {n}" for n in fit.notes), ""]
     return "\n".join(lines)
+
+
+def _held_out_pct(v: PublicValidation, family: str) -> float:
+    return next(g.held_out_median_abs_pct for g in v.by_metric_family if g.group == family)
 
 
 def _bands_carried(v: PublicValidation, fit: PublicFit) -> str:

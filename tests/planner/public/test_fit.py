@@ -23,7 +23,7 @@ from planner.public.fit import (FIT_TOLERANCE, PLAUSIBLE, SETTLED_X, START_MARGI
                                 fit_folds, fit_rounds, simulate_runs, surrogate, trace_run)
 from planner.public.replay import ReplayRun, prepare
 from planner.public.report import (PublicValidation, client_setups, load_fit, markdown, predict_again,
-                                   validate_public, validation_of, write_report)
+                                   scatter_floors, validate_public, validation_of, write_report)
 from planner.specs import SLO
 
 # Four runs of at most ten requests: Qwen2.5-7B on one or two A100s under vLLM 0.11.
@@ -267,6 +267,8 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path, monke
     assert again.model.bands == result.model.bands and again.model.engine_bands == result.model.engine_bands
     assert again.model.regime_bands == result.model.regime_bands
     assert again.figures == result.figures and again.notes[-1].startswith("held-out figures predicted again")
+    twice = rebanded(again, "test --bands-only", *predict_again(again, path, runs=runs), run_regimes(runs))
+    assert twice.notes == again.notes  # the same remake again the same day: the history holds it once
     assert again.folds == result.folds and again.model.families == result.model.families
     # The same from the command line, over the published runs (here, this study's).
     write_fit(stale, path)
@@ -415,6 +417,27 @@ def _result(family: str, source: str, ratio: float, i: int, engine: str) -> Figu
                         metric=f"{'tpot' if family == 'tpot_itl' else family}_mean", family=family, measured=ratio,
                         in_sample=1.0, held_out=1.0, publisher=source, engine=engine, hardware="h100-sxm",
                         gpu_family="hopper", confidence="high", held_out_publisher=1.0)
+
+
+def test_scatter_floors_take_out_one_factor_per_group() -> None:
+    """Known answer: every figure of a run is off by its run's factor, the two runs of each GPU family
+    and engine by x1.2 and x0.9: one factor per run leaves nothing; one per family and engine leaves
+    the runs' spread around their group's median, x1.2 / x0.9 apart: sqrt(1.2/0.9) - 1 = 15.5 % and
+    1 - sqrt(0.9/1.2) = 13.4 %, the median 14.4 %."""
+    def figure(run: str, engine: str, ratio: float, i: int) -> FigureResult:
+        return FigureResult(id=f"{run}-{i}", run_key=run, source_key=run.split("/")[0], metric="tpot_mean",
+                            family="tpot_itl", measured=2.0, in_sample=2.0 * ratio, held_out=2.0 * ratio, publisher="p",
+                            engine=engine, hardware="h100-sxm", gpu_family="hopper", confidence="high",
+                            held_out_publisher=2.0 * ratio)
+
+    results = [figure(f"{engine}-lab/run{j}", engine, ratio, i) for engine in ("vllm-0.11", "sglang-0.5")
+               for j, ratio in enumerate((1.2, 0.9)) for i in range(3)]
+    (floor,) = scatter_floors(results)
+    assert (floor.family, floor.figures) == ("tpot_itl", 12)
+    assert floor.left_pct["run"] == pytest.approx(0.0, abs=1e-12)
+    half = math.sqrt(1.2 / 0.9)
+    assert floor.left_pct["GPU family x engine"] == pytest.approx(100 * (half - 1 + 1 - 1 / half) / 2)
+    assert floor.left_pct["source"] == pytest.approx(floor.left_pct["GPU family x engine"])  # a lab per engine
 
 
 def test_an_engine_with_enough_figures_from_enough_sources_gets_bands_of_its_own() -> None:
