@@ -54,6 +54,16 @@ def render_public() -> None:
                               "target %": v.targets_pct.get(g.group), "met": v.met.get(g.group)}
                              for g in v.by_metric_family])
     ui.table(families, "By metric family", key="validate.public.families")
+    if v.scatter_floors:
+        held_out = {g.group: g.held_out_median_abs_pct for g in v.by_metric_family}
+        floors = pd.DataFrame([{"metric family": f.family, "held out, median |error| %": held_out[f.family],
+                                **{f"left, one factor per {g} %": left for g, left in f.left_pct.items()}}
+                               for f in v.scatter_floors])
+        ui.table(floors, "Where the error lies", key="validate.public.scatter",
+                 caption="The median |error| left once each figure's prediction is divided by its group's median "
+                         "held-out ratio, taken from the very figures scored: a floor for any term constant over the "
+                         "group. The fit's figures are per GPU family and engine; a run leaves only the spread of the "
+                         "metrics within one benchmark run.")
     bands = pd.DataFrame([{"band of": engine, "metric family": name, "P10 measured/predicted": b.interval()[0],
                            "P90 measured/predicted": b.interval()[1], "held-out coverage": b.held_out_coverage,
                            "figures": b.figures}

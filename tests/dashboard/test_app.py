@@ -452,7 +452,7 @@ def test_validate_shows_an_uploaded_report_and_refuses_an_oversized_one(docs, mo
 
 def _public_json() -> str:
     from planner.public.calibration import FigureResult, bands
-    from planner.public.report import TARGETS_PCT, PublicValidation, group_errors
+    from planner.public.report import TARGETS_PCT, PublicValidation, group_errors, scatter_floors
 
     rows = [FigureResult(id=f"r{i}-{m}", run_key=f"src{i % 3}/r{i}", source_key=f"src{i % 3}", publisher="lab",
                          metric=m, family="throughput" if m == "output_throughput" else "ttft", engine="vllm-0.11",
@@ -465,7 +465,8 @@ def _public_json() -> str:
         by_client=group_errors(rows, lambda r: f"offline (every request at once): {r.family}"),
         by_engine=group_errors(rows, lambda r: r.engine), by_gpu=group_errors(rows, lambda r: r.hardware),
         by_source=group_errors(rows, lambda r: r.source_key), bands=bands(rows), targets_pct=TARGETS_PCT,
-        met={g.group: g.held_out_median_abs_pct <= TARGETS_PCT[g.group] for g in by_family}, figure_errors=rows,
+        met={g.group: g.held_out_median_abs_pct <= TARGETS_PCT[g.group] for g in by_family},
+        scatter_floors=scatter_floors(rows), figure_errors=rows,
     ).model_dump_json()
 
 
@@ -477,6 +478,8 @@ def test_validate_shows_the_public_validation_beside_the_engine_one(docs):
     assert "12 figures, 6 runs, 3 sources" in at.success[1].value
     families = next(d.value for d in at.dataframe if "metric family" in d.value.columns and "target %" in d.value.columns)
     assert set(families["metric family"]) == {"throughput", "ttft"}
+    floors = next(d.value for d in at.dataframe if "left, one factor per run %" in d.value.columns)
+    assert list(floors["left, one factor per run %"]) == [0.0, 0.0]  # one figure of each family per run
     (docs / "validation-public.json").write_text('{"figures": "many"}')
     at = open_page("validate")
     assert not at.exception
