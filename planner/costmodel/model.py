@@ -84,6 +84,7 @@ _COMM_INDICES = tuple(OPERATORS.index(op) for op in (*COMM_OPERATORS, "pp_transf
 _GROUP_FIELD = {"tp_allreduce": "tensor_parallel", "tp_gather": "tensor_parallel", "ep_alltoall": "expert_parallel",
                 "cp_transfer": "context_parallel"}
 _AFTER_GRAPH = (OPERATORS.index("lm_head"), OPERATORS.index("sampling"))  # eager after a replayed graph
+_ATTENTION = OPERATORS.index("attention")  # eager between the pieces of a piecewise graph
 
 
 class StepCost(NamedTuple):
@@ -335,9 +336,9 @@ class CostModel:
         device = (r.qkv, r.o, attention, r.mlp, r.moe, r.router, r.norms, r.lm_head, r.sampling,
                   *self._communication(s, rows), r.pp)
         if isinstance(s.graph, np.ndarray) or not s.graph:
-            launch = self._launch_wait(device, s.graph, r.graph_launch_s)
+            launch = self._launch_wait(device, s.graph, r.graph_launch_s, s.piecewise)
         else:  # a replayed graph: the same value the blend gives (1 x graph + 0 x eager), without the eager sum
-            launch = r.graph_launch_s
+            launch = r.graph_launch_s + s.piecewise * self._pieces_wait(attention)
         busy = sum(device) + launch + draft.seconds + copy_s
         host = p.step_overhead_s + p.per_request_overhead_s * s.requests + p.layer_overhead_s * ops.layers
         # Streaming the step's tokens (one per sampled row) through an API server in the engine's process.
@@ -376,9 +377,9 @@ class CostModel:
             device += term
         launch_s = p.kernel_launch_s
         if s.graph:
-            launch = r.graph_launch_s
+            launch = r.graph_launch_s + s.piecewise * self._pieces_wait(attention)
         elif launch_s:
-            wait = self._kernels[2] * launch_s - attention
+            wait = self._kernels[_ATTENTION] * launch_s - attention
             launch = t.wait_head + (wait if wait > 0.0 else 0.0)
             for term in t.wait_tail:
                 launch += term
@@ -477,8 +478,11 @@ class CostModel:
             "to device over the link (DMA/RDMA, no engine time), or, for a CPU engine, through shared memory copied by "
             "the engines themselves (planner/costmodel/transfer.py)",
             (f"decode-only steps of <= {self.graph_max} requests replay a captured graph: batch padded to the captured "
-             "size (1, 2, 4, multiples of 8) for the dense operators, one launch; LM head, sampling and every other "
-             "step run eagerly, each operator taking at least its kernels x kernel_launch_s")
+             "size (1, 2, 4, multiples of 8) for the dense operators, one launch; LM head, sampling and "
+             + (f"steps with prompt chunks or drafts of <= {self.graphs.mixed_max_tokens} tokens replay piecewise "
+                "graphs (a launch per layer, attention eager between them); every other step runs"
+                if self.graphs.mixed_max_tokens else "every other step run")
+             + " eagerly, each operator taking at least its kernels x kernel_launch_s")
             if self.graph_max else
             ("every step runs eagerly (" + ("enforce_eager" if hw.graph_capture else f"{hw.name} has no graph capture")
              + "): each operator takes at least its kernels x kernel_launch_s"),
@@ -626,14 +630,21 @@ class CostModel:
         return self.ops.pp_handoffs * p.collective_time_scale * (
             size / (link.bandwidth_gb_s * 1e9 * p.interconnect_efficiency) + link.latency_us * 1e-6)
 
-    def _launch_wait(self, device: tuple[Number, ...], graph: Number, after_graph: Number) -> Number:
+    def _launch_wait(self, device: tuple[Number, ...], graph: Number, after_graph: Number, piecewise: Number) -> Number:
         """Seconds the device waits on the host issuing kernels: eagerly, each operator takes at least
-        its kernels x kernel_launch_s; a replayed graph waits `after_graph` (_after_graph_wait)."""
+        its kernels x kernel_launch_s; a replayed graph waits `after_graph` (_after_graph_wait), and
+        a piecewise one its pieces' launches and attention's too (_pieces_wait)."""
         launch_s = self.params.kernel_launch_s
         if not launch_s:  # CPUs: nothing to add, keep the simulator's hot path lean
             return 0.0
         waits = [_max(k * launch_s - t, 0.0) for k, t in zip(self._kernels, device, strict=True)]
-        return graph * after_graph + (1.0 - graph) * sum(waits)
+        return graph * (after_graph + piecewise * self._pieces_wait(device[_ATTENTION])) + (1.0 - graph) * sum(waits)
+
+    def _pieces_wait(self, attention: Number) -> Number:
+        """What a piecewise graph waits beyond a whole one's: a launch per further piece (one a layer,
+        each attention splitting the forward pass) and the eager attention kernels' launches."""
+        launch_s = self.params.kernel_launch_s
+        return self.ops.layers * launch_s + _max(self._kernels[_ATTENTION] * launch_s - attention, 0.0)
 
     def _after_graph_wait(self, lm_head: Number, sampling: Number) -> Number:
         """A replayed graph is one launch, then the LM head and sampling run eagerly."""
@@ -685,7 +696,9 @@ def _graph_policy(hw: HardwareProfile, dep: Deployment, engine: EngineProfile) -
         return GraphPolicy()
     assert knobs.max_graph_batch_size is not None and knobs.max_num_seqs is not None  # resolved above
     return GraphPolicy(min(knobs.max_graph_batch_size, knobs.max_num_seqs), execution.graph_batch_sizes,
-                       execution.graph_padding, execution.graph_max_context_len)
+                       execution.graph_padding, execution.graph_max_context_len,
+                       knobs.max_graph_batch_size if execution.graphs_cover_mixed_steps else 0,
+                       execution.piecewise_decode_graphs)
 
 
 def _collective_cost(hw: HardwareProfile, c: Comm, link: Link, p: CostParams) -> CollectiveCost:

@@ -33,6 +33,9 @@ class StepShape:
     prefill_pairs: Number
     prefill_kv: Number
     graph: Number  # 1 when the step replays a captured graph, else 0
+    # 1 when that graph stops at every layer's attention, which runs eagerly between its pieces (vLLM
+    # V1's piecewise graphs, for steps that are not a plain decode), else 0
+    piecewise: Number
 
     @staticmethod
     def stack(shapes: Sequence[StepShape]) -> StepShape:
@@ -45,12 +48,17 @@ class StepShape:
 
 @dataclass(frozen=True)
 class GraphPolicy:
-    """Which decode-only steps replay a captured graph, and at what size."""
+    """Which steps replay a captured graph, and at what size."""
 
     max_batch: int = 0  # 0: every step runs eagerly
     sizes: tuple[int, ...] | None = None  # captured sizes when not ServePlan's/vLLM's 1, 2, 4, 8, 16, ...
     padding: bool = True  # a batch runs as the next captured size; else only an exact size replays
     max_context: int | None = None  # a step whose longest sequence is longer runs eagerly (vLLM V0)
+    # Steps with prompt tokens or drafts of up to this many tokens replay piecewise graphs at the
+    # captured size (vLLM V1 captures the layers between attentions and runs attention eagerly);
+    # 0: such steps run eagerly.
+    mixed_max_tokens: int = 0
+    piecewise_decode: bool = False  # decode-only steps replay the pieces too, not one whole graph (vLLM 0.8-0.10)
 
     def batch(self, requests: int, longest: float) -> int | None:
         """The captured size a decode-only step of `requests` one-token requests replays, or None."""
@@ -60,6 +68,10 @@ class GraphPolicy:
             return graph_batch_size(requests, self.max_batch) if self.padding else requests
         fits = [s for s in self.sizes if s <= self.max_batch and (s >= requests if self.padding else s == requests)]
         return min(fits) if fits else None
+
+    def piecewise(self, tokens: float) -> int | None:
+        """The captured size a step of `tokens` tokens that is not a plain decode replays piecewise, or None."""
+        return graph_batch_size(int(tokens), self.mixed_max_tokens)
 
 
 class ShapeReader:
@@ -169,8 +181,11 @@ class ShapeReader:
     def _shape(self, d_tok: float, p_tok: float, requests: int, sampled: int, d_pairs: float, d_kv: float,
                p_pairs: float, p_kv: float, longest: float) -> StepShape:
         tokens = d_tok + p_tok
-        # A decode-only step of one token per request may replay a graph at its captured size
-        # (speculative and mixed steps run eagerly, as in the engine).
-        graph = self._graphs.batch(requests, longest) if not p_tok and d_tok == requests else None
+        # A decode-only step of one token per request may replay a graph at its captured size; a step
+        # with prompt chunks or drafts replays piecewise graphs where the engine captures them (vLLM V1)
+        # and otherwise runs eagerly (ServePlan's engine, SGLang, TensorRT-LLM).
+        plain = not p_tok and d_tok == requests
+        graph = self._graphs.batch(requests, longest) if plain else self._graphs.piecewise(tokens)
+        piecewise = bool(graph) and (not plain or self._graphs.piecewise_decode)
         return StepShape(tokens, float(graph or tokens), float(requests), float(sampled), d_tok, p_tok,
-                         d_pairs, d_kv, p_pairs, p_kv, 1.0 if graph else 0.0)
+                         d_pairs, d_kv, p_pairs, p_kv, 1.0 if graph else 0.0, 1.0 if piecewise else 0.0)

@@ -195,6 +195,10 @@ class Execution(_Sourced):
         False, description="Steps with prefill tokens replay piecewise graphs too, up to max_graph_batch_size tokens, "
         "with attention run eagerly between the pieces (vLLM V1)"
     )
+    piecewise_decode_graphs: bool = Field(
+        False, description="Decode-only steps replay the piecewise graphs too, attention eager between the pieces, "
+        "instead of one whole captured graph (vLLM V1 before 0.11 made FULL_AND_PIECEWISE its default)"
+    )
     overlap_host: bool = Field(
         description="Host work of step n+1 (scheduling, input preparation) overlaps the GPU work of step n "
         "(SGLang's overlap scheduler, TensorRT-LLM); otherwise it adds to every step"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from engine.catalog import resolve_model
-from engine.config import EngineKnobs
+from engine.config import EngineKnobs, graph_batch_size
 from engine.core.sampling_params import SamplingParams
 from engine.core.scheduler import ScheduledRequest, SchedulerOutput
 from engine.errors import InputError
@@ -460,9 +460,39 @@ def test_eager_small_batches_wait_on_launches_that_a_graph_removes() -> None:
     ids=["mixed", "speculative", "over-max"],
 )
 def test_steps_a_graph_cannot_hold_run_eagerly(out: SchedulerOutput) -> None:
-    graph = cost(knobs=EngineKnobs(max_graph_batch_size=8)).breakdown(out)
-    eager = cost(knobs=EngineKnobs(enforce_eager=True)).breakdown(out)
+    # SGLang captures decode batches only: its prompt chunks and drafts run eagerly.
+    graph = cost(engine="sglang-0.5", knobs=EngineKnobs(max_graph_batch_size=8)).breakdown(out)
+    eager = cost(engine="sglang-0.5", knobs=EngineKnobs(enforce_eager=True)).breakdown(out)
     assert graph == eager
+
+
+@pytest.mark.parametrize("out", [step(req(1, 100), req(64, 0)), step(req(4, 100, prefill=False, drafts=3))],
+                         ids=["mixed", "speculative"])
+def test_vllm_v1_replays_piecewise_graphs_for_prompt_chunks_and_drafts(out: SchedulerOutput) -> None:
+    """vLLM V1 captures the layers between attentions for any step of up to its largest captured size:
+    the dense operators run at the padded size, a launch a layer, attention's kernels launched eagerly
+    between; the LM head and sampling after the graph as for a decode graph."""
+    launch = get_hardware("h100-sxm").efficiency.kernel_launch_us * 1e-6
+    piecewise = cost(knobs=EngineKnobs(max_graph_batch_size=512)).breakdown(out)
+    eager = cost(knobs=EngineKnobs(enforce_eager=True)).breakdown(out)
+    layers = resolve_model("llama-3.1-8b").num_layers
+    expected = (launch * (1 + layers) + max(3 * layers * launch - piecewise["attention"], 0.0)
+                + max(launch - piecewise["lm_head"], 0.0) + max(3 * launch - piecewise["sampling"], 0.0))
+    assert piecewise["kernel_launch"] == pytest.approx(expected, rel=1e-12)
+    assert piecewise["kernel_launch"] < eager["kernel_launch"]
+    tokens = out.total_num_scheduled_tokens
+    padded = step(req(1, 100), req(graph_batch_size(tokens, 512) - 1, 0))  # the same rows, eagerly
+    for op in (*GEMMS, "norms_elementwise"):
+        assert piecewise[op] == pytest.approx(cost(knobs=EngineKnobs(enforce_eager=True)).breakdown(padded)[op], rel=1e-12)
+    # vLLM 0.8-0.10 replay a decode batch piecewise too; 0.11 in one whole graph.
+    decode = step(*[req(1, 500) for _ in range(9)])
+    old_v1, new_v1 = cost(engine="vllm-0.9").breakdown(decode), cost().breakdown(decode)
+    assert old_v1["kernel_launch"] == pytest.approx(
+        new_v1["kernel_launch"] + launch * layers + max(3 * layers * launch - old_v1["attention"], 0.0), rel=1e-12)
+    # Past the largest captured size a step runs eagerly.
+    big = cost(knobs=EngineKnobs(max_graph_batch_size=32)).breakdown(out)
+    small_cap = cost(knobs=EngineKnobs(enforce_eager=True)).breakdown(out)
+    assert (big == small_cap) == (tokens > 32)
 
 
 def test_devices_without_graph_capture_ignore_the_knob() -> None:
