@@ -44,6 +44,12 @@ class OutputReservation(PickledByFields):
     # A request's outputs still to come count at most this many tokens (SGLang's CLIP_MAX_NEW_TOKENS);
     # None: all of them.
     clip_tokens: int | None = None
+    # SGLang's retraction (one-token blocks): a decode step that finds fewer free blocks than running
+    # requests first sends requests back to the waiting queue, the fewest output tokens first (among
+    # equals the longest prompt), until the free blocks hold this many decodes of every request left;
+    # the ratio becomes (their output tokens + this x their number) / their max_tokens, at most 1.
+    # None: a request short of blocks preempts as the preemption mode says, the ratio back to its start.
+    retract_headroom_steps: int | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.min_ratio <= self.initial_ratio <= 1.0:
@@ -53,6 +59,8 @@ class OutputReservation(PickledByFields):
             raise ValueError(f"decay_per_step={self.decay_per_step} is invalid: must be >= 0")
         if self.clip_tokens is not None and self.clip_tokens < 1:
             raise ValueError(f"clip_tokens={self.clip_tokens} is invalid: must be >= 1 or None")
+        if self.retract_headroom_steps is not None and self.retract_headroom_steps < 1:
+            raise ValueError(f"retract_headroom_steps={self.retract_headroom_steps} is invalid: must be >= 1 or None")
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,10 @@ class SchedulerConfig(PickledByFields):
         if self.max_num_batched_tokens < self.max_num_seqs:
             raise InputError("max_num_batched_tokens", self.max_num_batched_tokens,
                              f"must be >= max_num_seqs={self.max_num_seqs}, or running requests cannot all decode in one step")
+        reservation = self.output_reservation
+        if reservation is not None and reservation.retract_headroom_steps is not None and self.block_size != 1:
+            raise InputError("block_size", self.block_size, "must be 1 with retraction (SGLang's pool of tokens counts "
+                             "a free slot per decode)")
 
 
 class ScheduledRequest(NamedTuple):
@@ -303,6 +315,7 @@ class Scheduler:
         elif self._group_steps_left:
             self._schedule_running(step)  # the multi-step group goes on: the same decodes, nobody admitted
         elif not (self.config.batching == "prefill_first" and self._schedule_prefills(step, now)):
+            self._retract(step)
             self._schedule_running(step)
             # After a preemption the pool is known to be short: admitting anyone would only thrash,
             # as in vLLM. Prefill-first engines admit in prefill steps only.
@@ -344,7 +357,8 @@ class Scheduler:
         reservation = self.config.output_reservation
         assert reservation is not None
         if output.preempted_request_ids:
-            self._reserve_ratio = reservation.initial_ratio
+            if reservation.retract_headroom_steps is None:  # a retraction sets its own (_retract)
+                self._reserve_ratio = reservation.initial_ratio
         elif output.num_decode_tokens:
             self._reserve_ratio = max(reservation.min_ratio, self._reserve_ratio - reservation.decay_per_step)
 
@@ -505,6 +519,25 @@ class Scheduler:
         if request.num_output_tokens + 1 < request.max_tokens:
             bulk.join(request)
             self._plan_bulk(request)
+
+    def _retract(self, step: _StepState) -> None:
+        """SGLang's retract_decode before a decode step short of a free block per running request
+        (OutputReservation.retract_headroom_steps): the requests it sends back, and the ratio after."""
+        reservation = self.config.output_reservation
+        headroom = reservation.retract_headroom_steps if reservation is not None else None
+        kv = self.kv_cache_manager
+        if headroom is None or kv.num_free_blocks >= len(self.running):
+            return
+        # Taken from the end: the fewest output tokens first, among equals the longest prompt.
+        kept = sorted(self.running, key=lambda r: (r.num_output_tokens, -r.num_prompt_tokens), reverse=True)
+        while kept and (not step.preempted or kv.num_free_blocks < headroom * len(kept)):
+            victim = kept.pop()
+            self.running.remove(victim)
+            self._preempt(victim, step)
+        assert reservation is not None  # headroom comes from it
+        max_tokens = sum(r.max_tokens for r in kept)
+        decoded = sum(r.num_output_tokens for r in kept) + headroom * len(kept)
+        self._reserve_ratio = min(1.0, decoded / max_tokens) if max_tokens else reservation.initial_ratio
 
     def _pick_victim(self) -> int:
         if self.config.policy == "fcfs":

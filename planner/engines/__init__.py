@@ -149,6 +149,12 @@ class Scheduling(_Sourced):
         None, ge=1, description="reserve_ratio: max_tokens counts at most this many tokens in the reservation, and an "
         "admitted request reserves min(max_tokens, this) in full"
     )
+    retraction_headroom_steps: int | None = Field(
+        None, ge=1, description="reserve_ratio: a decode step short of a free slot per running request retracts, the "
+        "fewest output tokens first (ties: longest prompt), until the free slots hold this many decodes of every "
+        "request left, and the share becomes (their outputs + this x their number) / their max_tokens (SGLang's "
+        "retract_decode); none: the step preempts as `preemption` says and the share returns to admission_ratio"
+    )
     preemption: Literal["recompute", "swap", "none"] = Field(
         "recompute", description="What a request short of KV loses: recompute (frees its blocks, prefills again), "
         "swap (to host memory), none (admission guarantees it never runs short)"
@@ -162,7 +168,7 @@ class Scheduling(_Sourced):
 
     @model_validator(mode="after")
     def _ratio_fields_only_with_reserve_ratio(self) -> Scheduling:
-        ratio_fields = ("admission_ratio_min", "admission_ratio_decay", "admission_clip_tokens")
+        ratio_fields = ("admission_ratio_min", "admission_ratio_decay", "admission_clip_tokens", "retraction_headroom_steps")
         if self.admission != "reserve_ratio" and any(getattr(self, f) is not None for f in ratio_fields):
             raise ValueError(f"{', '.join(ratio_fields)} apply only when admission is 'reserve_ratio'")
         if self.admission_ratio_min is not None and self.admission_ratio is not None \
@@ -484,7 +490,7 @@ class EngineProfile(_Spec):
         if s.admission == "reserve_ratio":
             assert s.admission_ratio is not None
             return OutputReservation(s.admission_ratio, s.admission_ratio_min or s.admission_ratio,
-                                     s.admission_ratio_decay or 0.0, s.admission_clip_tokens)
+                                     s.admission_ratio_decay or 0.0, s.admission_clip_tokens, s.retraction_headroom_steps)
         return None
 
     def knob_defaults(self, family: str, memory_gib: float, *, tp: int = 1, pp: int = 1,

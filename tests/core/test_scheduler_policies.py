@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 import pytest
 
 from engine.core import KVCacheManager, Scheduler, SchedulerConfig
+from engine.core.errors import InputError
 from engine.core.scheduler import OutputReservation
 
 from .testlib import FakeRunner, check_invariants, make_request, run_to_completion, sample_all
@@ -186,6 +187,32 @@ def test_a_prompt_cut_by_the_budget_reserves_no_outputs_yet():
     # x decodes (3 of 29 held, 7 outputs to come); a's first 7 prompt tokens fit beside x's 7 where
     # its own 20 outputs would not: SGLang reserves them once its prompt is whole
     assert {s.request_id: s.num_tokens for s in out.scheduled} == {"x": 1, "a": 7}
+
+
+def test_a_retraction_sends_back_the_fewest_outputs_first_and_leaves_headroom():
+    """SGLang's retract_decode: a decode step with fewer free slots than running requests retracts
+    the request with the fewest output tokens (among equals the longest prompt), and more, until the
+    free slots hold `retract_headroom_steps` decodes of every request kept; the ratio becomes (their
+    outputs + headroom x their number) / their max_tokens."""
+    reservation = OutputReservation(0.0, 0.0, clip_tokens=1, retract_headroom_steps=2)
+    sched = scheduler(num_blocks=20, block_size=1, batching="prefill_first", output_reservation=reservation)
+    for rid, prompt in (("a", 4), ("b", 5), ("c", 3)):
+        sched.add_request(make_request(rid, prompt, max_tokens=12))
+    step(sched, 0.0)  # the three prompts: 12 of 20 slots
+    for now in (1.0, 2.0):
+        out, _ = step(sched, now)
+        assert not out.preempted_request_ids  # 8, then 5 free: a slot for each decode
+    assert sched.kv_cache_manager.num_free_blocks == 2  # short of the 3 decodes
+    out, _ = step(sched, 3.0)
+    assert out.preempted_request_ids == ("b",)  # 3 outputs each: the longest prompt goes; 9 free hold 2 x 2
+    assert {s.request_id for s in out.scheduled} == {"a", "c"}
+    assert sched._reserve_ratio == pytest.approx((3 + 3 + 2 * 2) / (12 + 12))
+    run_to_completion(sched, start=4.0)  # b comes back and finishes
+
+
+def test_a_retraction_needs_a_token_pool():
+    with pytest.raises(InputError, match="block_size"):
+        scheduler(block_size=4, output_reservation=OutputReservation(0.7, 0.1, retract_headroom_steps=20))
 
 
 # ---- multi-step ---------------------------------------------------------------------------------
