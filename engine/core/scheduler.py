@@ -202,9 +202,9 @@ class _StepState:
     scheduled: dict[str, ScheduledRequest] = field(default_factory=dict)
     preempted: list[Request] = field(default_factory=list)
     num_bulk: int = 0  # bulk decodes counted in
-    # Free blocks admission keeps for outputs still to come: the running requests' share, summed at
-    # the step's first admission (None until then), and in full each request admitted since.
-    reserved_blocks: int | None = None
+    # Free blocks admission keeps for outputs still to come: the running requests' share, summed as
+    # the step's admissions start, and in full each request admitted since.
+    reserved_blocks: int = 0
 
 
 class Scheduler:
@@ -523,18 +523,16 @@ class Scheduler:
     def _retract(self, step: _StepState) -> None:
         """SGLang's retract_decode before a decode step short of a free block per running request
         (OutputReservation.retract_headroom_steps): the requests it sends back, and the ratio after."""
-        reservation = self.config.output_reservation
-        headroom = reservation.retract_headroom_steps if reservation is not None else None
-        kv = self.kv_cache_manager
-        if headroom is None or kv.num_free_blocks >= len(self.running):
+        reservation, kv = self.config.output_reservation, self.kv_cache_manager
+        if reservation is None or reservation.retract_headroom_steps is None or kv.num_free_blocks >= len(self.running):
             return
+        headroom = reservation.retract_headroom_steps
         # Taken from the end: the fewest output tokens first, among equals the longest prompt.
         kept = sorted(self.running, key=lambda r: (r.num_output_tokens, -r.num_prompt_tokens), reverse=True)
         while kept and (not step.preempted or kv.num_free_blocks < headroom * len(kept)):
             victim = kept.pop()
             self.running.remove(victim)
             self._preempt(victim, step)
-        assert reservation is not None  # headroom comes from it
         max_tokens = sum(r.max_tokens for r in kept)
         decoded = sum(r.num_output_tokens for r in kept) + headroom * len(kept)
         self._reserve_ratio = min(1.0, decoded / max_tokens) if max_tokens else reservation.initial_ratio
@@ -567,6 +565,8 @@ class Scheduler:
     def _schedule_waiting(self, step: _StepState, now: float) -> None:
         if self._bulk is not None and self.waiting:  # admissions come after every decode of the step
             self._settle(self._bulk.steps, _END_OF_STEP if step.num_bulk else -1)
+        if self.config.output_reservation is not None and self.waiting:
+            step.reserved_blocks = self._running_reservation()
         # The head blocks the rest (FCFS: strict order, so nothing starves; priority: nothing
         # less important overtakes it).
         while step.budget > 0 and len(self.running) < self.config.max_num_seqs:
@@ -615,8 +615,7 @@ class Scheduler:
             request.num_computed_tokens = num_hit + num_external
             request.running_seq, self._num_admitted = self._num_admitted, self._num_admitted + 1
             self.running.append(request)
-            if step.reserved_blocks is not None:
-                step.reserved_blocks += reserved
+            step.reserved_blocks += reserved
             block_table = [b.block_id for b in computed_blocks] + new_block_ids
             step.scheduled[request.request_id] = self._scheduled_request(
                 request, num_new, block_table, reset_block_table=True
@@ -647,8 +646,7 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         request.running_seq, self._num_admitted = self._num_admitted, self._num_admitted + 1
         self.running.append(request)
-        if step.reserved_blocks is not None:
-            step.reserved_blocks += reserved
+        step.reserved_blocks += reserved
         step.scheduled[request.request_id] = self._scheduled_request(request, num_new, block_table, reset_block_table=True)
         step.budget -= num_new
         return True
@@ -658,8 +656,6 @@ class Scheduler:
         """The free blocks admitting `request` keeps for its own outputs, or None when the free pool,
         less the num_blocks_taken it takes now (to hold num_blocks_held), would not also hold those and
         what the step reserves already (`_StepState.reserved_blocks`)."""
-        if step.reserved_blocks is None:
-            step.reserved_blocks = self._running_reservation()
         if self.config.block_size == 1:
             # A pool of tokens (SGLang): a request whose prompt this step cuts reserves nothing yet
             # (PrefillAdder: max_new_tokens only if not truncated). A request still prefilling in later
@@ -672,8 +668,8 @@ class Scheduler:
         return own
 
     def _running_reservation(self) -> int:
-        """Free blocks the running requests' outputs keep at the current ratio, summed once a step as
-        SGLang's PrefillAdder does (a running request's count moves only when it decodes)."""
+        """Free blocks the running requests' outputs keep at the current ratio, summed once as the step's
+        admissions start, as SGLang's PrefillAdder does (a running request's count moves only when it decodes)."""
         ratio = self._reserve_ratio
         if self.config.block_size == 1:
             return int(ratio * sum(self._outputs_left(r) for r in self.running))
