@@ -477,13 +477,7 @@ class CostModel:
             "once per direction; each GPU copies its own shard; between a prefill and a decode instance, KV moves device "
             "to device over the link (DMA/RDMA, no engine time), or, for a CPU engine, through shared memory copied by "
             "the engines themselves (planner/costmodel/transfer.py)",
-            (f"decode-only steps of <= {self.graph_max} requests replay a captured graph: batch padded to the captured "
-             "size (1, 2, 4, multiples of 8) for the dense operators, one launch; LM head, sampling and "
-             + (f"steps with prompt chunks or drafts of <= {self.graphs.mixed_max_tokens} tokens replay piecewise "
-                "graphs (a launch per layer, attention eager between them); every other step runs"
-                if self.graphs.mixed_max_tokens else "every other step run")
-             + " eagerly, each operator taking at least its kernels x kernel_launch_s")
-            if self.graph_max else
+            self._graph_note() if self.graph_max else
             ("every step runs eagerly (" + ("enforce_eager" if hw.graph_capture else f"{hw.name} has no graph capture")
              + "): each operator takes at least its kernels x kernel_launch_s"),
         ]
@@ -629,6 +623,18 @@ class CostModel:
         p = self.params
         return self.ops.pp_handoffs * p.collective_time_scale * (
             size / (link.bandwidth_gb_s * 1e9 * p.interconnect_efficiency) + link.latency_us * 1e-6)
+
+    def _graph_note(self) -> str:
+        """What the assumptions say of the steps that replay captured graphs."""
+        g = self.graphs
+        pieces = "piecewise graphs (a launch a layer, attention eager between the pieces)"
+        note = (f"decode-only steps of <= {self.graph_max} requests replay "
+                + (pieces if g.piecewise_decode else "a captured graph (one launch)")
+                + ": batch padded to the captured size (1, 2, 4, multiples of 8) for the dense operators, the LM head "
+                "and sampling eager after it")
+        if g.mixed_max_tokens:
+            note += f"; steps with prompt chunks or drafts of <= {g.mixed_max_tokens} tokens replay {pieces}, padded alike"
+        return note + "; every other step runs eagerly, each operator taking at least its kernels x kernel_launch_s"
 
     def _launch_wait(self, device: tuple[Number, ...], graph: Number, after_graph: Number, piecewise: Number) -> Number:
         """Seconds the device waits on the host issuing kernels: eagerly, each operator takes at least
