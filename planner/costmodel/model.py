@@ -338,7 +338,7 @@ class CostModel:
         if isinstance(s.graph, np.ndarray) or not s.graph:
             launch = self._launch_wait(device, s.graph, r.graph_launch_s, s.piecewise)
         else:  # a replayed graph: the same value the blend gives (1 x graph + 0 x eager), without the eager sum
-            launch = r.graph_launch_s + s.piecewise * self._pieces_wait(attention)
+            launch = r.graph_launch_s + self._pieces_wait(attention) if s.piecewise else r.graph_launch_s
         busy = sum(device) + launch + draft.seconds + copy_s
         host = p.step_overhead_s + p.per_request_overhead_s * s.requests + p.layer_overhead_s * ops.layers
         # Streaming the step's tokens (one per sampled row) through an API server in the engine's process.
@@ -376,8 +376,8 @@ class CostModel:
         for term in t.tail:
             device += term
         launch_s = p.kernel_launch_s
-        if s.graph:
-            launch = r.graph_launch_s + s.piecewise * self._pieces_wait(attention)
+        if s.graph:  # a whole graph (most decode steps) prices no pieces
+            launch = r.graph_launch_s + self._pieces_wait(attention) if s.piecewise else r.graph_launch_s
         elif launch_s:
             wait = self._kernels[_ATTENTION] * launch_s - attention
             launch = t.wait_head + (wait if wait > 0.0 else 0.0)
