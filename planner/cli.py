@@ -646,7 +646,7 @@ def stages() -> Iterator[Progress]:
 
 def cmd_calibrate_public(args: argparse.Namespace) -> None:
     from planner.costmodel.fitted import PUBLIC_FIT_FILE
-    from planner.public.calibration import PUBLIC_ROUNDS, Stage, calibrate_public, rebanded, run_regimes, write_fit
+    from planner.public.calibration import PUBLIC_ROUNDS, Stage, calibrate_public, rebanded, run_groups, write_fit
     from planner.public.data import public_runs
     from planner.public.report import (
         TARGETS_PCT, client_setups, group_errors, load_fit, predict_again, set_aside_summary, validation_of, write_report,
@@ -661,7 +661,7 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
         fit = load_fit(out)
         with stages() as progress:
             figures, skipped = predict_again(fit, out, workers=args.workers or default_threads(), progress=progress)
-        path = write_fit(rebanded(fit, command, figures, skipped, run_regimes(public_runs())), out)
+        path = write_fit(rebanded(fit, command, figures, skipped, run_groups(public_runs())), out)
         console.print(f"wrote {path}: its {len(figures)} held-out figures predicted again and its bands made from them")
         return
     stage = None
@@ -680,7 +680,7 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
     if args.public_report:
         # The fit's own predictions are the validation's: the same figures, folds and simulator.
         runs = public_runs()
-        write_report(validation_of(result.figures, result.skipped, path, client_setups(runs), run_regimes(runs)),
+        write_report(validation_of(result.figures, result.skipped, path, client_setups(runs), run_groups(runs)),
                      result, command, args.public_report)
     t = Table(title=f"public fit: {len(result.figures)} figures, {len(result.folds['source'])} sources, "
                     f"{len(result.folds['publisher'])} publishers, {set_aside_summary(result.skipped)}")
@@ -1031,7 +1031,7 @@ def cmd_compare(args: argparse.Namespace) -> None:
 
 def cmd_validate_public(args: argparse.Namespace) -> None:
     from planner.costmodel.fitted import PUBLIC_FIT_FILE
-    from planner.public.calibration import regime_bands
+    from planner.public.calibration import carried_group_bands
     from planner.public.report import validate_public, write_report
 
     path = args.calibration or PUBLIC_FIT_FILE
@@ -1055,8 +1055,8 @@ def cmd_validate_public(args: argparse.Namespace) -> None:
                       f"{g.in_sample_median_abs_pct:.1f}", f"{report.targets_pct.get(g.group, float('nan')):g}",
                       "met" if report.met.get(g.group) else "MISSED")
         console.print(t)
-        regimes = ((f"{regime} runs", table) for regime, table in regime_bands(report.regime_bands).items())
-        for whose, table in (("all engines", report.bands), *report.engine_bands.items(), *regimes):
+        for whose, table in (("all engines", report.bands), *report.engine_bands.items(),
+                             *carried_group_bands(report.group_bands)):
             for name, b in table.items():
                 low, high = b.interval()
                 console.print(f"band {name} ({whose}): measured / predicted P10..P90 x{low:.2f}..x{high:.2f}, "

@@ -36,6 +36,9 @@ MetricFamily = Literal["throughput", "ttft", "tpot_itl", "e2e"]
 # client's request rate inf, a batch job); "online", over time, or from users who each wait for a
 # reply. Predictions miss differently in the two, so their bands may differ (costmodel/fitted.py).
 ArrivalRegime = Literal["online", "offline"]
+# Whether the model routes each token to a few of many experts ("moe") or runs every weight on it
+# ("dense"): the public data's MoE runs miss their predictions more widely, so their bands may differ.
+Architecture = Literal["dense", "moe"]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dashboard import charts, compute, ui
 from dashboard.inputs import choice_input, upload_bytes
 from dashboard.state import PageState
 from engine.errors import EXCERPT_CHARS, InputError
-from planner.public.calibration import regime_bands
+from planner.public.calibration import carried_group_bands
 
 DEFAULT_REPORT = "validation.json"
 PUBLIC_REPORT = "validation-public.json"
@@ -68,13 +68,13 @@ def render_public() -> None:
                            "P90 measured/predicted": b.interval()[1], "held-out coverage": b.held_out_coverage,
                            "figures": b.figures}
                           for engine, table in (("all engines", v.bands), *v.engine_bands.items(),
-                                                *((f"{regime} runs", table)
-                                                  for regime, table in regime_bands(v.regime_bands).items()))
+                                                *carried_group_bands(v.group_bands))
                           for name, b in table.items()])
     ui.table(bands, "Prediction bands every simulated GPU run carries", key="validate.public.bands",
              caption="Held-out coverage is measured: each source's band was built from the other sources only. A run "
                      "carries the band of runs whose requests arrived as its did (online: over time; offline: all at "
-                     "once) where there is one, else its engine's, else the all-engines band.")
+                     "once) where there is one, else that of runs of its model's architecture (dense or MoE), else "
+                     "its engine's, else the all-engines band.")
     figures = pd.DataFrame([{"run": f.run_key, "metric": f.metric, "family": f.family, "engine": f.engine,
                              "measured": f.measured, "held-out prediction": f.held_out,
                              "error (%)": 100 * (f.held_out / f.measured - 1)} for f in v.figure_errors])

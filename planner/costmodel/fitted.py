@@ -21,10 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from engine.errors import InputError, from_validation_error
 from engine.files import load_json
 from hwprofiles import PROFILE_DIR
-from planner.metrics import ArrivalRegime, MetricFamily, PredictionInterval, RunSummary
+from planner.metrics import Architecture, ArrivalRegime, MetricFamily, PredictionInterval, RunSummary
 from planner.specs import SLO, HardwareProfile
 
 if TYPE_CHECKING:
+    from engine.config import ModelConfig
     from planner.engines import EngineProfile
 
 PUBLIC_FIT_FILE = PROFILE_DIR / "calibrations" / "public-gpu.json"
@@ -81,24 +82,50 @@ class FittedModel(_Fit):
         default_factory=dict, description="Per engine (vllm, sglang, trtllm: every release of it), the prediction "
         "intervals of the metric families whose held-out figures of that engine were enough for a band of their own; "
         "its runs take `bands` for the others")
+    architecture_bands: dict[Architecture, dict[MetricFamily, Band]] = Field(
+        default_factory=dict, description="Per model architecture (dense, moe), the prediction intervals of the metric "
+        "families whose held-out figures of that architecture were enough for a band of their own and fell inside it "
+        "clearly nearer the stated share than inside the bands they carry otherwise; its runs take these before an "
+        "engine's")
     regime_bands: dict[ArrivalRegime, dict[MetricFamily, Band]] = Field(
         default_factory=dict, description="Per arrival regime (online, offline), the prediction intervals of the metric "
         "families whose held-out figures of that regime were enough for a band of their own and fell inside it clearly "
-        "nearer the stated share than inside the bands they carry otherwise; its runs take these before an engine's")
+        "nearer the stated share than inside the bands they carry otherwise; its runs take these before an "
+        "architecture's or an engine's")
     source: str = Field(description="What was fitted, when, with which command")
     held_out: str = Field(default="published figures, each predicted by a fit that left its source out",
                           description="The figures the bands come from and what each one's prediction left out")
 
-    def bands_for(self, engine: str, regime: ArrivalRegime) -> dict[MetricFamily, Band]:
-        """The bands a run of `engine` (EngineProfile.engine: vllm, sglang, ...) whose requests arrive
-        `regime` carries: its regime's where there is one, else its engine's, else all engines'."""
-        return {**self.bands, **self.engine_bands.get(engine, {}), **self.regime_bands.get(regime, {})}
+    def bands_for(self, kind: RunKind) -> dict[MetricFamily, Band]:
+        """The bands a run of `kind` carries: its arrival regime's where there is one, else its model
+        architecture's, else its engine's, else all engines'."""
+        return {**self.bands, **self.engine_bands.get(kind.engine, {}),
+                **self.architecture_bands.get(kind.architecture, {}), **self.regime_bands.get(kind.regime, {})}
 
-    def band_owner(self, family: MetricFamily, engine: str, regime: ArrivalRegime) -> str:
-        """Whose held-out figures `family`'s band in bands_for(engine, regime) came from, in words."""
-        if family in self.regime_bands.get(regime, {}):
-            return f"of {regime} runs"
-        return f"of {engine} runs" if family in self.engine_bands.get(engine, {}) else "of all engines"
+    def band_owner(self, family: MetricFamily, kind: RunKind) -> str:
+        """Whose held-out figures `family`'s band in bands_for(kind) came from, in words."""
+        if family in self.regime_bands.get(kind.regime, {}):
+            return f"of {kind.regime} runs"
+        if family in self.architecture_bands.get(kind.architecture, {}):
+            return f"of {ARCHITECTURE_WORDS[kind.architecture]} runs"
+        return f"of {kind.engine} runs" if family in self.engine_bands.get(kind.engine, {}) else "of all engines"
+
+
+ARCHITECTURE_WORDS: dict[str, str] = {"dense": "dense-model", "moe": "MoE-model"}
+
+
+@dataclass(frozen=True)
+class RunKind:
+    """What decides the bands a run carries (FittedModel.bands_for): the engine that serves it
+    (EngineProfile.engine: vllm, sglang, ...), how its requests arrive and its model's architecture."""
+
+    engine: str
+    regime: ArrivalRegime
+    architecture: Architecture
+
+    @classmethod
+    def of(cls, engine: EngineProfile, regime: ArrivalRegime, model: ModelConfig) -> RunKind:
+        return cls(engine.engine, regime, "moe" if model.is_moe else "dense")
 
 
 def fitted_model(path: Path = PUBLIC_FIT_FILE) -> FittedModel | None:
@@ -137,17 +164,16 @@ BANDED_FIGURES: dict[MetricFamily, tuple[str, ...]] = {
 }
 
 
-def prediction_interval(summary: RunSummary, hw: HardwareProfile, engine: EngineProfile, regime: ArrivalRegime,
+def prediction_interval(summary: RunSummary, hw: HardwareProfile, engine: EngineProfile, kind: RunKind,
                         model: FittedModel | None = None) -> PredictionInterval | None:
-    """The P10..P90 band around a simulated run's figures, whose requests arrived `regime`, from
-    `model` (a fit given: `--calibration`) or the public GPU fit: for each metric family the band of
-    runs of the same regime where the fit has one, else the engine's own, else all engines'. None
-    without bands, and on a CPU the fit never saw: GPUs' bands say nothing of it (its own
-    calibration and validation apply); a bench fit on this CPU does."""
+    """The P10..P90 band around a simulated run's figures (a run of `kind`, served by `engine`),
+    from `model` (a fit given: `--calibration`) or the public GPU fit: for each metric family the
+    band FittedModel.bands_for picks. None without bands, and on a CPU the fit never saw: GPUs'
+    bands say nothing of it (its own calibration and validation apply); a bench fit on this CPU does."""
     model = model or fitted_model()
     if model is None or not model.bands or (hw.kind == "cpu" and hw.family not in model.families):
         return None
-    bands = model.bands_for(engine.engine, regime)
+    bands = model.bands_for(kind)
     ranges: dict[str, tuple[float, float]] = {}
     for family, band in bands.items():
         low, high = band.interval()
@@ -155,7 +181,7 @@ def prediction_interval(summary: RunSummary, hw: HardwareProfile, engine: Engine
             value = summary.figure(name)
             assert value is not None  # latencies and rates are always set
             ranges[name] = (value * low, value * high)
-    whose = ", ".join(f"{f} {model.band_owner(f, engine.engine, regime)} "
+    whose = ", ".join(f"{f} {model.band_owner(f, kind)} "
                       f"({b.figures} figures, held-out coverage {b.held_out_coverage:.0%})" for f, b in bands.items())
     caveats = []
     if hw.family not in model.families:
@@ -183,15 +209,13 @@ class Pessimism:
 _TARGET_FAMILY: dict[str, MetricFamily] = {"ttft": "ttft", "tpot": "tpot_itl", "itl": "tpot_itl", "e2e": "e2e"}
 
 
-def pessimistic(slo: SLO, confidence: float, engine: str, regime: ArrivalRegime,
-                model: FittedModel | None = None) -> Pessimism:
-    """Sizing of a deployment running `engine` (EngineProfile.engine) for requests arriving `regime`
-    at `confidence`, from the bands its runs carry."""
+def pessimistic(slo: SLO, confidence: float, kind: RunKind, model: FittedModel | None = None) -> Pessimism:
+    """Sizing of a deployment whose runs are of `kind` at `confidence`, from the bands they carry."""
     model = model or fitted_model()
     if model is None or not model.bands:
         raise InputError("confidence", confidence, "needs a fit's bands: the public fit's (`serveplan calibrate "
                          "--public` makes it) or those of the fit given")
-    bands = model.bands_for(engine, regime)
+    bands = model.bands_for(kind)
     factors: dict[str, float] = {}
     targets: dict[str, float] = {}
     for name, limit in slo.targets.items():
@@ -206,5 +230,5 @@ def pessimistic(slo: SLO, confidence: float, engine: str, regime: ArrivalRegime,
     note = (f"sized at confidence {confidence:g}: latency targets divided by the P{100 * confidence:g} of measured / "
             f"predicted over the fit's {model.held_out} ({shown}); rate x {rate_factor:.2f} (1 / the throughput "
             f"ratio's P{100 * (1 - confidence):g}); bands "
-            + ", ".join(f"{f} {model.band_owner(f, engine, regime)}" for f in bands))
+            + ", ".join(f"{f} {model.band_owner(f, kind)}" for f in bands))
     return Pessimism(slo.model_copy(update=targets), rate_factor, note)

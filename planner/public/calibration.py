@@ -30,10 +30,12 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.catalog import resolve_model
 from engine.errors import InputError
-from planner.costmodel.fitted import BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band, FittedModel, load_fitted_model
+from planner.costmodel.fitted import (ARCHITECTURE_WORDS, BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band, FittedModel,
+                                      load_fitted_model)
 from planner.engines import get_engine
-from planner.metrics import ArrivalRegime, MetricFamily
+from planner.metrics import MetricFamily
 from planner.public.data import MEASUREMENTS_FILE, PublicRun, public_runs
 from planner.public.fit import (ENGINE_PARAMS, HARDWARE_PARAMS, ROBUST_SCALE, Figures, Progress, Rounds, Space, fit_folds,
                                 fit_rounds, no_progress, simulate_runs)
@@ -239,7 +241,7 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
     skipped += refused_later
     own = engine_bands(results)
     model = FittedModel(families=figs.families, engines=figs.engines, bands=bands(results), engine_bands=own,
-                        regime_bands=regime_bands(regime_candidates(results, run_regimes(r.run for r in prepared), own)),
+                        **fitted_group_bands(results, run_groups(r.run for r in prepared), own),
                         source=f"{command} on {dt.date.today().isoformat()}: {len(results)} figures, "
                                f"{len(folds['source'])} sources, {len(folds['publisher'])} publishers")
     return PublicFit(
@@ -263,15 +265,14 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
 
 
 def rebanded(fit: PublicFit, command: str, figures: Sequence[FigureResult], skipped: Sequence[SkippedRun],
-             regimes: Mapping[str, ArrivalRegime]) -> PublicFit:
+             groups: RunGroups) -> PublicFit:
     """`fit` with `figures`, its stored folds' predictions made again by today's simulator (the
-    runs it `skipped` set aside), and the bands made from them by today's rules (`regimes`: each
-    figure's run key -> how its requests arrived): the same fitted figures and folds, no refit
-    (`serveplan calibrate --public --bands-only`). A fit keeps, this way, the bands of the
-    simulator that uses them."""
+    runs it `skipped` set aside), and the bands made from them by today's rules (`groups`:
+    run_groups of their runs): the same fitted figures and folds, no refit (`serveplan calibrate
+    --public --bands-only`). A fit keeps, this way, the bands of the simulator that uses them."""
     own = engine_bands(figures)
     model = fit.model.model_copy(update={"bands": bands(figures), "engine_bands": own,
-                                         "regime_bands": regime_bands(regime_candidates(figures, regimes, own))})
+                                         **fitted_group_bands(figures, groups, own)})
     note = (f"held-out figures predicted again by the simulator of {dt.date.today().isoformat()} from the stored "
             f"folds, and bands made again from them, by `{command}` (nothing refitted); " + ENGINE_BANDS_NOTE)
     # The notes are the fit's history: a second remake the same day with the same command adds nothing to it.
@@ -321,21 +322,22 @@ MIN_BAND_SOURCES = 3
 BAND_PARTNERS: dict[MetricFamily, tuple[MetricFamily, ...]] = {"e2e": ("tpot_itl",)}
 # An engine's own band of a family needs this many held-out figures of it: ten beyond each end of P10..P90.
 MIN_ENGINE_BAND_FIGURES = 100
-# A regime's own band of a family (regime_bands): six beyond each end of P10..P90. The online figures of
-# the public data number 34-128 per family, from 2-8 sources.
-MIN_REGIME_BAND_FIGURES = 60
+# A group's own band of a family (group bands: an architecture's, an arrival regime's): six beyond each end
+# of P10..P90. The online figures of the public data number 34-128 per family, from 2-8 sources.
+MIN_GROUP_BAND_FIGURES = 60
 # ... and must hold them this much nearer the stated share than the bands they carry otherwise: the
-# bands of the regime most figures come from differ from those by noise, and they would replace an
+# bands of the group most figures come from differ from those by noise, and they would replace an
 # engine's own band with one that pools all engines (SGLang's bursts would lose their wider band).
-REGIME_BAND_GAIN = 0.05
+GROUP_BAND_GAIN = 0.05
 METRIC_FAMILIES: tuple[MetricFamily, ...] = ("throughput", "ttft", "tpot_itl", "e2e")
 ENGINE_BANDS_NOTE = (f"engine_bands: the same from one engine's figures (every release of it), for the families where "
-                     f"it has {MIN_ENGINE_BAND_FIGURES} figures from {MIN_BAND_SOURCES} sources; regime_bands: the same "
-                     f"from the figures of runs whose requests arrived online (over time, or from users back to back) "
-                     f"or offline (all at once), for the families where a regime has {MIN_REGIME_BAND_FIGURES} figures "
-                     f"from {MIN_BAND_SOURCES} sources and its own band's held-out coverage of them is at least "
-                     f"{100 * REGIME_BAND_GAIN:g} points nearer {BAND_COVERAGE:.0%} than that of the bands they carry "
-                     "otherwise")
+                     f"it has {MIN_ENGINE_BAND_FIGURES} figures from {MIN_BAND_SOURCES} sources; architecture_bands and "
+                     "regime_bands: the same from the figures of dense or MoE models' runs, and of runs whose requests "
+                     "arrived online (over time, or from users back to back) or offline (all at once), for the families "
+                     f"where such a group has {MIN_GROUP_BAND_FIGURES} figures from {MIN_BAND_SOURCES} sources and its own "
+                     f"band's held-out coverage of them is at least {100 * GROUP_BAND_GAIN:g} points nearer "
+                     f"{BAND_COVERAGE:.0%} than that of the bands they carry otherwise (a regime's before an "
+                     "architecture's, an architecture's before an engine's)")
 
 
 def data_digest() -> str:
@@ -399,73 +401,157 @@ def engine_bands(results: Sequence[FigureResult]) -> dict[str, dict[MetricFamily
     return out
 
 
-class RegimeBand(_Rec):
-    """One arrival regime's own band of a metric family, beside the held-out coverage of the same
-    figures by the bands they carry otherwise (their engine's, else all engines'). Its runs carry it
-    only where it holds them at least REGIME_BAND_GAIN nearer the stated share (`carried`)."""
+# The run attributes whose groups may carry bands of their own, lowest precedence first: a run carries
+# the band of the last axis whose group has one for the family (FittedModel.bands_for), else its engine's.
+BandAxis = Literal["architecture", "regime"]
+BAND_AXES: tuple[BandAxis, ...] = ("architecture", "regime")
 
-    regime: ArrivalRegime
+
+class GroupBand(_Rec):
+    """One group's own band of a metric family (the MoE models' runs, the online runs, ...), beside the
+    held-out coverage of the same figures by the bands they carry otherwise (a lower axis's group
+    band, their engine's, else all engines'). Its runs carry it only where it holds them at least
+    GROUP_BAND_GAIN nearer the stated share (`carried`)."""
+
+    axis: BandAxis
+    group: str = Field(description="architecture: dense, moe; regime: online, offline")
     family: MetricFamily
     band: Band
     otherwise_coverage: float = Field(ge=0, le=1, description="Held-out coverage of the band's figures by the bands "
                                       "they would carry without it")
+    shadowed: bool = Field(False, description="Every run of the group carries a later axis's band of the family "
+                           "instead (the regimes' bands of both regimes), so none carries this one")
 
     @property
     def carried(self) -> bool:
         gain = abs(self.otherwise_coverage - BAND_COVERAGE) - abs(self.band.held_out_coverage - BAND_COVERAGE)
-        return gain >= REGIME_BAND_GAIN
+        return gain >= GROUP_BAND_GAIN
+
+    @property
+    def used(self) -> bool:
+        """Runs of the group carry it (FittedModel.architecture_bands, regime_bands)."""
+        return self.carried and not self.shadowed
 
 
-def regime_candidates(results: Sequence[FigureResult], regimes: Mapping[str, ArrivalRegime],
-                      own: Mapping[str, Mapping[MetricFamily, Band]]) -> list[RegimeBand]:
-    """Per arrival regime (`regimes`: run key -> its Client.regime), the band `bands` makes from that
-    regime's figures alone, for each metric family where they number MIN_REGIME_BAND_FIGURES from
-    MIN_BAND_SOURCES sources, with the coverage of the same figures by their engine's band (`own`)
-    or all engines'.
-
-    Requests offered at once and requests arriving over time miss their predictions differently:
-    online, the simulator is optimistic on time to first token (a median x1.4 of measured /
-    predicted in the held-out figures of 2026-12-06, where offline it is x1.0), so bands made mostly
-    of offline figures held under two thirds of the online ones."""
-    out = []
-    for regime in sorted(set(regimes.values())):
-        for family in METRIC_FAMILIES:
-            rows = [r for r in results if r.family == family and regimes[r.run_key] == regime]
-            if len(rows) >= MIN_REGIME_BAND_FIGURES and _num_sources(rows) >= MIN_BAND_SOURCES:
-                out.append(RegimeBand(regime=regime, family=family, band=_band(rows, rows, ()),
-                                      otherwise_coverage=_carried_coverage(rows, results, own)))
-    return out
+# Per band axis: run key -> the run's group on it (run_groups).
+RunGroups = Mapping[BandAxis, Mapping[str, str]]
 
 
-def regime_bands(candidates: Sequence[RegimeBand]) -> dict[ArrivalRegime, dict[MetricFamily, Band]]:
-    """The bands of `candidates` (regime_candidates) that runs of their regime carry (RegimeBand.carried):
-    a regime's band replaces their engine's or all engines' only where it is the better calibrated
-    by a margin (FittedModel.regime_bands)."""
-    out: dict[ArrivalRegime, dict[MetricFamily, Band]] = {}
+def group_candidates(results: Sequence[FigureResult], groups: RunGroups,
+                     own: Mapping[str, Mapping[MetricFamily, Band]]) -> list[GroupBand]:
+    """Per band axis in BAND_AXES' order and group on it (`groups`, run_groups), the band `bands`
+    makes from that group's figures alone, for each metric family where they number
+    MIN_GROUP_BAND_FIGURES from MIN_BAND_SOURCES sources, with the coverage of the same figures by the
+    bands they would carry without it: the carried bands of the axes before it, their engine's band
+    (`own`), else all engines'.
+
+    Predictions miss differently by group: online, the simulator is optimistic on time to first token
+    (a median x1.4 of measured / predicted in the held-out figures of 2026-12-06, where offline it is
+    x1.0), so bands made mostly of offline figures held under two thirds of the online ones; the MoE
+    models' TPOT/ITL figures miss by a median 17 % where the dense models' miss by 12 %, and the bands
+    of all of them held 70 % of the one and 86 % of the other (2026-12-06)."""
+    out: list[GroupBand] = []
+    for axis in BAND_AXES:
+        below = list(out)
+        for group in sorted(set(groups[axis].values())):
+            for family in METRIC_FAMILIES:
+                rows = [r for r in results if r.family == family and groups[axis][r.run_key] == group]
+                if len(rows) >= MIN_GROUP_BAND_FIGURES and _num_sources(rows) >= MIN_BAND_SOURCES:
+                    out.append(GroupBand(axis=axis, group=group, family=family, band=_band(rows, rows, ()),
+                                         otherwise_coverage=_carried_coverage(rows, results, own, below, groups)))
+    return [c.model_copy(update={"shadowed": True}) if c.carried and _shadowed(c, out, groups) else c for c in out]
+
+
+def _shadowed(candidate: GroupBand, candidates: Sequence[GroupBand], groups: RunGroups) -> bool:
+    """Whether every run of `candidate`'s group belongs to a group of a later axis that carries its
+    family's band (which comes first)."""
+    later = {(c.axis, c.group) for c in candidates if c.family == candidate.family and c.carried
+             and BAND_AXES.index(c.axis) > BAND_AXES.index(candidate.axis)}
+    runs = [run for run, group in groups[candidate.axis].items() if group == candidate.group]
+    return all(any((axis, groups[axis][run]) in later for axis in BAND_AXES) for run in runs)
+
+
+def group_bands(candidates: Sequence[GroupBand], axis: BandAxis) -> dict[str, dict[MetricFamily, Band]]:
+    """The bands of `candidates` (group_candidates) on `axis` that runs of their group carry
+    (GroupBand.used): a group's band replaces the lower ones only where it is the better calibrated
+    by a margin and no later axis's bands cover the whole group (FittedModel.architecture_bands,
+    regime_bands)."""
+    out: dict[str, dict[MetricFamily, Band]] = {}
     for c in candidates:
-        if c.carried:
-            out.setdefault(c.regime, {})[c.family] = c.band
+        if c.axis == axis and c.used:
+            out.setdefault(c.group, {})[c.family] = c.band
     return out
 
 
-def run_regimes(runs: Iterable[PublicRun]) -> dict[str, ArrivalRegime]:
-    """run key -> how its requests arrived (Client.regime): what regime_bands groups figures by."""
-    return {run.run_key: run.client.regime for run in runs}
+def carried_group_bands(candidates: Sequence[GroupBand]) -> list[tuple[str, dict[MetricFamily, Band]]]:
+    """Whose they are, in words ("MoE-model runs", "online runs"), and the bands of every group that
+    carries its own (group_bands), in BAND_AXES' order: what reports list beside the engines' bands."""
+    return [(f"{ARCHITECTURE_WORDS[group] if axis == 'architecture' else group} runs", table)
+            for axis in BAND_AXES for group, table in group_bands(candidates, axis).items()]
+
+
+def run_groups(runs: Iterable[PublicRun]) -> dict[BandAxis, dict[str, str]]:
+    """Per band axis, run key -> its group: whether its model is a mixture of experts, and how its
+    requests arrived (Client.regime)."""
+    runs = list(runs)
+    return {"architecture": {run.run_key: "moe" if resolve_model(run.deployment.model).is_moe else "dense"
+                             for run in runs},
+            "regime": {run.run_key: run.client.regime for run in runs}}
+
+
+def fitted_group_bands(results: Sequence[FigureResult], groups: RunGroups,
+                       own: Mapping[str, Mapping[MetricFamily, Band]]) -> dict[str, dict[str, dict[MetricFamily, Band]]]:
+    """The FittedModel fields of the group bands runs carry: architecture_bands and regime_bands."""
+    candidates = group_candidates(results, groups, own)
+    return {f"{axis}_bands": group_bands(candidates, axis) for axis in BAND_AXES}
+
+
+def carried_coverage(results: Sequence[FigureResult], groups: RunGroups, own: Mapping[str, Mapping[MetricFamily, Band]],
+                     candidates: Sequence[GroupBand]) -> dict[MetricFamily, dict[str, float]]:
+    """Per metric family, the held-out coverage of its figures by the bands their runs carry (the
+    carried `candidates`, their engine's band in `own`, else all engines'): of all of them ("all") and
+    of each group's on every band axis: what the stated share is measured against."""
+    out: dict[MetricFamily, dict[str, float]] = {}
+    for family in METRIC_FAMILIES:
+        rows = [r for r in results if r.family == family]
+        if not rows:
+            continue
+        out[family] = {"all": _carried_coverage(rows, results, own, candidates, groups)}
+        for axis in BAND_AXES:
+            for group in sorted(set(groups[axis].values())):
+                if mine := [r for r in rows if groups[axis][r.run_key] == group]:
+                    out[family][group] = _carried_coverage(mine, results, own, candidates, groups)
+    return out
 
 
 def _carried_coverage(rows: Sequence[FigureResult], results: Sequence[FigureResult],
-                      own: Mapping[str, Mapping[MetricFamily, Band]]) -> float:
-    """Held-out coverage of `rows` (one metric family) by the bands they carry without a regime's:
-    their engine's where `own` has one for the family, else all engines' (bands, partners pooled)."""
+                      own: Mapping[str, Mapping[MetricFamily, Band]], below: Sequence[GroupBand],
+                      groups: RunGroups) -> float:
+    """Held-out coverage of `rows` (one metric family) by the bands they would carry without a band
+    of their own group: the last carried band in `below` of a group of theirs, else their engine's
+    where `own` has one for the family, else all engines' (bands, partners pooled)."""
     family = rows[0].family
-    pooled, _ = _pooled(results, family)
+    carried = [c for c in below if c.family == family and c.carried]
+
+    def basis_of(r: FigureResult) -> tuple[BandAxis, str] | str:
+        """The group band it carries (axis, group), else its engine's name, else "" (all engines')."""
+        mine = [c for c in carried if groups[c.axis][r.run_key] == c.group]
+        if mine:
+            return mine[-1].axis, mine[-1].group
+        return engine_of(r) if family in own.get(engine_of(r), {}) else ""
+
+    by_basis: dict[tuple[BandAxis, str] | str, list[FigureResult]] = {}
+    for r in rows:
+        by_basis.setdefault(basis_of(r), []).append(r)
     inside = 0.0
-    for engine in {engine_of(r) for r in rows}:
-        mine = [r for r in rows if engine_of(r) == engine]
-        if family in own.get(engine, {}):  # engine_bands' basis: the engine's figures of the family
-            basis = [r for r in results if r.family == family and engine_of(r) == engine]
+    for key, mine in by_basis.items():
+        if isinstance(key, tuple):
+            axis, group = key
+            basis = [r for r in results if r.family == family and groups[axis][r.run_key] == group]
+        elif key:  # engine_bands' basis: the engine's figures of the family
+            basis = [r for r in results if r.family == family and engine_of(r) == key]
         else:
-            basis = pooled
+            basis, _ = _pooled(results, family)
         inside += held_out_coverage(mine, basis) * len(mine)
     return inside / len(rows)
 
@@ -499,6 +585,6 @@ def _band(rows: Sequence[HeldOutFigure], basis: Sequence[HeldOutFigure], partner
                 held_out_coverage=held_out_coverage(rows, basis), figures=len(rows), pooled_with=list(partners))
 
 
-__all__ = ["PublicFit", "FigureResult", "HeldOutFigure", "RegimeBand", "SkippedRun", "bands", "engine_bands", "engine_of",
-           "regime_bands", "regime_candidates", "run_regimes",
+__all__ = ["PublicFit", "FigureResult", "GroupBand", "HeldOutFigure", "SkippedRun", "bands", "engine_bands", "engine_of",
+           "carried_coverage", "carried_group_bands", "fitted_group_bands", "group_bands", "group_candidates", "run_groups",
            "held_out_coverage", "rebanded", "calibrate_public", "predict_public", "write_fit", "Stage"]

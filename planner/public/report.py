@@ -18,12 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from engine.errors import InputError, from_validation_error
 from engine.files import load_json
 from hwprofiles import PROFILE_DIR
-from planner.costmodel.fitted import PUBLIC_FIT_FILE, Band
-from planner.metrics import ArrivalRegime, MetricFamily
+from planner.costmodel.fitted import ARCHITECTURE_WORDS, PUBLIC_FIT_FILE, Band
+from planner.metrics import MetricFamily
 from planner.public.calibration import (
-    MIN_BAND_SOURCES, MIN_ENGINE_BAND_FIGURES, MIN_REGIME_BAND_FIGURES, REGIME_BAND_GAIN, UNITS, FigureResult,
-    PublicFit, RegimeBand, SkippedRun, bands, data_digest, engine_bands, engine_of, held_out_coverage, predict_public,
-    prepare_all, regime_bands, regime_candidates, run_regimes, unit_of,
+    BAND_AXES, GROUP_BAND_GAIN, BandAxis, MIN_BAND_SOURCES, MIN_ENGINE_BAND_FIGURES, MIN_GROUP_BAND_FIGURES, UNITS, FigureResult,
+    GroupBand, PublicFit, RunGroups, SkippedRun, bands, carried_coverage, data_digest, engine_bands, engine_of, group_bands,
+    group_candidates, held_out_coverage, predict_public, prepare_all, run_groups, unit_of,
 )
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import Figures, Progress, no_progress
@@ -75,10 +75,14 @@ class PublicValidation(BaseModel):
     all_engines_coverage: dict[str, dict[MetricFamily, float]] = Field(
         default_factory=dict, description="Per engine with bands of its own: the held-out coverage of its figures by "
         "the all-engines band of the same family, which its runs would carry otherwise")
-    regime_bands: list[RegimeBand] = Field(
-        default_factory=list, description="Per arrival regime and metric family with figures enough, its own band "
-        "beside the coverage of the same figures by the bands they carry otherwise (calibration.regime_candidates); "
-        "those `carried` are the fit's regime_bands")
+    group_bands: list[GroupBand] = Field(
+        default_factory=list, description="Per model architecture, then per arrival regime, and metric family with "
+        "figures enough, its own band beside the coverage of the same figures by the bands they carry otherwise "
+        "(calibration.group_candidates); those `carried` are the fit's architecture_bands and regime_bands")
+    carried_coverage: dict[MetricFamily, dict[str, float]] = Field(
+        default_factory=dict, description="Per metric family, the held-out coverage of its figures by the bands their "
+        "runs carry (calibration.carried_coverage): of all of them ('all') and of each model architecture's and "
+        "arrival regime's")
     targets_pct: dict[str, float]
     met: dict[str, bool]
     scatter_floors: list[ScatterFloor] = Field(default_factory=list, description="Per metric family (scatter_floors)")
@@ -153,7 +157,7 @@ def validate_public(path: str | Path = PUBLIC_FIT_FILE, *, workers: int = 1, run
     runs = list(runs) if runs is not None else None
     results, skipped = predict_again(fit, path, workers=workers, runs=runs, progress=progress)
     runs = runs if runs is not None else public_runs()
-    return validation_of(results, skipped, path, client_setups(runs), run_regimes(runs)), fit
+    return validation_of(results, skipped, path, client_setups(runs), run_groups(runs)), fit
 
 
 def predict_again(fit: PublicFit, path: str | Path, *, workers: int = 1, runs: Sequence[PublicRun] | None = None,
@@ -181,12 +185,13 @@ def client_setups(runs: Iterable[PublicRun]) -> dict[str, str]:
 
 
 def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun], fit_file: str | Path,
-                  clients: Mapping[str, str], regimes: Mapping[str, ArrivalRegime]) -> PublicValidation:
+                  clients: Mapping[str, str], groups: RunGroups) -> PublicValidation:
     """The errors of predicted figures grouped every way the report shows them, against the targets;
-    `clients` (client_setups) gives each figure's run its benchmark client's setup, `regimes`
-    (run_regimes) how its requests arrived."""
+    `clients` (client_setups) gives each figure's run its benchmark client's setup, `groups`
+    (run_groups) its model's architecture and how its requests arrived."""
     by_family = group_errors(results, lambda r: r.family)
     own = engine_bands(results)
+    candidates = group_candidates(results, groups, own)
     met = {g.group: g.held_out_median_abs_pct <= TARGETS_PCT[g.group] for g in by_family if g.group in TARGETS_PCT}
     return PublicValidation(
         fit_file=_shown(fit_file), figures=len(results), sources=len({r.source_key for r in results}),
@@ -195,7 +200,7 @@ def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun]
         by_engine=group_errors(results, lambda r: r.engine),
         by_gpu=group_errors(results, lambda r: r.hardware), by_source=group_errors(results, lambda r: r.source_key),
         bands=bands(results), engine_bands=own, all_engines_coverage=_all_engines_coverage(results, own),
-        regime_bands=regime_candidates(results, regimes, own),
+        group_bands=candidates, carried_coverage=carried_coverage(results, groups, own, candidates),
         targets_pct=TARGETS_PCT, met=met, scatter_floors=scatter_floors(results), figure_errors=list(results),
     )
 
@@ -283,18 +288,26 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
           + f" | {b.held_out_coverage:.0%} | {b.figures} | {v.all_engines_coverage[engine][family]:.0%} |"
           for engine, table in v.engine_bands.items() for family, b in table.items()),
         "",
-        f"Per arrival regime (online: requests over time, Poisson or users back to back; offline: all at once), where "
-        f"its held-out figures of a family number {MIN_REGIME_BAND_FIGURES} from {MIN_BAND_SOURCES} sources: the "
-        "regime's own band, and how many of the same figures it held beside how many the bands they carry otherwise "
-        f"held (their engine's, else all engines'), measured the same way. Runs of that regime carry it, before their "
-        f"engine's, where it holds them at least {100 * REGIME_BAND_GAIN:g} points nearer the stated share; `simulate` and "
-        "`compare` take a run's regime from its requests, `plan` probes online.",
+        f"Per model architecture (dense; MoE: a mixture of experts), then per arrival regime (online: requests over "
+        f"time, Poisson or users back to back; offline: all at once), where its held-out figures of a family number "
+        f"{MIN_GROUP_BAND_FIGURES} from {MIN_BAND_SOURCES} sources: the group's own band, and how many of the same figures "
+        "it held beside how many the bands they carry otherwise held (an architecture's band where its row says so, "
+        "their engine's, else all engines'), measured the same way. Runs of that group carry it, a regime's before an "
+        f"architecture's and an architecture's before their engine's, where it holds them at least "
+        f"{100 * GROUP_BAND_GAIN:g} points nearer the stated share; `simulate` and `compare` take a run's regime from "
+        "its requests, `plan` probes online.",
         "",
-        "| regime: metric family | P5 | P10 | P50 | P90 | P95 | P10..P90 held-out coverage | figures | otherwise | carried |",
+        "| group: metric family | P5 | P10 | P50 | P90 | P95 | P10..P90 held-out coverage | figures | otherwise | carried |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-        *(f"| {c.regime}: {c.family} | " + " | ".join(f"x{c.band.ratio_at(p):.2f}" for p in (0.05, 0.1, 0.5, 0.9, 0.95))
+        *(f"| {c.axis} {c.group}: {c.family} | " + " | ".join(f"x{c.band.ratio_at(p):.2f}" for p in (0.05, 0.1, 0.5, 0.9, 0.95))
           + f" | {c.band.held_out_coverage:.0%} | {c.band.figures} | {c.otherwise_coverage:.0%} | "
-          f"{'yes' if c.carried else 'no'} |" for c in v.regime_bands),
+          f"{_carried_words(c)} |" for c in v.group_bands),
+        "",
+        "What the bands runs carry held, all told: the held-out coverage of each family's figures by the band each "
+        "figure's run carries (its regime's, else its architecture's, else its engine's, else all engines'), of all of "
+        "them and of each group's; the stated share is 80 %.",
+        "",
+        *_coverage_table(v.carried_coverage),
         "",
         "## By benchmark client",
         "",
@@ -325,6 +338,20 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
     return "\n".join(lines)
 
 
+def _carried_words(c: GroupBand) -> str:
+    if not c.carried:
+        return "no"
+    return "no: both regimes' bands come first" if c.shadowed else "yes"
+
+
+def _coverage_table(coverage: Mapping[MetricFamily, Mapping[str, float]]) -> list[str]:
+    columns = list(dict.fromkeys(group for table in coverage.values() for group in table))
+    heads = [ARCHITECTURE_WORDS.get(c, c) + (" runs" if c != "all" else " figures") for c in columns]
+    return [f"| metric family | {' | '.join(heads)} |", "|---|" + "---:|" * len(columns),
+            *(f"| {family} | " + " | ".join(f"{table[c]:.0%}" if c in table else "" for c in columns) + " |"
+              for family, table in coverage.items())]
+
+
 def _held_out_pct(v: PublicValidation, family: str) -> float:
     return next(g.held_out_median_abs_pct for g in v.by_metric_family if g.group == family)
 
@@ -332,14 +359,16 @@ def _held_out_pct(v: PublicValidation, family: str) -> float:
 def _bands_carried(v: PublicValidation, fit: PublicFit) -> str:
     """Which bands results carry: these, or (a report re-predicted by a later simulator) the fit's,
     which stay until a refit, and how far their P10 and P90 lie from these."""
-    regimes = regime_bands(v.regime_bands)
-    if v.bands == fit.model.bands and v.engine_bands == fit.model.engine_bands and regimes == fit.model.regime_bands:
+    carried = {axis: group_bands(v.group_bands, axis) for axis in BAND_AXES}
+    fitted: dict[BandAxis, dict[str, dict[MetricFamily, Band]]] = {
+        "architecture": {**fit.model.architecture_bands}, "regime": {**fit.model.regime_bands}}
+    if v.bands == fit.model.bands and v.engine_bands == fit.model.engine_bands and carried == fitted:
         return "Every `simulate`, `plan` and `compare` result carries these bands"
     pairs = [(b, fit.model.bands.get(name)) for name, b in v.bands.items()] + [
         (b, fit.model.engine_bands.get(engine, {}).get(name)) for engine, table in v.engine_bands.items()
         for name, b in table.items()] + [
-        (b, fit.model.regime_bands.get(regime, {}).get(name)) for regime, table in regimes.items()
-        for name, b in table.items()]
+        (b, fitted[axis].get(group, {}).get(name)) for axis, tables in carried.items()
+        for group, table in tables.items() for name, b in table.items()]
     shift = max((abs(b.ratio_at(p) / carried.ratio_at(p) - 1) for b, carried in pairs if carried is not None
                  for p in (0.1, 0.9)), default=float("nan"))
     return (f"Measured again here with today's simulator; `simulate`, `plan` and `compare` results carry the "

@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from engine.catalog import resolve_model
 from engine.config import EngineKnobs, ModelConfig
 from engine.errors import InputError, from_validation_error
-from planner.costmodel.fitted import FittedModel, pessimistic
+from planner.costmodel.fitted import FittedModel, RunKind, pessimistic
 from planner.engines import get_engine
 from planner.metrics import RunSummary
 from planner.playback import Replay
@@ -146,7 +146,8 @@ def plan(
     cfg = resolve_model(model) if isinstance(model, str) else model
     slo = SLO.parse(slo) if isinstance(slo, str) else slo
     # Every probe and verification offers Poisson arrivals at a rate (capacity.py): online requests.
-    margin = pessimistic(slo, confidence, get_engine(engine).engine, "online", fit) if confidence is not None else None
+    kind = RunKind.of(get_engine(engine), "online", cfg)
+    margin = pessimistic(slo, confidence, kind, fit) if confidence is not None else None
     base = get_workload(workload) if isinstance(workload, str) else workload
     weights = checked_dtypes("weight_dtypes", "weight_dtype", weight_dtypes) if weight_dtypes is not None else None
     kvs = checked_dtypes("kv_dtypes", "kv_dtype", kv_dtypes if kv_dtypes is not None else DEFAULT_KV_DTYPES)

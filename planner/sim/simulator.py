@@ -23,7 +23,7 @@ from engine.core.metrics import RequestMetrics
 from engine.core.kv_cache_manager import PrefixCacheStats
 from engine.errors import InputError, unknown_name_error
 from planner.costmodel import CostModel, CostParams
-from planner.costmodel.fitted import FittedModel, prediction_interval
+from planner.costmodel.fitted import FittedModel, RunKind, prediction_interval
 from planner.engines import EngineProfile, get_engine, resolve_deployment
 from planner.memory import MemoryPlan, plan_memory
 from planner.metrics import ClientStream, EarlyStop, PricingBasis, RunRecord, RunSummary, SLOWatch, StepSample, summarize
@@ -346,7 +346,8 @@ def simulate(
     }
     summary = summarize(record, source="simulator", model=memory.model, hardware=hw.name, workload=replay.name,
                         slo=slo, pricing=pricing, assumptions=assumptions)
-    summary = summary.model_copy(update={"prediction_interval": prediction_interval(summary, hw, engine, replay.regime, fit)})
+    kind = RunKind.of(engine, replay.regime, model)
+    summary = summary.model_copy(update={"prediction_interval": prediction_interval(summary, hw, engine, kind, fit)})
     return SimulationResult(summary=summary, record=record, memory=memory,
                             trace=None if recorder is None else recorder.trace())
 

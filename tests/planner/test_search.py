@@ -504,3 +504,24 @@ def test_a_probe_request_beyond_the_context_is_refused_before_drawing_it() -> No
     finally:
         tracemalloc.stop()
     assert peak < 64 * 2**20
+
+
+def test_a_confident_plan_sizes_a_moe_model_by_the_moe_models_band() -> None:
+    """`--confidence` divides the latency targets by the bands the plan's runs carry: an MoE model's
+    by the MoE models' band where the fit has one, a dense model's by the others (the plan's
+    assumptions name whose band each family's is)."""
+    band = {"probabilities": [0.05, 0.1, 0.5, 0.9, 0.95], "held_out_coverage": 0.8, "figures": 100}
+    narrow = {"ratios": [0.7, 0.8, 1.0, 1.25, 1.5], **band}
+    fit = FittedModel.model_validate({
+        "families": {}, "engines": {}, "source": "test bands",
+        "bands": {f: narrow for f in ("throughput", "ttft", "tpot_itl", "e2e")},
+        "architecture_bands": {"moe": {"tpot_itl": {"ratios": [0.4, 0.5, 1.0, 2.0, 3.0], **band}}}})
+    space = {**SPACE, "hardware": ["h100-sxm"], "max_gpus_per_replica": 1, "weight_dtypes": ["fp8"],
+             "requests_per_probe": 20}
+    notes = {}
+    for model in ("qwen3-30b-a3b", "llama-3.1-8b"):
+        r = plan(model, get_workload("chat"), 1.0, SLO_TEXT, cache_dir=None, confidence=0.9, fit=fit, **space)
+        notes[model] = next(a for a in r.assumptions if "sized at confidence 0.9" in a)
+    assert "tpot_p99_ms 100 -> 50 ms (/2.00)" in notes["qwen3-30b-a3b"]
+    assert "tpot_itl of MoE-model runs" in notes["qwen3-30b-a3b"] and "ttft of all engines" in notes["qwen3-30b-a3b"]
+    assert "tpot_p99_ms 100 -> 80 ms (/1.25)" in notes["llama-3.1-8b"] and "MoE-model" not in notes["llama-3.1-8b"]

@@ -12,12 +12,12 @@ import pytest
 
 from engine.errors import InputError
 from planner.cli import main
-from planner.costmodel.fitted import PUBLIC_FIT_FILE, Band, FittedModel, pessimistic, prediction_interval
+from planner.costmodel.fitted import PUBLIC_FIT_FILE, Band, FittedModel, RunKind, pessimistic, prediction_interval
 from planner.hardware import get_hardware
 from planner.engines import get_engine
-from planner.public.calibration import (FigureResult, FoldFigures, HeldOutFigure, RegimeBand, Stage, bands, calibrate_public,
-                                        engine_bands, held_out_coverage, rebanded, regime_bands, regime_candidates,
-                                        run_regimes, write_fit)
+from planner.public.calibration import (FigureResult, FoldFigures, GroupBand, HeldOutFigure, Stage, bands, calibrate_public,
+                                        carried_coverage, engine_bands, group_bands, group_candidates, held_out_coverage,
+                                        rebanded, run_groups, write_fit)
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import (FIT_TOLERANCE, PLAUSIBLE, SETTLED_X, START_MARGIN, Figures, Space, Traced, fit,
                                 fit_folds, fit_rounds, simulate_runs, surrogate, trace_run)
@@ -263,11 +263,12 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path, monke
     stale = result.model_copy(update={"figures": stale_figures, "model": result.model.model_copy(
         update={"bands": bands(stale_figures), "engine_bands": engine_bands(stale_figures)})})
     assert stale.model.bands != result.model.bands
-    again = rebanded(stale, "test --bands-only", *predict_again(stale, path, runs=runs), run_regimes(runs))
+    again = rebanded(stale, "test --bands-only", *predict_again(stale, path, runs=runs), run_groups(runs))
     assert again.model.bands == result.model.bands and again.model.engine_bands == result.model.engine_bands
     assert again.model.regime_bands == result.model.regime_bands
+    assert again.model.architecture_bands == result.model.architecture_bands
     assert again.figures == result.figures and again.notes[-1].startswith("held-out figures predicted again")
-    twice = rebanded(again, "test --bands-only", *predict_again(again, path, runs=runs), run_regimes(runs))
+    twice = rebanded(again, "test --bands-only", *predict_again(again, path, runs=runs), run_groups(runs))
     assert twice.notes == again.notes  # the same remake again the same day: the history holds it once
     assert again.folds == result.folds and again.model.families == result.model.families
     # The same from the command line, over the published runs (here, this study's).
@@ -285,18 +286,19 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path, monke
     assert {g.group for g in report.by_metric_family} == {f.family for f in result.figures}
     assert report.bands.keys() == result.model.bands.keys()
     # `calibrate --public --report` reports the fit's own predictions: the same groups as re-simulating.
-    own = validation_of(result.figures, result.skipped, path, client_setups(runs), run_regimes(runs))
+    own = validation_of(result.figures, result.skipped, path, client_setups(runs), run_groups(runs))
     assert own.fit_file == str(path)  # outside the project: as given
-    assert validation_of([], [], PUBLIC_FIT_FILE, {}, {}).fit_file == "hwprofiles/calibrations/public-gpu.json"
+    no_groups = {"architecture": {}, "regime": {}}
+    assert validation_of([], [], PUBLIC_FIT_FILE, {}, no_groups).fit_file == "hwprofiles/calibrations/public-gpu.json"
     assert own.model_dump(exclude={"figure_errors"}) == report.model_dump(exclude={"figure_errors"})
     out = write_report(own, result, "test", tmp_path / "report.md")
     assert PublicValidation.model_validate_json(out.with_suffix(".json").read_text()) == own
     assert out.with_suffix(".png").stat().st_size > 0 and "Held out" in out.read_text()
     assert "Every `simulate`, `plan` and `compare` result carries these bands" in out.read_text()
-    # A regime's band the validation would carry and the fit does not: listed, and the fit's bands are stale.
-    online = RegimeBand(regime="online", family="ttft", band=WIDE, otherwise_coverage=0.5)
-    text = markdown(own.model_copy(update={"regime_bands": [online]}), result, "test", None)
-    assert "| online: ttft | x0.40 | x0.50 | x1.00 | x2.00 | x3.00 | 80% | 100 | 50% | yes |" in text
+    # A group's band the validation would carry and the fit does not: listed, and the fit's bands are stale.
+    online = GroupBand(axis="regime", group="online", family="ttft", band=WIDE, otherwise_coverage=0.5)
+    text = markdown(own.model_copy(update={"group_bands": [online]}), result, "test", None)
+    assert "| regime online: ttft | x0.40 | x0.50 | x1.00 | x2.00 | x3.00 | 80% | 100 | 50% | yes |" in text
     assert "results carry the fit's bands of" in text
     # Re-predicted by a later simulator, the report's bands are today's; results keep the fit's.
     wider = {name: b.model_copy(update={"ratios": [r * 1.1 for r in b.ratios]}) for name, b in result.model.bands.items()}
@@ -383,7 +385,7 @@ def test_band_quantiles_interval_and_bounds() -> None:
     p10 = Band(probabilities=[0.1, 0.5, 0.9], ratios=[0.8, 1.0, 1.25], held_out_coverage=0.8, figures=3)
     assert p10.interval() == (0.8, 1.25)
     narrow = MODEL.model_copy(update={"bands": dict.fromkeys(MODEL.bands, p10)})
-    assert pessimistic(SLO(ttft_p99_ms=500), 0.9, "vllm", "online", narrow).rate_factor == pytest.approx(1 / 0.8)
+    assert pessimistic(SLO(ttft_p99_ms=500), 0.9, RunKind("vllm", "online", "dense"), narrow).rate_factor == pytest.approx(1 / 0.8)
 
 
 def _figure(family: str, source: str, ratio: float, i: int) -> HeldOutFigure:
@@ -466,13 +468,14 @@ def test_an_engine_with_enough_figures_from_enough_sources_gets_bands_of_its_own
     assert own["vllm"]["tpot_itl"].held_out_coverage == pytest.approx(np.mean(inside))
     assert held_out_coverage(vllm, vllm) == pytest.approx(np.mean(inside))
     model = MODEL.model_copy(update={"bands": bands(results), "engine_bands": own})
-    assert model.bands_for("sglang", "online")["tpot_itl"] == own["sglang"]["tpot_itl"]
-    assert model.bands_for("sglang", "online")["ttft"] == model.bands["ttft"] and model.bands_for("trtllm", "offline") == model.bands
-    wide, narrow = (model.bands_for(e, "offline")["tpot_itl"].interval() for e in ("sglang", "vllm"))
+    sglang = model.bands_for(RunKind("sglang", "online", "dense"))
+    assert sglang["tpot_itl"] == own["sglang"]["tpot_itl"] and sglang["ttft"] == model.bands["ttft"]
+    assert model.bands_for(RunKind("trtllm", "offline", "dense")) == model.bands
+    wide, narrow = (model.bands_for(RunKind(e, "offline", "dense"))["tpot_itl"].interval() for e in ("sglang", "vllm"))
     assert wide[1] / wide[0] > narrow[1] / narrow[0]
 
 
-def test_a_regime_carries_its_own_band_only_where_it_holds_its_figures_nearer_the_stated_share() -> None:
+def test_a_group_carries_its_own_band_only_where_it_holds_its_figures_nearer_the_stated_share() -> None:
     """Known answer: online TTFT figures measured 1.5x their predictions while offline ones sit at
     1x. A band made mostly of offline figures holds few online ones, so online runs carry their
     own band (the quantiles of their ratios, coverage each source against the others'); where the
@@ -489,9 +492,10 @@ def test_a_regime_carries_its_own_band_only_where_it_holds_its_figures_nearer_th
     online = (draw("ttft", "on", [1.5] * 4, 20, 0.15) + draw("tpot_itl", "on", [0.75, 0.9, 1.1, 1.3], 20, 0.05)
               + draw("e2e", "on", [1.5] * 2, 40, 0.15))
     results = offline + online
-    regimes = {r.run_key: "online" if r.run_key.startswith("on") else "offline" for r in results}
+    groups = {"architecture": {r.run_key: "dense" for r in results},
+              "regime": {r.run_key: "online" if r.run_key.startswith("on") else "offline" for r in results}}
     own = engine_bands(results)
-    candidates = {(c.regime, c.family): c for c in regime_candidates(results, regimes, own)}
+    candidates = {(c.group, c.family): c for c in group_candidates(results, groups, own) if c.axis == "regime"}
     assert set(candidates) == {(regime, family) for regime in ("online", "offline") for family in ("ttft", "tpot_itl")}
     ttft = candidates["online", "ttft"]
     on_ttft = [f for f in online if f.family == "ttft"]
@@ -501,15 +505,82 @@ def test_a_regime_carries_its_own_band_only_where_it_holds_its_figures_nearer_th
     assert ttft.otherwise_coverage <= 0.5 < 0.7 <= ttft.band.held_out_coverage and ttft.carried
     tpot = candidates["online", "tpot_itl"]
     assert tpot.band.held_out_coverage < 0.6 < tpot.otherwise_coverage and not tpot.carried
-    carried = regime_bands(list(candidates.values()))
+    carried = group_bands(list(candidates.values()), "regime")
     assert carried["online"] == {"ttft": ttft.band}
     model = MODEL.model_copy(update={"regime_bands": {"online": carried["online"]}})
-    assert model.bands_for("vllm", "online")["ttft"] == ttft.band and model.bands_for("vllm", "offline") == MODEL.bands
+    online_kind, offline_kind = RunKind("vllm", "online", "dense"), RunKind("vllm", "offline", "dense")
+    assert model.bands_for(online_kind)["ttft"] == ttft.band and model.bands_for(offline_kind) == MODEL.bands
     slo = SLO(ttft_p99_ms=500)
-    online_sizing, offline_sizing = (pessimistic(slo, 0.9, "vllm", regime, model) for regime in ("online", "offline"))
+    online_sizing, offline_sizing = (pessimistic(slo, 0.9, kind, model) for kind in (online_kind, offline_kind))
     assert online_sizing.slo.ttft_p99_ms == pytest.approx(500 / ttft.band.ratio_at(0.9))
     assert offline_sizing.slo.ttft_p99_ms == pytest.approx(400) and online_sizing.slo.ttft_p99_ms < 400
     assert "ttft of online runs" in online_sizing.note and "ttft of all engines" in offline_sizing.note
+
+
+def test_an_architecture_band_sits_between_the_engines_and_the_regimes() -> None:
+    """Known answer: the MoE models' TPOT/ITL figures (three sources) measured 1.6x their predictions,
+    the dense models' (six) 1x, every run offline. The engine's band, made mostly of dense figures,
+    holds the MoE ones poorly, so MoE runs carry their own architecture's band; the dense ones it
+    holds about as well as their own, so they keep it. The offline regime's band, counted against
+    those, adds nothing and stays out; a regime's band that is carried comes before the
+    architecture's. `carried_coverage` measures what the bands runs carry hold."""
+    rng = np.random.default_rng(3)
+    results = [_result("tpot_itl", f"{arch}{k}", float(r), i, "vllm-0.11")
+               for arch, centre, sources in (("dense", 1.0, 6), ("moe", 1.6, 3)) for k in range(sources)
+               for i, r in enumerate(centre * rng.lognormal(0, 0.1, 30))]
+    groups = {"architecture": {r.run_key: r.run_key[:-1] for r in results},
+              "regime": {r.run_key: "offline" for r in results}}
+    own = engine_bands(results)
+    candidates = {(c.axis, c.group): c for c in group_candidates(results, groups, own)}
+    assert set(candidates) == {("architecture", "dense"), ("architecture", "moe"), ("regime", "offline")}
+    moe = candidates["architecture", "moe"]
+    moe_rows = [r for r in results if r.run_key.startswith("moe")]
+    assert moe.band.ratios == pytest.approx(list(np.quantile([r.measured for r in moe_rows], moe.band.probabilities)))
+    assert moe.otherwise_coverage == pytest.approx(held_out_coverage(moe_rows, results)) and moe.carried
+    assert moe.otherwise_coverage < 0.7 <= moe.band.held_out_coverage
+    # Offline is every run: its band is the engine's, against the architectures' bands it holds fewer.
+    offline = candidates["regime", "offline"]
+    assert offline.band.ratios == own["vllm"]["tpot_itl"].ratios and not offline.carried
+    # The dense models' own band holds them hardly nearer 80 % than the engine's: they keep the engine's.
+    dense = candidates["architecture", "dense"]
+    assert abs(dense.otherwise_coverage - 0.8) - abs(dense.band.held_out_coverage - 0.8) < 0.05 and not dense.carried
+    dense_rows = [r for r in results if r.run_key.startswith("dense")]
+    assert offline.otherwise_coverage == pytest.approx(
+        (held_out_coverage(dense_rows, results) * len(dense_rows) + moe.band.held_out_coverage * len(moe_rows))
+        / len(results))
+    architectures = group_bands(list(candidates.values()), "architecture")
+    assert architectures == {"moe": {"tpot_itl": moe.band}}
+    coverage = carried_coverage(results, groups, own, list(candidates.values()))["tpot_itl"]
+    assert coverage["moe"] == pytest.approx(moe.band.held_out_coverage)
+    assert coverage["offline"] == coverage["all"] == pytest.approx(offline.otherwise_coverage)
+    model = MODEL.model_copy(update={"engine_bands": own, "architecture_bands": architectures,
+                                     "regime_bands": {"online": {"tpot_itl": WIDE}}})
+    assert model.bands_for(RunKind("vllm", "offline", "moe"))["tpot_itl"] == moe.band
+    assert model.bands_for(RunKind("vllm", "online", "moe"))["tpot_itl"] == WIDE  # a regime's band first
+    assert model.bands_for(RunKind("vllm", "offline", "dense"))["tpot_itl"] == own["vllm"]["tpot_itl"]
+    sizing = pessimistic(SLO(tpot_p99_ms=50), 0.9, RunKind("vllm", "offline", "moe"), model)
+    assert sizing.slo.tpot_p99_ms == pytest.approx(50 / moe.band.ratio_at(0.9)) and "tpot_itl of MoE-model runs" in sizing.note
+
+
+def test_an_architecture_band_whose_runs_all_carry_their_regimes_band_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Known answer, every candidate carried (no margin asked): where both regimes have a band of a
+    family, every run carries its regime's, so the architectures' bands of it are shadowed and the fit
+    keeps none; where only one regime has one, the runs of the other keep their architecture's."""
+    monkeypatch.setattr("planner.public.calibration.GROUP_BAND_GAIN", -1.0)
+    rng = np.random.default_rng(5)
+    results = [_result(family, f"{arch}-{regime}{k}", float(r), i, "vllm-0.11")
+               for family, online_sources in (("ttft", 3), ("tpot_itl", 1))
+               for arch in ("dense", "moe") for regime, sources in (("on", online_sources), ("off", 3))
+               for k in range(sources) for i, r in enumerate(rng.lognormal(0, 0.1, 20))]
+    groups = {"architecture": {r.run_key: r.run_key.split("-")[0] for r in results},
+              "regime": {r.run_key: "online" if "-on" in r.run_key else "offline" for r in results}}
+    candidates = group_candidates(results, groups, engine_bands(results))
+    assert all(c.carried for c in candidates)
+    shadowed = {(c.axis, c.group, c.family) for c in candidates if c.shadowed}
+    assert shadowed == {("architecture", arch, "ttft") for arch in ("dense", "moe")}  # TPOT/ITL: no online band
+    assert {group: set(table) for group, table in group_bands(candidates, "architecture").items()} == {
+        "dense": {"tpot_itl"}, "moe": {"tpot_itl"}}
+    assert set(group_bands(candidates, "regime")["online"]) == {"ttft"}
 
 
 def test_the_regime_of_a_replay_and_of_its_published_run_agree() -> None:
@@ -526,14 +597,14 @@ def test_the_regime_of_a_replay_and_of_its_published_run_agree() -> None:
 
 def test_pessimistic_sizing_tightens_targets_and_raises_the_rate() -> None:
     slo = SLO(ttft_p99_ms=500, tpot_p99_ms=50)
-    p = pessimistic(slo, 0.9, "vllm", "online", MODEL)
+    p = pessimistic(slo, 0.9, RunKind("vllm", "online", "dense"), MODEL)
     assert p.slo.ttft_p99_ms == pytest.approx(400)
     assert p.slo.tpot_p99_ms == pytest.approx(40)
     assert p.rate_factor == pytest.approx(1 / 0.8)
     assert "confidence 0.9" in p.note
-    assert pessimistic(slo, 0.5, "vllm", "online", MODEL).slo == slo  # at the median ratio of 1, nothing changes
+    assert pessimistic(slo, 0.5, RunKind("vllm", "online", "dense"), MODEL).slo == slo  # at the median ratio of 1, nothing changes
     # An engine with a TPOT/ITL band of its own is sized by it, and by the all-engines band elsewhere.
-    own = pessimistic(slo, 0.9, "sglang", "online", MODEL.model_copy(update={"engine_bands": {"sglang": {"tpot_itl": WIDE}}}))
+    own = pessimistic(slo, 0.9, RunKind("sglang", "online", "dense"), MODEL.model_copy(update={"engine_bands": {"sglang": {"tpot_itl": WIDE}}}))
     assert own.slo.tpot_p99_ms == pytest.approx(25) and own.slo.ttft_p99_ms == pytest.approx(400)
     assert "tpot_itl of sglang runs" in own.note and "ttft of all engines" in own.note
 
@@ -547,27 +618,27 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     model, hw = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
     w = get_workload("chat").model_copy(update={"num_requests": 20})
     summary = simulate(model, hw, Deployment(hardware=hw.name), w).summary
-    band = prediction_interval(summary, hw, get_engine("vllm-0.11"), "online", MODEL)
+    band = prediction_interval(summary, hw, get_engine("vllm-0.11"), RunKind("vllm", "online", "dense"), MODEL)
     assert band is not None
     low, high = band.ranges["ttft_ms.p99"]
     assert (low, high) == (pytest.approx(summary.ttft_ms.p99 * 0.8), pytest.approx(summary.ttft_ms.p99 * 1.25))
     assert "not in the fit" not in band.basis
-    other = prediction_interval(summary, get_hardware("b200"), get_engine("sglang-0.5"), "online", MODEL)
+    other = prediction_interval(summary, get_hardware("b200"), get_engine("sglang-0.5"), RunKind("sglang", "online", "dense"), MODEL)
     assert other is not None and "'blackwell' was not in the fit" in other.basis and "'sglang-0.5'" in other.basis
-    assert prediction_interval(summary, get_hardware("xeon-8480-2s"), get_engine("serveplan"), "online", MODEL) is None
+    assert prediction_interval(summary, get_hardware("xeon-8480-2s"), get_engine("serveplan"), RunKind("serveplan", "online", "dense"), MODEL) is None
     # A run carries its engine's own band where the fit has one, the all-engines band elsewhere.
     model = MODEL.model_copy(update={"engine_bands": {"sglang": {"tpot_itl": WIDE}}})
-    sglang = prediction_interval(summary, hw, get_engine("sglang-0.5"), "online", model)
+    sglang = prediction_interval(summary, hw, get_engine("sglang-0.5"), RunKind("sglang", "online", "dense"), model)
     assert sglang is not None and sglang.ranges["itl_ms.p50"] == (pytest.approx(summary.itl_ms.p50 * 0.5),
                                                                   pytest.approx(summary.itl_ms.p50 * 2.0))
     assert sglang.ranges["ttft_ms.p99"] == band.ranges["ttft_ms.p99"]
     assert "tpot_itl of sglang runs (100 figures" in sglang.basis and "ttft of all engines" in sglang.basis
-    vllm = prediction_interval(summary, hw, get_engine("vllm-0.11"), "online", model)
+    vllm = prediction_interval(summary, hw, get_engine("vllm-0.11"), RunKind("vllm", "online", "dense"), model)
     assert vllm is not None and vllm.ranges == band.ranges
     # Runs of a regime with a band of its own carry it before their engine's; the simulator tells a
     # Poisson stream (online) from a burst (offline) by its requests.
     model = model.model_copy(update={"regime_bands": {"online": {"tpot_itl": BAND}}})
-    online, offline = (prediction_interval(summary, hw, get_engine("sglang-0.5"), regime, model)
+    online, offline = (prediction_interval(summary, hw, get_engine("sglang-0.5"), RunKind("sglang", regime, "dense"), model)
                        for regime in ("online", "offline"))
     assert online is not None and online.ranges["itl_ms.p50"] == band.ranges["itl_ms.p50"]
     assert "tpot_itl of online runs" in online.basis
@@ -576,6 +647,15 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     for workload, regime in ((w, "online"), (w.model_copy(update={"arrival": OfflineArrivals()}), "offline")):
         carried = simulate(cfg, hw, Deployment(hardware=hw.name), workload, fit=model).summary.prediction_interval
         assert carried is not None and ("tpot_itl of online runs" in carried.basis) == (regime == "online")
+    # ... and a model routing tokens to experts carries the MoE models' band where the fit has one.
+    model = model.model_copy(update={"architecture_bands": {"moe": {"tpot_itl": WIDE}}})
+    moe = simulate(resolve_model("qwen3-30b-a3b"), hw, Deployment(hardware=hw.name), w.model_copy(
+        update={"arrival": OfflineArrivals()}), fit=model).summary
+    assert moe.prediction_interval is not None and "tpot_itl of MoE-model runs" in moe.prediction_interval.basis
+    assert moe.prediction_interval.ranges["itl_ms.p50"] == (pytest.approx(moe.itl_ms.p50 * 0.5),
+                                                            pytest.approx(moe.itl_ms.p50 * 2.0))
+    dense = simulate(cfg, hw, Deployment(hardware=hw.name), w, fit=model).summary.prediction_interval
+    assert dense is not None and "MoE-model" not in dense.basis
     assert all(math.isfinite(v) for pair in band.ranges.values() for v in pair)
 
 
