@@ -80,7 +80,8 @@ def render_public() -> None:
                              "error (%)": 100 * (f.held_out / f.measured - 1)} for f in v.figure_errors])
     st.markdown("**Held-out prediction against measurement**")
     st.altair_chart(charts.predicted_vs_measured(figures), width="stretch")
-    for title, groups in (("By benchmark client", v.by_client), ("By engine", v.by_engine), ("By GPU", v.by_gpu),
+    for title, groups in (("By benchmark client", v.by_client), ("By model architecture", v.by_architecture),
+                          ("By engine", v.by_engine), ("By GPU", v.by_gpu),
                           ("By source", v.by_source)):
         table = pd.DataFrame([{"group": g.group, "figures": g.figures, "held out, median |error| %": g.held_out_median_abs_pct,
                                "held out, median signed %": g.held_out_median_signed_pct,

@@ -66,6 +66,8 @@ class PublicValidation(BaseModel):
     skipped: list[SkippedRun]
     by_metric_family: list[GroupError]
     by_client: list[GroupError] = Field(description="By how the benchmark client offered the requests, and metric family")
+    by_architecture: list[GroupError] = Field(default_factory=list, description="By the model's architecture (dense, "
+                                              "moe), and metric family")
     by_engine: list[GroupError]
     by_gpu: list[GroupError]
     by_source: list[GroupError]
@@ -197,6 +199,7 @@ def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun]
         fit_file=_shown(fit_file), figures=len(results), sources=len({r.source_key for r in results}),
         runs=len({r.run_key for r in results}), skipped=list(skipped),
         by_metric_family=by_family, by_client=group_errors(results, lambda r: f"{clients[r.run_key]}: {r.family}"),
+        by_architecture=group_errors(results, lambda r: f"{groups['architecture'][r.run_key]}: {r.family}"),
         by_engine=group_errors(results, lambda r: r.engine),
         by_gpu=group_errors(results, lambda r: r.hardware), by_source=group_errors(results, lambda r: r.source_key),
         bands=bands(results), engine_bands=own, all_engines_coverage=_all_engines_coverage(results, own),
@@ -316,6 +319,12 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
         "metric family.",
         "",
         *_table(v.by_client), "",
+        "## By model architecture",
+        "",
+        "Dense models run every weight on every token; mixture-of-experts models (moe) route each token to a few "
+        "experts.",
+        "",
+        *_table(v.by_architecture), "",
         "## By engine", "", *_table(v.by_engine), "",
         "## By GPU", "", *_table(v.by_gpu), "",
         "## By source", "", *_table(v.by_source), "",

@@ -463,6 +463,7 @@ def _public_json() -> str:
     return PublicValidation(
         fit_file="fit.json", figures=len(rows), sources=3, runs=6, skipped=[], by_metric_family=by_family,
         by_client=group_errors(rows, lambda r: f"offline (every request at once): {r.family}"),
+        by_architecture=group_errors(rows, lambda r: f"dense: {r.family}"),
         by_engine=group_errors(rows, lambda r: r.engine), by_gpu=group_errors(rows, lambda r: r.hardware),
         by_source=group_errors(rows, lambda r: r.source_key), bands=bands(rows), targets_pct=TARGETS_PCT,
         met={g.group: g.held_out_median_abs_pct <= TARGETS_PCT[g.group] for g in by_family},
@@ -480,6 +481,8 @@ def test_validate_shows_the_public_validation_beside_the_engine_one(docs):
     assert set(families["metric family"]) == {"throughput", "ttft"}
     floors = next(d.value for d in at.dataframe if "left, one factor per run %" in d.value.columns)
     assert list(floors["left, one factor per run %"]) == [0.0, 0.0]  # one figure of each family per run
+    groups = [set(d.value["group"]) for d in at.dataframe if "group" in d.value.columns]
+    assert {"dense: throughput", "dense: ttft"} in groups  # by model architecture
     (docs / "validation-public.json").write_text('{"figures": "many"}')
     at = open_page("validate")
     assert not at.exception
