@@ -61,6 +61,9 @@ class Experts:
     act_bytes_per_row: float
     dequant_ops_per_expert: float
     kernels: float
+    # Expert-parallel ranks, each holding num_experts / ranks whole experts: a layer's experts end
+    # when the busiest rank does (model.busiest_rank_factors). 1: every rank holds a slice of each.
+    ranks: int = 1
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,7 @@ def build_operators(model: ModelConfig, dep: Deployment) -> Operators:
         experts = Experts(mo.num_experts, mo.top_k, 2 * n_moe * mo.top_k * per_expert / tp,
                           n_moe * per_expert / tp * wbytes,
                           n_moe * (2 * h + 3 * mo.top_k * mo.expert_intermediate_size / tp) * act,
-                          n_moe * per_expert / tp * DEQUANT_OPS_PER_WEIGHT, 4 * n_moe)
+                          n_moe * per_expert / tp * DEQUANT_OPS_PER_WEIGHT, 4 * n_moe, dep.expert_parallel)
         if mo.num_shared_experts:
             size = mo.num_shared_experts * mo.shared_expert_intermediate_size
             shared = gemm(3 * h * size, 2 * h, 3 * size / tp, n_moe, 3 * n_moe)
