@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from engine.catalog import resolve_model
 from engine.errors import InputError
-from planner.costmodel.fitted import (ARCHITECTURE_WORDS, BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band, FittedModel,
-                                      load_fitted_model)
+from planner.costmodel.fitted import (ARCHITECTURE_WORDS, BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band,
+                                      FittedModel, load_fitted_model)
 from planner.engines import get_engine
 from planner.metrics import MetricFamily
 from planner.public.data import MEASUREMENTS_FILE, PublicRun, public_runs
@@ -334,8 +334,8 @@ ENGINE_BANDS_NOTE = (f"engine_bands: the same from one engine's figures (every r
                      f"it has {MIN_ENGINE_BAND_FIGURES} figures from {MIN_BAND_SOURCES} sources; architecture_bands and "
                      "regime_bands: the same from the figures of dense or MoE models' runs, and of runs whose requests "
                      "arrived online (over time, or from users back to back) or offline (all at once), for the families "
-                     f"where such a group has {MIN_GROUP_BAND_FIGURES} figures from {MIN_BAND_SOURCES} sources and its own "
-                     f"band's held-out coverage of them is at least {100 * GROUP_BAND_GAIN:g} points nearer "
+                     f"where such a group has {MIN_GROUP_BAND_FIGURES} figures from {MIN_BAND_SOURCES} sources and its "
+                     f"own band's held-out coverage of them is at least {100 * GROUP_BAND_GAIN:g} points nearer "
                      f"{BAND_COVERAGE:.0%} than that of the bands they carry otherwise (a regime's before an "
                      "architecture's, an architecture's before an engine's)")
 
@@ -586,5 +586,6 @@ def _band(rows: Sequence[HeldOutFigure], basis: Sequence[HeldOutFigure], partner
 
 
 __all__ = ["PublicFit", "FigureResult", "GroupBand", "HeldOutFigure", "SkippedRun", "bands", "engine_bands", "engine_of",
-           "carried_coverage", "carried_group_bands", "fitted_group_bands", "group_bands", "group_candidates", "run_groups",
+           "carried_coverage", "carried_group_bands", "fitted_group_bands", "group_bands", "group_candidates",
+           "run_groups",
            "held_out_coverage", "rebanded", "calibrate_public", "predict_public", "write_fit", "Stage"]

@@ -21,9 +21,9 @@ from hwprofiles import PROFILE_DIR
 from planner.costmodel.fitted import ARCHITECTURE_WORDS, PUBLIC_FIT_FILE, Band
 from planner.metrics import MetricFamily
 from planner.public.calibration import (
-    BAND_AXES, GROUP_BAND_GAIN, BandAxis, MIN_BAND_SOURCES, MIN_ENGINE_BAND_FIGURES, MIN_GROUP_BAND_FIGURES, UNITS, FigureResult,
-    GroupBand, PublicFit, RunGroups, SkippedRun, bands, carried_coverage, data_digest, engine_bands, engine_of, group_bands,
-    group_candidates, held_out_coverage, predict_public, prepare_all, run_groups, unit_of,
+    BAND_AXES, GROUP_BAND_GAIN, MIN_BAND_SOURCES, MIN_ENGINE_BAND_FIGURES, MIN_GROUP_BAND_FIGURES, UNITS, BandAxis,
+    FigureResult, GroupBand, PublicFit, RunGroups, SkippedRun, bands, carried_coverage, data_digest, engine_bands,
+    engine_of, group_bands, group_candidates, held_out_coverage, predict_public, prepare_all, run_groups, unit_of,
 )
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import Figures, Progress, no_progress
@@ -293,16 +293,19 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
         "",
         f"Per model architecture (dense; MoE: a mixture of experts), then per arrival regime (online: requests over "
         f"time, Poisson or users back to back; offline: all at once), where its held-out figures of a family number "
-        f"{MIN_GROUP_BAND_FIGURES} from {MIN_BAND_SOURCES} sources: the group's own band, and how many of the same figures "
-        "it held beside how many the bands they carry otherwise held (an architecture's band where its row says so, "
-        "their engine's, else all engines'), measured the same way. Runs of that group carry it, a regime's before an "
+        f"{MIN_GROUP_BAND_FIGURES} from {MIN_BAND_SOURCES} sources: the group's own band, and how many of the same "
+        "figures it held beside how many the bands they would carry without it held (a regime's figures: their "
+        "architecture's band where one is kept, else their engine's, else all engines'; an architecture's: their "
+        "engine's, else all engines'), measured the same way. Runs of that group carry it, a regime's before an "
         f"architecture's and an architecture's before their engine's, where it holds them at least "
         f"{100 * GROUP_BAND_GAIN:g} points nearer the stated share; `simulate` and `compare` take a run's regime from "
         "its requests, `plan` probes online.",
         "",
-        "| group: metric family | P5 | P10 | P50 | P90 | P95 | P10..P90 held-out coverage | figures | otherwise | carried |",
+        "| group: metric family | P5 | P10 | P50 | P90 | P95 | P10..P90 held-out coverage | figures | otherwise "
+        "| carried |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-        *(f"| {c.axis} {c.group}: {c.family} | " + " | ".join(f"x{c.band.ratio_at(p):.2f}" for p in (0.05, 0.1, 0.5, 0.9, 0.95))
+        *(f"| {c.axis} {c.group}: {c.family} | "
+          + " | ".join(f"x{c.band.ratio_at(p):.2f}" for p in (0.05, 0.1, 0.5, 0.9, 0.95))
           + f" | {c.band.held_out_coverage:.0%} | {c.band.figures} | {c.otherwise_coverage:.0%} | "
           f"{_carried_words(c)} |" for c in v.group_bands),
         "",

@@ -15,9 +15,9 @@ from planner.cli import main
 from planner.costmodel.fitted import PUBLIC_FIT_FILE, Band, FittedModel, RunKind, pessimistic, prediction_interval
 from planner.hardware import get_hardware
 from planner.engines import get_engine
-from planner.public.calibration import (FigureResult, FoldFigures, GroupBand, HeldOutFigure, Stage, bands, calibrate_public,
-                                        carried_coverage, engine_bands, group_bands, group_candidates, held_out_coverage,
-                                        rebanded, run_groups, write_fit)
+from planner.public.calibration import (FigureResult, FoldFigures, GroupBand, HeldOutFigure, Stage, bands,
+                                        calibrate_public, carried_coverage, engine_bands, group_bands, group_candidates,
+                                        held_out_coverage, rebanded, run_groups, write_fit)
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import (FIT_TOLERANCE, PLAUSIBLE, SETTLED_X, START_MARGIN, Figures, Space, Traced, fit,
                                 fit_folds, fit_rounds, simulate_runs, surrogate, trace_run)
@@ -372,6 +372,8 @@ MODEL = FittedModel(families={"hopper": {}}, engines={"vllm-0.11": {}}, source="
                     bands={"throughput": BAND, "ttft": BAND, "tpot_itl": BAND, "e2e": BAND})
 WIDE = Band(probabilities=[0.05, 0.1, 0.5, 0.9, 0.95], ratios=[0.4, 0.5, 1.0, 2.0, 3.0], held_out_coverage=0.8,
             figures=100)
+# Dense models' runs arriving online, served by vLLM / SGLang: the bands FittedModel.bands_for picks for them.
+VLLM, SGLANG = RunKind("vllm", "online", "dense"), RunKind("sglang", "online", "dense")
 
 
 def test_band_quantiles_interval_and_bounds() -> None:
@@ -385,7 +387,8 @@ def test_band_quantiles_interval_and_bounds() -> None:
     p10 = Band(probabilities=[0.1, 0.5, 0.9], ratios=[0.8, 1.0, 1.25], held_out_coverage=0.8, figures=3)
     assert p10.interval() == (0.8, 1.25)
     narrow = MODEL.model_copy(update={"bands": dict.fromkeys(MODEL.bands, p10)})
-    assert pessimistic(SLO(ttft_p99_ms=500), 0.9, RunKind("vllm", "online", "dense"), narrow).rate_factor == pytest.approx(1 / 0.8)
+    kind = RunKind("vllm", "online", "dense")
+    assert pessimistic(SLO(ttft_p99_ms=500), 0.9, kind, narrow).rate_factor == pytest.approx(1 / 0.8)
 
 
 def _figure(family: str, source: str, ratio: float, i: int) -> HeldOutFigure:
@@ -559,10 +562,11 @@ def test_an_architecture_band_sits_between_the_engines_and_the_regimes() -> None
     assert model.bands_for(RunKind("vllm", "online", "moe"))["tpot_itl"] == WIDE  # a regime's band first
     assert model.bands_for(RunKind("vllm", "offline", "dense"))["tpot_itl"] == own["vllm"]["tpot_itl"]
     sizing = pessimistic(SLO(tpot_p99_ms=50), 0.9, RunKind("vllm", "offline", "moe"), model)
-    assert sizing.slo.tpot_p99_ms == pytest.approx(50 / moe.band.ratio_at(0.9)) and "tpot_itl of MoE-model runs" in sizing.note
+    assert sizing.slo.tpot_p99_ms == pytest.approx(50 / moe.band.ratio_at(0.9))
+    assert "tpot_itl of MoE-model runs" in sizing.note
 
 
-def test_an_architecture_band_whose_runs_all_carry_their_regimes_band_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_architecture_band_whose_runs_all_carry_their_regimes_is_not_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     """Known answer, every candidate carried (no margin asked): where both regimes have a band of a
     family, every run carries its regime's, so the architectures' bands of it are shadowed and the fit
     keeps none; where only one regime has one, the runs of the other keep their architecture's."""
@@ -597,14 +601,14 @@ def test_the_regime_of_a_replay_and_of_its_published_run_agree() -> None:
 
 def test_pessimistic_sizing_tightens_targets_and_raises_the_rate() -> None:
     slo = SLO(ttft_p99_ms=500, tpot_p99_ms=50)
-    p = pessimistic(slo, 0.9, RunKind("vllm", "online", "dense"), MODEL)
+    p = pessimistic(slo, 0.9, VLLM, MODEL)
     assert p.slo.ttft_p99_ms == pytest.approx(400)
     assert p.slo.tpot_p99_ms == pytest.approx(40)
     assert p.rate_factor == pytest.approx(1 / 0.8)
     assert "confidence 0.9" in p.note
-    assert pessimistic(slo, 0.5, RunKind("vllm", "online", "dense"), MODEL).slo == slo  # at the median ratio of 1, nothing changes
+    assert pessimistic(slo, 0.5, VLLM, MODEL).slo == slo  # at the median ratio of 1, nothing changes
     # An engine with a TPOT/ITL band of its own is sized by it, and by the all-engines band elsewhere.
-    own = pessimistic(slo, 0.9, RunKind("sglang", "online", "dense"), MODEL.model_copy(update={"engine_bands": {"sglang": {"tpot_itl": WIDE}}}))
+    own = pessimistic(slo, 0.9, SGLANG, MODEL.model_copy(update={"engine_bands": {"sglang": {"tpot_itl": WIDE}}}))
     assert own.slo.tpot_p99_ms == pytest.approx(25) and own.slo.ttft_p99_ms == pytest.approx(400)
     assert "tpot_itl of sglang runs" in own.note and "ttft of all engines" in own.note
 
@@ -618,28 +622,29 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     model, hw = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
     w = get_workload("chat").model_copy(update={"num_requests": 20})
     summary = simulate(model, hw, Deployment(hardware=hw.name), w).summary
-    band = prediction_interval(summary, hw, get_engine("vllm-0.11"), RunKind("vllm", "online", "dense"), MODEL)
+    band = prediction_interval(summary, hw, get_engine("vllm-0.11"), VLLM, MODEL)
     assert band is not None
     low, high = band.ranges["ttft_ms.p99"]
     assert (low, high) == (pytest.approx(summary.ttft_ms.p99 * 0.8), pytest.approx(summary.ttft_ms.p99 * 1.25))
     assert "not in the fit" not in band.basis
-    other = prediction_interval(summary, get_hardware("b200"), get_engine("sglang-0.5"), RunKind("sglang", "online", "dense"), MODEL)
+    other = prediction_interval(summary, get_hardware("b200"), get_engine("sglang-0.5"), SGLANG, MODEL)
     assert other is not None and "'blackwell' was not in the fit" in other.basis and "'sglang-0.5'" in other.basis
-    assert prediction_interval(summary, get_hardware("xeon-8480-2s"), get_engine("serveplan"), RunKind("serveplan", "online", "dense"), MODEL) is None
+    cpu = RunKind("serveplan", "online", "dense")
+    assert prediction_interval(summary, get_hardware("xeon-8480-2s"), get_engine("serveplan"), cpu, MODEL) is None
     # A run carries its engine's own band where the fit has one, the all-engines band elsewhere.
     model = MODEL.model_copy(update={"engine_bands": {"sglang": {"tpot_itl": WIDE}}})
-    sglang = prediction_interval(summary, hw, get_engine("sglang-0.5"), RunKind("sglang", "online", "dense"), model)
+    sglang = prediction_interval(summary, hw, get_engine("sglang-0.5"), SGLANG, model)
     assert sglang is not None and sglang.ranges["itl_ms.p50"] == (pytest.approx(summary.itl_ms.p50 * 0.5),
                                                                   pytest.approx(summary.itl_ms.p50 * 2.0))
     assert sglang.ranges["ttft_ms.p99"] == band.ranges["ttft_ms.p99"]
     assert "tpot_itl of sglang runs (100 figures" in sglang.basis and "ttft of all engines" in sglang.basis
-    vllm = prediction_interval(summary, hw, get_engine("vllm-0.11"), RunKind("vllm", "online", "dense"), model)
+    vllm = prediction_interval(summary, hw, get_engine("vllm-0.11"), VLLM, model)
     assert vllm is not None and vllm.ranges == band.ranges
     # Runs of a regime with a band of its own carry it before their engine's; the simulator tells a
     # Poisson stream (online) from a burst (offline) by its requests.
     model = model.model_copy(update={"regime_bands": {"online": {"tpot_itl": BAND}}})
-    online, offline = (prediction_interval(summary, hw, get_engine("sglang-0.5"), RunKind("sglang", regime, "dense"), model)
-                       for regime in ("online", "offline"))
+    online, offline = (prediction_interval(summary, hw, get_engine("sglang-0.5"), kind, model)
+                       for kind in (SGLANG, RunKind("sglang", "offline", "dense")))
     assert online is not None and online.ranges["itl_ms.p50"] == band.ranges["itl_ms.p50"]
     assert "tpot_itl of online runs" in online.basis
     assert offline is not None and offline.ranges == sglang.ranges
