@@ -42,6 +42,19 @@ if TYPE_CHECKING:
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in ENGINE_DTYPES}
 GIB = 2**30
+@dataclass
+class EngineClock:
+    """Seconds since `origin`, a time.perf_counter() value (the system-wide monotonic clock). The
+    engine hands this object, not a method of its own, to its step loop: a bound method would make
+    the engine and its loop a reference cycle, and the KV cache (1 GiB on a CPU by default) would
+    then wait for Python's cycle collector, which large tensors do not prompt, to be freed."""
+
+    origin: float
+
+    def __call__(self) -> float:
+        return time.perf_counter() - self.origin
+
+
 @dataclass(frozen=True)
 class RequestOutput:
     request_id: str
@@ -162,18 +175,19 @@ class LLM:
                            self.host_blocks, self.disk_blocks),
         )
         self.runner: ModelRunner | None = None
+        self._clock = EngineClock(time.perf_counter())
         if isinstance(loaded, WorkerPool):
             self.executor: Executor = loaded.executor(self.num_blocks, cfg.block_size_tokens, kv_dtype, cfg.seed)
-            self.loop = StepLoop(self.scheduler, self.executor, self.now)
+            self.loop = StepLoop(self.scheduler, self.executor, self._clock)
         else:
             self.executor = self.runner = self._runner(loaded, cfg, kv_dtype, device)
             spec = cfg.speculative
             proposer = None if spec is None else build_proposer(spec, TargetInfo(
                 self.model, self.config, self.tokenizer, self.max_model_len, self.num_blocks, cfg.block_size_tokens,
                 cfg.max_num_seqs, kv_dtype, dtype, device, cfg.seed, cfg.random_weights))
-            self.loop = StepLoop(self.scheduler, self.runner, self.now, proposer=proposer)
+            self.loop = StepLoop(self.scheduler, self.runner, self._clock, proposer=proposer)
         self._ids = itertools.count()
-        self._t0 = time.perf_counter()
+        self._clock.origin = time.perf_counter()  # time runs from the end of start-up
         self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer is not None else (
             self.config.eos_token_ids[0] if self.config.eos_token_ids else None)
         self._grammar_compiler: GrammarCompiler | None = None
@@ -198,7 +212,7 @@ class LLM:
 
     def now(self) -> float:
         """Seconds since the engine started; the scheduler is always handed this clock."""
-        return time.perf_counter() - self._t0
+        return self._clock()
 
     def share_clock(self, origin: float) -> None:
         """Measure time from `origin`, a time.perf_counter() value, instead of the engine's start:
@@ -206,7 +220,7 @@ class LLM:
         (perf_counter is the system-wide monotonic clock). Before any request is added."""
         if self.scheduler.requests:
             raise RuntimeError("share_clock() must come before the first request")
-        self._t0 = origin
+        self._clock.origin = origin
 
     def _blocks_that_fit(self, device: torch.device, kv_dtype: torch.dtype) -> int:
         cfg = self.engine_config
