@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 TORCH_DTYPES = {name: getattr(torch, name) for name in ENGINE_DTYPES}
 GIB = 2**30
+
+
 @dataclass
 class EngineClock:
     """Seconds since `origin`, a time.perf_counter() value (the system-wide monotonic clock). The
