@@ -177,19 +177,21 @@ class LLM:
                            self.host_blocks, self.disk_blocks),
         )
         self.runner: ModelRunner | None = None
-        self._clock = EngineClock(time.perf_counter())
+        # The engine's clock (now() reads it): whatever keeps time for the engine's own parts takes this
+        # object, not now(), so that none of them holds the engine (EngineClock).
+        self.clock = EngineClock(time.perf_counter())
         if isinstance(loaded, WorkerPool):
             self.executor: Executor = loaded.executor(self.num_blocks, cfg.block_size_tokens, kv_dtype, cfg.seed)
-            self.loop = StepLoop(self.scheduler, self.executor, self._clock)
+            self.loop = StepLoop(self.scheduler, self.executor, self.clock)
         else:
             self.executor = self.runner = self._runner(loaded, cfg, kv_dtype, device)
             spec = cfg.speculative
             proposer = None if spec is None else build_proposer(spec, TargetInfo(
                 self.model, self.config, self.tokenizer, self.max_model_len, self.num_blocks, cfg.block_size_tokens,
                 cfg.max_num_seqs, kv_dtype, dtype, device, cfg.seed, cfg.random_weights))
-            self.loop = StepLoop(self.scheduler, self.runner, self._clock, proposer=proposer)
+            self.loop = StepLoop(self.scheduler, self.runner, self.clock, proposer=proposer)
         self._ids = itertools.count()
-        self._clock.origin = time.perf_counter()  # time runs from the end of start-up
+        self.clock.origin = time.perf_counter()  # time runs from the end of start-up
         self.eos_token_id = self.tokenizer.eos_token_id if self.tokenizer is not None else (
             self.config.eos_token_ids[0] if self.config.eos_token_ids else None)
         self._grammar_compiler: GrammarCompiler | None = None
@@ -214,7 +216,7 @@ class LLM:
 
     def now(self) -> float:
         """Seconds since the engine started; the scheduler is always handed this clock."""
-        return self._clock()
+        return self.clock()
 
     def share_clock(self, origin: float) -> None:
         """Measure time from `origin`, a time.perf_counter() value, instead of the engine's start:
@@ -222,7 +224,7 @@ class LLM:
         (perf_counter is the system-wide monotonic clock). Before any request is added."""
         if self.scheduler.requests:
             raise RuntimeError("share_clock() must come before the first request")
-        self._clock.origin = origin
+        self.clock.origin = origin
 
     def _blocks_that_fit(self, device: torch.device, kv_dtype: torch.dtype) -> int:
         cfg = self.engine_config

@@ -184,7 +184,7 @@ class _Worker:
             self.sender.release(message[1])
         elif kind == "attach":
             self.stagings = [SharedMemoryStaging(name, layout) for name, layout in message[1]]
-            self.external = ReceivedKV(SharedMemoryReceiver(self.stagings), self.llm.now)
+            self.external = ReceivedKV(SharedMemoryReceiver(self.stagings), self.llm.clock)
             self.llm.runner.external = self.external
         elif kind == "stats":
             stats = self.llm.scheduler.stats()
