@@ -207,6 +207,10 @@ class ConstantArrivals(_Spec):
         return self.rate_per_s
 
 
+# Expected arrivals per cycle of a time-varying schedule, at least: one request a billion cycles.
+MIN_ARRIVALS_PER_CYCLE = 1e-9
+
+
 class RateSegment(_Spec):
     duration_s: float = Field(gt=0, le=1e7, description="Length of this segment, seconds")
     rate_per_s: float = Field(
@@ -224,6 +228,12 @@ class TimeVaryingArrivals(_Spec):
     def _some_traffic(self) -> TimeVaryingArrivals:
         if not any(s.rate_per_s > 0 for s in self.segments):
             raise ValueError("at least one segment needs rate_per_s > 0")
+        per_cycle = sum(s.rate_per_s * s.duration_s for s in self.segments)
+        if per_cycle < MIN_ARRIVALS_PER_CYCLE:
+            # Below it a request arrives after billions of cycles, and a schedule whose mass
+            # underflows would put every arrival at infinity.
+            raise ValueError(f"the schedule expects {per_cycle:.3g} arrivals a cycle (sum of rate_per_s x "
+                             f"duration_s over its segments); it must expect at least {MIN_ARRIVALS_PER_CYCLE:g}")
         return self
 
     def times(self, rng: np.random.Generator, n: int) -> np.ndarray:

@@ -160,6 +160,8 @@ def test_time_varying_rate_per_segment_and_repeats() -> None:
     {"kind": "constant", "rate_per_s": 0}, {"kind": "closed_loop", "concurrency": 0},
     {"kind": "time_varying", "segments": [{"duration_s": 5, "rate_per_s": 0}]},
     {"kind": "time_varying", "segments": [{"duration_s": 5, "rate_per_s": -1}]},
+    # Expected arrivals a cycle that underflow (1e-310): every arrival would be at infinity.
+    {"kind": "time_varying", "segments": [{"duration_s": 1e-300, "rate_per_s": 1e-10}]},
 ])
 def test_bad_rates_are_validation_errors(bad: dict) -> None:
     with pytest.raises(ValidationError):
