@@ -46,6 +46,7 @@ from planner.costmodel.operators import (
     DEQUANT_OPS_PER_WEIGHT,
     NORM_TRAFFIC,
     Comm,
+    Experts,
     Gemm,
     Operators,
     build_operators,
@@ -159,7 +160,7 @@ def busiest_rank_factors(num_experts: int, top_k: int, ranks: int, tokens: int) 
     (distinct experts it touches, expert rows it computes), each E[max over ranks] / mean. A layer's
     experts end when its busiest rank does (the all-reduce or all-to-all after them waits), so at a
     few tokens one rank may read several experts' weights where the mean rank reads one (one token,
-    8 of 128 experts on 8 ranks: 2.2 against 1). Ranks are taken as independent, each expert touched
+    8 of 128 experts on 8 ranks: 2.5 against 1). Ranks are taken as independent, each expert touched
     with probability 1 - (1 - k/E)^T and each of the T x k rows on a rank with probability 1/ranks
     (a seeded Monte Carlo of top-k routing agrees within 5 %, the rows from 16 tokens on: below, the
     ranks' shared total makes the busiest one busier, by up to 7 %, where weight reads bound the step);
@@ -179,6 +180,16 @@ def _expected_max_binomial(n: int, p: float, draws: int) -> float:
     low, high = max(0, int(n * p - 10 * sd)), min(n, int(n * p + 10 * sd) + 2)
     m = np.arange(low, high)
     return low + float(np.sum(1.0 - binom.cdf(m, n, p) ** draws))
+
+
+def _busiest(e: Experts, rows: Number) -> tuple[Number, Number]:
+    """busiest_rank_factors of experts `e` on their expert-parallel ranks at `rows` tokens, a step's or
+    each step's of an array (computed once per distinct count)."""
+    if not isinstance(rows, np.ndarray):
+        return busiest_rank_factors(e.num_experts, e.top_k, e.ranks, round(float(rows)))
+    counts, where = np.unique(np.rint(rows).astype(np.int64), return_inverse=True)
+    factors = np.array([busiest_rank_factors(e.num_experts, e.top_k, e.ranks, int(c)) for c in counts])
+    return factors[where, 0].reshape(rows.shape), factors[where, 1].reshape(rows.shape)
 
 
 def gemm_compute_dtype(weight_dtype: str, hw: HardwareProfile) -> tuple[str, bool]:
@@ -626,7 +637,7 @@ class CostModel:
         math = flops * self._s_per_flop * self._compute_rows(per_expert) / _max(per_expert, 1e-9)
         dequant = touched * e.dequant_ops_per_expert * self._s_per_dequant_op
         if e.ranks > 1:  # the busiest expert-parallel rank: more experts touched, more rows than the mean
-            touched_factor, rows_factor = self._busiest(rows)
+            touched_factor, rows_factor = _busiest(e, rows)
             weight_bytes, dequant = weight_bytes * touched_factor, dequant * touched_factor
             act_bytes, math = act_bytes * rows_factor, math * rows_factor
         p = self.params
@@ -636,17 +647,6 @@ class CostModel:
         roofline = _max(math / p.grouped_gemm_efficiency + dequant,
                         (weight_bytes + act_bytes) * self._s_per_byte) / p.moe_kernel_efficiency
         return (e.kernels * p.kernel_latency_s + roofline) * _present(rows)
-
-    def _busiest(self, rows: Number) -> tuple[Number, Number]:
-        """busiest_rank_factors of this model's experts on its expert-parallel ranks at `rows` tokens,
-        a step's or each step's of an array (computed once per distinct count)."""
-        e = self.ops.experts
-        assert e is not None
-        if not isinstance(rows, np.ndarray):
-            return busiest_rank_factors(e.num_experts, e.top_k, e.ranks, round(float(rows)))
-        counts, where = np.unique(np.rint(rows).astype(np.int64), return_inverse=True)
-        factors = np.array([busiest_rank_factors(e.num_experts, e.top_k, e.ranks, int(c)) for c in counts])
-        return factors[where, 0].reshape(rows.shape), factors[where, 1].reshape(rows.shape)
 
     def _attention(self, tokens: Number, flops: Number, kv_tokens: Number, work: list[Number]) -> Number:
         a = self.ops.attention
