@@ -84,11 +84,12 @@ class DeviceDefaults(_Spec):
 
 class LongContextChunking(_Spec):
     """vLLM V0: with --enable-chunked-prefill unset, chunked prefill switches itself on for models
-    whose max_model_len exceeds a threshold (to keep the profiling pass from running out of memory),
-    with its own small token budget, and the scheduler then mixes decodes and chunks."""
+    whose max_model_len exceeds a threshold (to keep the profiling pass from running out of memory).
+    Whenever chunked prefill is on, switched on so or by the flag, the scheduler takes its own small
+    token budget and mixes decodes and chunks; with the flag off it stays off at any max_model_len."""
 
     above_max_model_len: int = Field(ge=1, description="Chunked prefill turns on when max_model_len exceeds this")
-    max_num_batched_tokens: int = Field(ge=1, description="Default budget once it is on")
+    max_num_batched_tokens: int = Field(ge=1, description="Default budget whenever it is on")
     batching: Batching = Field(description="How a step is built once it is on")
     source: str
 
@@ -412,8 +413,12 @@ class EngineProfile(_Spec):
     def _device_rule(self, family: str, memory_gib: float, tp: int) -> DeviceDefaults | None:
         return next((r for r in self.scheduling.device_defaults if r.matches(family, memory_gib, tp)), None)
 
-    def _long_context(self, max_model_len: int | None) -> LongContextChunking | None:
+    def _long_context(self, max_model_len: int | None, chunked_prefill: bool | None = None) -> LongContextChunking | None:
+        """The V0 chunked-prefill rule in force: with `chunked_prefill` (the deployment's flag) given, on
+        exactly when the flag is; unset, when max_model_len is over the rule's threshold."""
         rule = self.scheduling.long_context_chunking
+        if chunked_prefill is not None:
+            return rule if chunked_prefill else None
         if rule is None and not self.scheduling.budget_covers_max_model_len:
             return None
         if max_model_len is None:
@@ -422,20 +427,26 @@ class EngineProfile(_Spec):
         return rule if rule is not None and max_model_len > rule.above_max_model_len else None
 
     def scheduling_defaults(
-        self, family: str, memory_gib: float, *, tp: int = 1, offline: bool = False, max_model_len: int | None = None
+        self, family: str, memory_gib: float, *, tp: int = 1, offline: bool = False, max_model_len: int | None = None,
+        chunked_prefill: bool | None = None,
     ) -> tuple[int, int]:
         """(max_num_seqs, max_num_batched_tokens) this engine picks on a device of `family` with `memory_gib`,
-        for the API server (or the offline LLM class); engines whose budget follows max_model_len need it."""
+        for the API server (or the offline LLM class), with chunked prefill as `chunked_prefill` sets it
+        (None: the engine's choice); engines whose budget follows max_model_len need it."""
         s, rule = self.scheduling, self._device_rule(family, memory_gib, tp)
         seqs = rule.max_num_seqs if rule and rule.max_num_seqs else s.max_num_seqs
         tokens = rule.max_num_batched_tokens if rule and rule.max_num_batched_tokens else s.max_num_batched_tokens
         if offline:
             tokens = (rule.offline_max_num_batched_tokens if rule and rule.offline_max_num_batched_tokens
                       else s.offline_max_num_batched_tokens or tokens)
-        long_context = self._long_context(max_model_len)
+        long_context = self._long_context(max_model_len, chunked_prefill)
         if long_context is not None:
             return seqs, long_context.max_num_batched_tokens
-        if s.budget_covers_max_model_len and not s.enable_chunked_prefill and max_model_len is not None:
+        chunked = s.enable_chunked_prefill if chunked_prefill is None else chunked_prefill
+        if s.budget_covers_max_model_len and not chunked:
+            if max_model_len is None:
+                raise InputError("max_model_len", None, f"{self.name} without chunked prefill takes a token budget "
+                                 "that covers max_model_len; give it")
             tokens = max(max_model_len, tokens)
         return seqs, tokens
 
@@ -452,8 +463,8 @@ class EngineProfile(_Spec):
     def chunked_prefill_default(self, max_model_len: int | None = None) -> bool:
         return self.scheduling.enable_chunked_prefill or self._long_context(max_model_len) is not None
 
-    def batching_default(self, max_model_len: int | None = None) -> Batching:
-        long_context = self._long_context(max_model_len)
+    def batching_default(self, max_model_len: int | None = None, chunked_prefill: bool | None = None) -> Batching:
+        long_context = self._long_context(max_model_len, chunked_prefill)
         return long_context.batching if long_context is not None else self.scheduling.batching
 
     def max_running_requests(
@@ -494,9 +505,12 @@ class EngineProfile(_Spec):
         return None
 
     def knob_defaults(self, family: str, memory_gib: float, *, tp: int = 1, pp: int = 1,
-                      max_model_len: int | None = None, offline: bool = False) -> dict[str, object]:
-        """Every EngineKnobs setting this engine chooses itself, on a device of `family` with `memory_gib`."""
-        seqs, tokens = self.scheduling_defaults(family, memory_gib, tp=tp, offline=offline, max_model_len=max_model_len)
+                      max_model_len: int | None = None, offline: bool = False,
+                      chunked_prefill: bool | None = None) -> dict[str, object]:
+        """Every EngineKnobs setting this engine chooses itself, on a device of `family` with `memory_gib`,
+        given the deployment's chunked-prefill flag (None: unset), which the budget and batching follow."""
+        seqs, tokens = self.scheduling_defaults(family, memory_gib, tp=tp, offline=offline, max_model_len=max_model_len,
+                                                chunked_prefill=chunked_prefill)
         s = self.scheduling
         return {
             "block_size_tokens": s.block_size_tokens,
@@ -504,7 +518,7 @@ class EngineProfile(_Spec):
             "max_num_seqs": seqs,
             "enable_chunked_prefill": self.chunked_prefill_default(max_model_len),
             "enable_prefix_caching": s.enable_prefix_caching,
-            "batching": self.batching_default(max_model_len),
+            "batching": self.batching_default(max_model_len, chunked_prefill),
             "num_scheduler_steps": s.num_scheduler_steps,
             "gpu_memory_utilization": self.memory_utilization(family, memory_gib, tp=tp, pp=pp),
             "max_graph_batch_size": self.max_graph_batch_size(family, memory_gib, tp=tp),
@@ -519,7 +533,8 @@ def resolve_deployment(dep: Deployment, hw: HardwareProfile, *, max_model_len: i
         return dep
     engine = get_engine(dep.engine)
     defaults = engine.knob_defaults(hw.family, hw.memory_gib, tp=dep.tensor_parallel, pp=dep.pipeline_parallel,
-                                    max_model_len=max_model_len, offline=offline)
+                                    max_model_len=max_model_len, offline=offline,
+                                    chunked_prefill=dep.knobs.enable_chunked_prefill)
     rule = engine.scheduling.running_from_kv
     if kv_tokens is not None and rule is not None and dep.knobs.max_num_seqs is None and max_model_len is not None:
         defaults["max_num_seqs"] = min(int(defaults["max_num_seqs"]), max(1, rule.cap(kv_tokens, max_model_len)))  # type: ignore[call-overload]

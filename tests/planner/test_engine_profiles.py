@@ -9,9 +9,10 @@ import yaml
 from engine.config import ENGINE_DEFAULTS, EngineKnobs, graph_capture_sizes
 from engine.errors import InputError
 from planner.engines import (ENGINE_FLAG_KNOBS, PROFILE_DIR, engine_catalog, engine_for_release, get_engine, knobs_from_flags,
-                             load_engine_profile)
+                             load_engine_profile, resolve_deployment)
 from planner.engines.docs import DOC, regenerate
 from planner.hardware import get_hardware
+from planner.specs import Deployment
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = ["vllm-0.5", "vllm-0.6", "vllm-0.9", "vllm-0.11", "sglang-0.3", "sglang-0.4", "sglang-0.5", "trtllm-1.2",
@@ -80,6 +81,23 @@ def test_vllm_v0_budget_follows_max_model_len(name: str) -> None:
     assert p.chunked_prefill_default(32769) and p.batching_default(131072) == "mixed"
     with pytest.raises(InputError, match="max_model_len"):
         p.scheduling_defaults(*H100)
+
+
+@pytest.mark.parametrize("name", ["vllm-0.5", "vllm-0.6"])
+def test_vllm_v0_chunked_prefill_flag_decides_budget_and_batching(name: str) -> None:
+    """--enable-chunked-prefill given either way wins over the long-context switch: off, a long model's
+    budget covers its max_model_len and prefills run first (a published 405B run sets it off with 1,024
+    running requests, which the switch's 512-token budget could not decode in one step); on, a short
+    model takes the chunked budget and mixed steps."""
+    p = get_engine(name)
+    assert p.scheduling_defaults(*H100, max_model_len=131072, chunked_prefill=False) == (256, 131072)
+    assert p.batching_default(131072, chunked_prefill=False) == "prefill_first"
+    assert p.scheduling_defaults(*H100, max_model_len=4096, chunked_prefill=True) == (256, 512)
+    assert p.batching_default(4096, chunked_prefill=True) == "mixed"
+    long_off = Deployment(hardware="h100-sxm", engine=name, knobs=EngineKnobs(enable_chunked_prefill=False,
+                                                                              max_num_seqs=1024))
+    knobs = resolve_deployment(long_off, get_hardware("h100-sxm"), max_model_len=131072).knobs
+    assert (knobs.max_num_batched_tokens, knobs.batching) == (131072, "prefill_first")
 
 
 def test_sglang_05_chunk_graph_and_memory_fraction_by_device() -> None:
