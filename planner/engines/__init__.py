@@ -413,7 +413,7 @@ class EngineProfile(_Spec):
     def _device_rule(self, family: str, memory_gib: float, tp: int) -> DeviceDefaults | None:
         return next((r for r in self.scheduling.device_defaults if r.matches(family, memory_gib, tp)), None)
 
-    def _long_context(self, max_model_len: int | None, chunked_prefill: bool | None = None) -> LongContextChunking | None:
+    def _chunking_rule(self, max_model_len: int | None, chunked_prefill: bool | None = None) -> LongContextChunking | None:
         """The V0 chunked-prefill rule in force: with `chunked_prefill` (the deployment's flag) given, on
         exactly when the flag is; unset, when max_model_len is over the rule's threshold."""
         rule = self.scheduling.long_context_chunking
@@ -439,9 +439,9 @@ class EngineProfile(_Spec):
         if offline:
             tokens = (rule.offline_max_num_batched_tokens if rule and rule.offline_max_num_batched_tokens
                       else s.offline_max_num_batched_tokens or tokens)
-        long_context = self._long_context(max_model_len, chunked_prefill)
-        if long_context is not None:
-            return seqs, long_context.max_num_batched_tokens
+        chunking = self._chunking_rule(max_model_len, chunked_prefill)
+        if chunking is not None:
+            return seqs, chunking.max_num_batched_tokens
         chunked = s.enable_chunked_prefill if chunked_prefill is None else chunked_prefill
         if s.budget_covers_max_model_len and not chunked:
             if max_model_len is None:
@@ -461,11 +461,11 @@ class EngineProfile(_Spec):
         return chosen or ("triton" if triton_only else "flash")
 
     def chunked_prefill_default(self, max_model_len: int | None = None) -> bool:
-        return self.scheduling.enable_chunked_prefill or self._long_context(max_model_len) is not None
+        return self.scheduling.enable_chunked_prefill or self._chunking_rule(max_model_len) is not None
 
     def batching_default(self, max_model_len: int | None = None, chunked_prefill: bool | None = None) -> Batching:
-        long_context = self._long_context(max_model_len, chunked_prefill)
-        return long_context.batching if long_context is not None else self.scheduling.batching
+        chunking = self._chunking_rule(max_model_len, chunked_prefill)
+        return chunking.batching if chunking is not None else self.scheduling.batching
 
     def max_running_requests(
         self, family: str, memory_gib: float, *, kv_tokens: int, context_len: int, tp: int = 1
