@@ -15,7 +15,10 @@ Rules worth knowing (all listed by `assumptions()`):
   always for int8/int4, they are weight-only: the matmul runs in bf16 and each weight read
   pays DEQUANT_OPS_PER_WEIGHT vector (fp32-peak) operations, overlapping with the read.
 - Weights are read once per step per layer, whatever the token count; activations in bf16
-  (fp32 for fp32 models). Embedding and LM head stay unquantised, as in planner/memory/weights.py.
+  (fp32 for fp32 models). Embedding and LM head stay unquantised, as in planner/memory/weights.py, and
+  so does attention where the checkpoint quantises the routed experts only (MXFP4: gpt-oss).
+- Each GPU reads the attention projections the memory model lays out on it: heads split, KV heads past
+  their count and MLA's down-projections (q_a, kv_a) whole on every tensor-parallel rank.
 - Pipeline parallelism: a step is one micro-batch flowing through every stage, so its time is
   the sum over stages (= every layer once, sharded by TP) plus (pp - 1) stage hand-offs.
 - MoE: T tokens with top-k routing among E experts touch E(1 - (1 - k/E)^T) distinct experts
@@ -490,7 +493,9 @@ class CostModel:
             "(bandwidth x memory efficiency)), summed over layers; dense weight matmuls' rooflines / "
             "dense_kernel_efficiency (the engine's kernels against the family's)",
             "weights read once per step per layer; activations in "
-            + ("fp32" if self._act == 4.0 else "bf16") + "; embedding and LM head unquantised",
+            + ("fp32" if self._act == 4.0 else "bf16") + "; embedding and LM head unquantised"
+            + ("; attention unquantised (the checkpoint quantises the routed experts only)"
+               if self.ops.qkv_proj.high_precision else ""),
             "fp8/fp4 weights compute natively when the hardware lists a peak for the format (W8A8/W4A4); otherwise, "
             f"and for int8/int4, weight-only: bf16 math plus {DEQUANT_OPS_PER_WEIGHT:g} vector ops per weight read; "
             "native ones reach scaled_gemm_efficiency of the format's FLOP rate and scaled_gemm_memory_efficiency "
@@ -552,7 +557,8 @@ class CostModel:
                 "of a prefill chunk, stores and scans 1/cp of each sequence's cache; per layer an all-gather of the "
                 "chunk's K/V and one of the decode tokens' partial attention outputs")
         if model.mla is not None:
-            notes.append("MLA: absorbed decode, expanded prefill attention; the KV latent is replicated on every TP rank; projections split over TP")
+            notes.append("MLA: absorbed decode, expanded prefill attention; the KV latent and the down-projections "
+                         "(q_a, kv_a) are replicated on every TP rank, the up- and output projections split over it")
         spec = dep.knobs.speculative
         if spec is not None:
             notes.append(

@@ -20,6 +20,7 @@ from typing import Literal
 from engine.config import ModelConfig
 from planner.engines import get_engine
 from planner.memory import SAMPLER_COPIES, WEIGHT_BYTES_PER_PARAM, kv_bytes_per_token_per_layer_per_gpu
+from planner.memory.weights import attention_params_per_rank, quantises_experts_only
 from planner.specs import Collective, Deployment
 
 # Vector operations per weight element to dequantise a weight-only-quantised matrix (unpack,
@@ -131,9 +132,11 @@ def build_operators(model: ModelConfig, dep: Deployment) -> Operators:
     wbytes = WEIGHT_BYTES_PER_PARAM[dep.weight_dtype]
 
     def gemm(params: float, in_dim: float, out_dim: float, layers: int, kernels: float, shards: int = tp,
-             row_share: float = 1.0) -> Gemm:
-        return Gemm(2 * layers * params / shards, layers * params / shards * wbytes, layers * (in_dim + out_dim) * act,
-                    layers * params / shards * DEQUANT_OPS_PER_WEIGHT, kernels, row_share=row_share)
+             row_share: float = 1.0, unquantised: bool = False) -> Gemm:
+        per_rank = layers * params / shards
+        return Gemm(2 * per_rank, per_rank * (high if unquantised else wbytes), layers * (in_dim + out_dim) * act,
+                    0.0 if unquantised else per_rank * DEQUANT_OPS_PER_WEIGHT, kernels, high_precision=unquantised,
+                    row_share=row_share)
 
     n = model.num_attention_heads
     if model.mla is not None:
@@ -152,7 +155,10 @@ def build_operators(model: ModelConfig, dep: Deployment) -> Operators:
         q_out = o_in = n * model.head_dim
         qkv_out = q_out + 2 * model.num_kv_heads * model.head_dim
         prefill_pair = model.attention_flops_per_token(1) / L
-    qkv_params = model.attention_params_per_layer() - o_params  # biases, q/k norms and sinks ride with qkv
+    # A rank holds the attention projections as the memory model lays them out: MLA's down-projections and the
+    # KV heads past their count on every rank, the rest split; qkv is what it holds beside o_proj's shard.
+    qkv_per_rank = attention_params_per_rank(model, attn_tp) - o_params / attn_tp
+    attention_unquantised = quantises_experts_only(model, dep)
 
     n_moe = model.num_moe_layers
     n_dense = L - n_moe
@@ -179,8 +185,8 @@ def build_operators(model: ModelConfig, dep: Deployment) -> Operators:
     V = model.vocab_size
     kv_tok = kv_bytes_per_token_per_layer_per_gpu(model, dep)  # what one GPU stores of a replica's token
     return Operators(
-        qkv_proj=gemm(qkv_params, h, qkv_out / attn_tp, L, L, attn_tp, 1 / dp),
-        o_proj=gemm(o_params, o_in / attn_tp, h, L, L, attn_tp, 1 / dp),
+        qkv_proj=gemm(qkv_per_rank, h, qkv_out / attn_tp, L, L, 1, 1 / dp, attention_unquantised),
+        o_proj=gemm(o_params, o_in / attn_tp, h, L, L, attn_tp, 1 / dp, attention_unquantised),
         mlp=gemm(model.dense_mlp_params(), 2 * h, 3 * inter / tp, n_dense, 3 * n_dense),
         shared_experts=shared,
         experts=experts,

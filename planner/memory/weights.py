@@ -94,14 +94,13 @@ def stage_layers(num_layers: int, pp: int) -> list[range]:
 def stage_weights(model: ModelConfig, dep: Deployment, hw: HardwareProfile, engine: EngineProfile) -> list[StageWeights]:
     tp = dep.tensor_parallel
     high = 4.0 if dep.weight_dtype == "fp32" else 2.0  # embeddings, LM head, norms, routers stay unquantised
-    # MXFP4 checkpoints (gpt-oss) quantise the routed experts only; attention stays in bf16.
-    expert_only = dep.weight_dtype == "fp4" and model.is_moe
+    expert_only = quantises_experts_only(model, dep)
     wbytes = WEIGHT_BYTES_PER_PARAM[dep.weight_dtype]
     attn_bytes = high if expert_only else wbytes
     layout = mxfp4_layout(engine, hw) if expert_only else None
 
     # Data-parallel attention: each group splits its attention weights over its tp / dp GPUs only.
-    attention = _attention_params_per_rank(model, tp // dep.attention_data_parallel) * attn_bytes
+    attention = attention_params_per_rank(model, tp // dep.attention_data_parallel) * attn_bytes
     replicated = (model.norms_per_layer * model.hidden_size + (2 * model.head_dim if model.qk_norm else 0)) * high
     dense = model.dense_mlp_params() / tp * wbytes if not all(model.layer_is_moe) else 0.0
     moe = _moe_bytes_per_rank(model, tp, wbytes, high, layout) if model.is_moe else 0.0
@@ -144,9 +143,15 @@ def _rotary_dim(model: ModelConfig) -> int:
     return model.mla.qk_rope_head_dim if model.mla is not None else model.head_dim
 
 
-def _attention_params_per_rank(model: ModelConfig, tp: int) -> float:
+def quantises_experts_only(model: ModelConfig, dep: Deployment) -> bool:
+    """MXFP4 checkpoints (gpt-oss) quantise the routed experts only: attention stays in bf16."""
+    return dep.weight_dtype == "fp4" and model.is_moe
+
+
+def attention_params_per_rank(model: ModelConfig, tp: int) -> float:
     """Attention projections on one tensor-parallel rank: heads split, KV heads replicated past their count,
-    MLA's down-projections (q_a, kv_a) replicated on every rank."""
+    MLA's down-projections (q_a, kv_a) replicated on every rank (vLLM's and SGLang's DeepSeek attention
+    hold them unsplit)."""
     h = model.hidden_size
     if model.mla is not None:
         m, n = model.mla, model.num_attention_heads / tp

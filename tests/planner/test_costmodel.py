@@ -378,6 +378,42 @@ def test_mla_prefills_expanded_and_decodes_absorbed() -> None:
         32 * 1000 * layers * 2 * per_gpu_heads * (512 + 64 + 512))
 
 
+def test_each_rank_reads_the_attention_weights_it_holds() -> None:
+    """Per layer and GPU, the attention projections a step reads are those the GPU holds: DeepSeek-V3's
+    down-projections (q_a 7168 x 1536, kv_a 7168 x (512 + 64), and their norms) whole on every
+    tensor-parallel rank, as vLLM and SGLang hold them, beside an eighth of the up-projections (q_b
+    1536 x 128 x 192, kv_b 512 x 128 x (128 + 128)) and of o_proj (128 x 128 x 7168) at tp 8;
+    Qwen3-235B-A22B's 4 KV heads one per rank at tp 8 (64 query heads of 128 over hidden 4096)."""
+    layers = resolve_model("deepseek-v3").num_layers
+    ops = cost(model="deepseek-v3", hw="h200", tensor_parallel=8, weight_dtype="fp8").ops
+    down = 7168 * (1536 + 512 + 64) + 1536 + 512
+    up = (1536 * 128 * 192 + 512 * 128 * (128 + 128)) / 8
+    assert ops.qkv_proj.weight_bytes == pytest.approx(layers * (down + up))  # fp8: a byte a weight
+    assert ops.o_proj.weight_bytes == pytest.approx(layers * 128 * 128 * 7168 / 8)
+    assert ops.qkv_proj.flops_per_row == pytest.approx(2 * ops.qkv_proj.weight_bytes)  # every rank projects every row
+
+    ops = cost(model="qwen3-235b-a22b", hw="h200", tensor_parallel=8).ops
+    assert ops.qkv_proj.weight_bytes == pytest.approx(94 * (4096 * 64 * 128 / 8 + 2 * 4096 * 128) * 2)
+
+
+def test_a_checkpoint_that_quantises_only_its_experts_reads_attention_in_bf16() -> None:
+    """gpt-oss's MXFP4 checkpoints hold the routed experts in fp4 and attention in bf16, as the memory
+    model loads them: on an H100 (no fp4 math) the attention projections read two bytes a weight at the
+    bf16 rates and dequantise nothing, the bytes of a bf16 deployment, while the experts read fp4's and
+    are dequantised."""
+    fp4 = cost(model="gpt-oss-120b", hw="h100-sxm", weight_dtype="fp4")
+    bf16 = cost(model="gpt-oss-120b", hw="h100-sxm", weight_dtype="bf16")
+    assert fp4.dequant
+    for name in ("qkv_proj", "o_proj"):
+        quantised, plain = getattr(fp4.ops, name), getattr(bf16.ops, name)
+        assert quantised.weight_bytes == pytest.approx(plain.weight_bytes) == pytest.approx(quantised.flops_per_row)
+        assert quantised.high_precision and quantised.dequant_ops == 0.0
+    m = resolve_model("gpt-oss-120b")
+    assert fp4.ops.experts is not None and fp4.ops.experts.dequant_ops_per_expert > 0
+    assert fp4.ops.experts.bytes_per_expert == pytest.approx(
+        m.num_moe_layers * m.expert_params() * WEIGHT_BYTES_PER_PARAM["fp4"])
+
+
 def test_breakdown_sums_to_step_time_for_mixed_steps() -> None:
     out = step(req(1, 900), req(1, 50), req(3, 300, prefill=False, drafts=2), req(512, 1024, samples=False), req(700))
     for cm in (cost(), cost(tensor_parallel=2, pipeline_parallel=2), cost(model="qwen3-30b-a3b", tensor_parallel=2),
