@@ -19,8 +19,8 @@ from typing import Literal
 
 from engine.config import ModelConfig
 from planner.engines import get_engine
-from planner.memory import SAMPLER_COPIES, WEIGHT_BYTES_PER_PARAM, kv_bytes_per_token_per_layer_per_gpu
-from planner.memory.weights import attention_params_per_rank, quantises_experts_only
+from planner.memory import (SAMPLER_COPIES, WEIGHT_BYTES_PER_PARAM, attention_params_per_rank,
+                            kv_bytes_per_token_per_layer_per_gpu, quantises_experts_only)
 from planner.specs import Collective, Deployment
 
 # Vector operations per weight element to dequantise a weight-only-quantised matrix (unpack,
