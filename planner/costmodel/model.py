@@ -22,7 +22,8 @@ Rules worth knowing (all listed by `assumptions()`):
 - Pipeline parallelism: a step is one micro-batch flowing through every stage, so its time is
   the sum over stages (= every layer once, sharded by TP) plus (pp - 1) stage hand-offs.
 - MoE: T tokens with top-k routing among E experts touch E(1 - (1 - k/E)^T) distinct experts
-  in expectation (uniform routing); expert weight bytes scale with that, FLOPs with T x k, and the
+  in expectation (uniform routing); expert weight bytes scale with that (each expert as the engine's
+  kernel holds it: vLLM's MXFP4 kernels pad gpt-oss's), FLOPs with T x k, and the
   grouped GEMM's efficiency follows the rows per touched expert, times the engine's fused-MoE
   kernel share (moe_kernel_efficiency) and the GPU family's grouped-GEMM share. That share slows
   the experts' tensor-core math alone: weight-only experts (MXFP4 on Hopper/Ampere, fp8 on Ampere)
@@ -244,7 +245,7 @@ class CostModel:
         # What each request arriving while the engine runs takes from its step loop (a server in the
         # engine's process, sharing its GIL).
         self.api_hold_s = self.front_end_s * p.api_hold_share
-        self.ops: Operators = build_operators(model, dep)
+        self.ops: Operators = build_operators(model, dep, hw)
         ops = self.ops
         # Kernels per step of each device operator, in OPERATORS order: launches an eager step waits for.
         calls = {op: sum(c.calls for c in ops.comms if c.operator == op) for op in COMM_OPERATORS}

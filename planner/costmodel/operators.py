@@ -20,8 +20,8 @@ from typing import Literal
 from engine.config import ModelConfig
 from planner.engines import get_engine
 from planner.memory import (SAMPLER_COPIES, WEIGHT_BYTES_PER_PARAM, attention_params_per_rank,
-                            kv_bytes_per_token_per_layer_per_gpu, quantises_experts_only)
-from planner.specs import Collective, Deployment
+                            kv_bytes_per_token_per_layer_per_gpu, mxfp4_layout, quantises_experts_only)
+from planner.specs import Collective, Deployment, HardwareProfile
 
 # Vector operations per weight element to dequantise a weight-only-quantised matrix (unpack,
 # subtract zero, scale), run at the fp32 (non-tensor-core) peak; once per step per weight read.
@@ -121,8 +121,8 @@ class Operators:
         return sum(g.kernels for g in layer_ops) + experts + self.attention.kernels + self.norm_kernels
 
 
-def build_operators(model: ModelConfig, dep: Deployment) -> Operators:
-    """The operators of `model` served as `dep`, per GPU (tensor-parallel shards; every layer once,
+def build_operators(model: ModelConfig, dep: Deployment, hw: HardwareProfile) -> Operators:
+    """The operators of `model` served as `dep` on `hw`, per GPU (tensor-parallel shards; every layer once,
     pipeline stages in turn; attention groups and context-parallel ranks each their share)."""
     tp, pp, dp, cp = dep.tensor_parallel, dep.pipeline_parallel, dep.attention_data_parallel, dep.context_parallel
     attn_tp = tp // dp  # the GPUs one attention group splits its heads over
@@ -167,11 +167,19 @@ def build_operators(model: ModelConfig, dep: Deployment) -> Operators:
     shared = router = Gemm(0.0, 0.0, 0.0, 0.0, 0.0)
     if model.moe is not None and n_moe:
         mo = model.moe
-        per_expert = model.expert_params()
-        experts = Experts(mo.num_experts, mo.top_k, 2 * n_moe * mo.top_k * per_expert / tp,
-                          n_moe * per_expert / tp * wbytes,
+        # One expert's weights on one rank, as its kernel holds them: an engine's MXFP4 kernel pads them
+        # (vLLM's Marlin and FlashInfer), and it streams and multiplies the padding too.
+        if attention_unquantised:
+            layout = mxfp4_layout(get_engine(dep.engine), hw)
+            hidden, inner = layout.padded(h, mo.expert_intermediate_size // tp)
+            expert_params = 3 * hidden * inner + ((2 * inner + hidden) if mo.expert_bias else 0)
+            expert_bytes = layout.expert_bytes(h, mo.expert_intermediate_size // tp, mo.expert_bias)
+        else:
+            expert_params = model.expert_params() / tp
+            expert_bytes = expert_params * wbytes
+        experts = Experts(mo.num_experts, mo.top_k, 2 * n_moe * mo.top_k * expert_params, n_moe * expert_bytes,
                           n_moe * (2 * h + 3 * mo.top_k * mo.expert_intermediate_size / tp) * act,
-                          n_moe * per_expert / tp * DEQUANT_OPS_PER_WEIGHT, 4 * n_moe, dep.expert_parallel)
+                          n_moe * expert_params * DEQUANT_OPS_PER_WEIGHT, 4 * n_moe, dep.expert_parallel)
         if mo.num_shared_experts:
             size = mo.num_shared_experts * mo.shared_expert_intermediate_size
             shared = gemm(3 * h * size, 2 * h, 3 * size / tp, n_moe, 3 * n_moe)

@@ -43,10 +43,13 @@ class Mxfp4Layout:
     hidden_multiple: int
     intermediate_multiple: int
 
+    def padded(self, hidden: int, intermediate: int) -> tuple[int, int]:
+        """(hidden, intermediate) of one expert as the kernel holds it."""
+        return _round_up(hidden, self.hidden_multiple), _round_up(intermediate, self.intermediate_multiple)
+
     def expert_bytes(self, hidden: int, intermediate: int, with_bias: bool) -> float:
         """One expert's gate_up [2I, H] and down [H, I]: 4-bit values, an 8-bit scale per 32, bf16 biases."""
-        h = _round_up(hidden, self.hidden_multiple)
-        i = _round_up(intermediate, self.intermediate_multiple)
+        h, i = self.padded(hidden, intermediate)
         per_value = 0.5 + 1 / 32
         bias = 2 * (2 * i + h) if with_bias else 0
         return 2 * i * h * per_value + h * i * per_value + bias

@@ -408,10 +408,25 @@ def test_a_checkpoint_that_quantises_only_its_experts_reads_attention_in_bf16() 
         quantised, plain = getattr(fp4.ops, name), getattr(bf16.ops, name)
         assert quantised.weight_bytes == pytest.approx(plain.weight_bytes) == pytest.approx(quantised.flops_per_row)
         assert quantised.high_precision and quantised.dequant_ops == 0.0
-    m = resolve_model("gpt-oss-120b")
     assert fp4.ops.experts is not None and fp4.ops.experts.dequant_ops_per_expert > 0
-    assert fp4.ops.experts.bytes_per_expert == pytest.approx(
-        m.num_moe_layers * m.expert_params() * WEIGHT_BYTES_PER_PARAM["fp4"])
+    assert fp4.ops.experts.bytes_per_expert < 0.3 * bf16.ops.experts.bytes_per_expert  # fp4's bytes, and padding
+
+
+def test_an_mxfp4_kernel_streams_and_multiplies_the_experts_as_it_pads_them() -> None:
+    """vLLM's Marlin MXFP4 kernel (Hopper, Ampere) holds gpt-oss-120b's experts padded, hidden 2880 -> 3072
+    and intermediate 2880 -> 2944 on one GPU, as the memory model loads them: a step reads and multiplies
+    3 x 3072 x 2944 values an expert (and its bf16 biases, 2 x 2944 + 3072). SGLang's kernel pads nothing."""
+    m = resolve_model("gpt-oss-120b")
+    assert m.moe is not None and m.moe.expert_bias
+    layers, per_value = m.num_moe_layers, WEIGHT_BYTES_PER_PARAM["fp4"]
+    values, biases = 3 * 3072 * 2944, 2 * 2944 + 3072
+    vllm = cost(model="gpt-oss-120b", weight_dtype="fp4", engine="vllm-0.11").ops.experts
+    assert vllm is not None
+    assert vllm.bytes_per_expert == pytest.approx(layers * (values * per_value + 2 * biases))
+    assert vllm.flops_per_row == pytest.approx(2 * layers * m.moe.top_k * (values + biases))
+    sglang = cost(model="gpt-oss-120b", weight_dtype="fp4", engine="sglang-0.5").ops.experts
+    assert sglang is not None
+    assert sglang.bytes_per_expert == pytest.approx(layers * (3 * 2880 * 2880 * per_value + 2 * 3 * 2880))
 
 
 def test_breakdown_sums_to_step_time_for_mixed_steps() -> None:
