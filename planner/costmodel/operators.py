@@ -158,7 +158,7 @@ def build_operators(model: ModelConfig, dep: Deployment, hw: HardwareProfile) ->
     # A rank holds the attention projections as the memory model lays them out: MLA's down-projections and the
     # KV heads past their count on every rank, the rest split; qkv is what it holds beside o_proj's shard.
     qkv_per_rank = attention_params_per_rank(model, attn_tp) - o_params / attn_tp
-    attention_unquantised = quantises_experts_only(model, dep)
+    experts_only = quantises_experts_only(model, dep)  # attention then stays unquantised
 
     n_moe = model.num_moe_layers
     n_dense = L - n_moe
@@ -169,7 +169,7 @@ def build_operators(model: ModelConfig, dep: Deployment, hw: HardwareProfile) ->
         mo = model.moe
         # One expert's weights on one rank, as its kernel holds them: an engine's MXFP4 kernel pads them
         # (vLLM's Marlin and FlashInfer), and it streams and multiplies the padding too.
-        if attention_unquantised:
+        if experts_only:
             layout = mxfp4_layout(get_engine(dep.engine), hw)
             hidden, inner = layout.padded(h, mo.expert_intermediate_size // tp)
             expert_params = 3 * hidden * inner + ((2 * inner + hidden) if mo.expert_bias else 0)
@@ -193,8 +193,8 @@ def build_operators(model: ModelConfig, dep: Deployment, hw: HardwareProfile) ->
     V = model.vocab_size
     kv_tok = kv_bytes_per_token_per_layer_per_gpu(model, dep)  # what one GPU stores of a replica's token
     return Operators(
-        qkv_proj=gemm(qkv_per_rank, h, qkv_out / attn_tp, L, L, 1, 1 / dp, attention_unquantised),
-        o_proj=gemm(o_params, o_in / attn_tp, h, L, L, attn_tp, 1 / dp, attention_unquantised),
+        qkv_proj=gemm(qkv_per_rank, h, qkv_out / attn_tp, L, L, 1, 1 / dp, unquantised=experts_only),
+        o_proj=gemm(o_params, o_in / attn_tp, h, L, L, attn_tp, 1 / dp, unquantised=experts_only),
         mlp=gemm(model.dense_mlp_params(), 2 * h, 3 * inter / tp, n_dense, 3 * n_dense),
         shared_experts=shared,
         experts=experts,
