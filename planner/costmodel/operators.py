@@ -171,8 +171,7 @@ def build_operators(model: ModelConfig, dep: Deployment, hw: HardwareProfile) ->
         # (vLLM's Marlin and FlashInfer), and it streams and multiplies the padding too.
         if experts_only:
             layout = mxfp4_layout(get_engine(dep.engine), hw)
-            hidden, inner = layout.padded(h, mo.expert_intermediate_size // tp)
-            expert_params = 3 * hidden * inner + ((2 * inner + hidden) if mo.expert_bias else 0)
+            expert_params = sum(layout.expert_values(h, mo.expert_intermediate_size // tp, mo.expert_bias))
             expert_bytes = layout.expert_bytes(h, mo.expert_intermediate_size // tp, mo.expert_bias)
         else:
             expert_params = model.expert_params() / tp

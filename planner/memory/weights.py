@@ -43,16 +43,16 @@ class Mxfp4Layout:
     hidden_multiple: int
     intermediate_multiple: int
 
-    def padded(self, hidden: int, intermediate: int) -> tuple[int, int]:
-        """(hidden, intermediate) of one expert as the kernel holds it."""
-        return _round_up(hidden, self.hidden_multiple), _round_up(intermediate, self.intermediate_multiple)
+    def expert_values(self, hidden: int, intermediate: int, with_bias: bool) -> tuple[int, int]:
+        """(weights, biases) of one expert as the kernel holds it, padded: gate_up [2I, H] and down [H, I]."""
+        h = _round_up(hidden, self.hidden_multiple)
+        i = _round_up(intermediate, self.intermediate_multiple)
+        return 3 * i * h, (2 * i + h) if with_bias else 0
 
     def expert_bytes(self, hidden: int, intermediate: int, with_bias: bool) -> float:
-        """One expert's gate_up [2I, H] and down [H, I]: 4-bit values, an 8-bit scale per 32, bf16 biases."""
-        h, i = self.padded(hidden, intermediate)
-        per_value = 0.5 + 1 / 32
-        bias = 2 * (2 * i + h) if with_bias else 0
-        return 2 * i * h * per_value + h * i * per_value + bias
+        """One expert's weights at 4 bits with an 8-bit scale per 32, and its bf16 biases."""
+        weights, biases = self.expert_values(hidden, intermediate, with_bias)
+        return weights * (0.5 + 1 / 32) + 2 * biases
 
 
 def mxfp4_layout(engine: EngineProfile, hw: HardwareProfile) -> Mxfp4Layout:
