@@ -182,7 +182,10 @@ class GammaArrivals(_Spec):
 
     kind: Literal["gamma"] = "gamma"
     rate_per_s: float = Field(gt=0, le=1e6, description="Mean arrivals per second")
-    cv: float = Field(gt=0, le=100, description="Coefficient of variation of inter-arrival times; 1 is Poisson")
+    # Below a thousandth the gaps are constant to within a thousandth (ConstantArrivals), and 1 / cv^2 would
+    # overflow long before cv reaches the smallest float.
+    cv: float = Field(ge=1e-3, le=100, description="Coefficient of variation of inter-arrival times, 0.001-100; 1 is "
+                      "Poisson (steadier than 0.001: constant arrivals)")
 
     def times(self, rng: np.random.Generator, n: int) -> np.ndarray:
         shape = 1.0 / self.cv**2  # gamma CV is 1/sqrt(shape); the scale then fixes the mean

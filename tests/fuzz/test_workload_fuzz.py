@@ -130,6 +130,9 @@ def write(folder: str, name: str, text: str) -> Path:
 # of per-request Python lists had been built (the shared-prefix choices are now an array).
 @example(spec={"arrival": {"kind": "poisson", "rate_per_s": 628231.0}, "input_tokens": 1, "output_tokens": 1,
                "num_requests": 10**6, "shared_prefix": {"num_prefixes": 2983, "prefix_tokens": 1, "share": 1.0}})
+# And a gamma process whose CV squared underflows to 0: its shape 1 / cv^2 divided by zero (cv is now >= 0.001).
+@example(spec={"arrival": {"kind": "gamma", "rate_per_s": 1, "cv": 3.706108064009416e-210}, "input_tokens": 1,
+               "output_tokens": 1, "num_requests": 1})
 def test_workload_files_load_and_draw_or_refuse_clearly(spec: dict) -> None:
     with tempfile.TemporaryDirectory() as folder:
         path = write(folder, "w.yaml", yaml.safe_dump(spec))
