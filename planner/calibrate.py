@@ -43,7 +43,7 @@ from engine.files import load_json, output_file
 from hwprofiles import PROFILE_DIR
 from planner.costmodel import CostModel, CostParams
 from planner.hardware import hardware_catalog
-from planner.specs import Collective, CollectiveCurve, Deployment, EngineKnobs, HardwareProfile, Link
+from planner.specs import MAX_GEMM_HALF_SIZE_TOKENS, Collective, CollectiveCurve, Deployment, EngineKnobs, HardwareProfile, Link
 
 if TYPE_CHECKING:
     from engine.llm import LLM
@@ -616,7 +616,7 @@ _FITTED: dict[str, tuple[float, float, float]] = {
     "compute_efficiency": (0.5, 0.01, 1.0), "memory_efficiency": (0.5, 0.01, 1.0),
     "attention_memory_efficiency": (0.2, 0.005, 1.0), "attention_compute_efficiency": (0.3, 0.005, 1.0),
     "step_overhead_s": (0.002, 0.0, 0.5), "layer_overhead_s": (0.0005, 0.0, 0.05),
-    "gemm_half_size_tokens": (16.0, 0.0, 4096.0), "gemm_efficiency_floor": (0.3, 0.0, 1.0),
+    "gemm_half_size_tokens": (16.0, 0.0, MAX_GEMM_HALF_SIZE_TOKENS), "gemm_efficiency_floor": (0.3, 0.0, 1.0),
 }
 # Fitted too when the grid was also run on several engine processes: how the engine's collectives,
 # between computations and on ranks that wake at their own pace, compare with the benchmark's

@@ -595,7 +595,7 @@ _MODE_FLAGS: dict[str, dict[str, tuple[str, ...]]] = {
     "calibrate": {
         "cpu": ("model", "device", "dtype", "threads", "random_weights", "quick", "write_profile", "tensor_parallel",
                 "expert_parallel"),
-        "public": ("rounds", "workers", "public_report", "checkpoint", "fresh", "bands_only", "only"),
+        "public": ("rounds", "workers", "public_report", "checkpoint", "fresh", "bands_only", "only", "only_for"),
         "from_bench": ("model", "rounds", "workers", "hardware", "max_model_len",
                        *(s.name for s in (*DEPLOYMENT, *KNOBS, *DISAGGREGATION))),
     },
@@ -655,7 +655,7 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
     command = "serveplan calibrate " + " ".join(sys.argv[2:])
     out = Path(args.out) if args.out else PUBLIC_FIT_FILE
     if args.bands_only:
-        for name in ("rounds", "checkpoint", "fresh", "public_report", "only"):
+        for name in ("rounds", "checkpoint", "fresh", "public_report", "only", "only_for"):
             if getattr(args, name) != args.mode_defaults[name]:
                 raise UsageError(f"{args.flags.get(name, name)} does not apply to --bands-only: nothing is fitted")
         fit = load_fit(out)
@@ -665,11 +665,14 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
         console.print(f"wrote {path}: its {len(figures)} held-out figures predicted again and its bands made from them")
         return
     stage = None
+    if args.only_for and not args.only:
+        raise UsageError("--only-for scopes the figures of --only: give --only too")
     if args.only:
         for name in ("checkpoint", "fresh"):
             if getattr(args, name) != args.mode_defaults[name]:
                 raise UsageError(f"{args.flags.get(name, name)} does not apply to --only: it stages on the fit in --out")
-        stage = Stage(tuple(p.strip() for p in args.only.split(",") if p.strip()), load_fit(out), out.name)
+        owners = frozenset(o.strip() for o in args.only_for.split(",") if o.strip()) if args.only_for else None
+        stage = Stage(tuple(p.strip() for p in args.only.split(",") if p.strip()), load_fit(out), out.name, owners)
     if args.public_report:
         output_file(args.public_report, "public_report")  # before hours of fitting, not after
     with stages() as progress:
@@ -1269,6 +1272,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", metavar="PARAM[,PARAM]",
                    help="--public: a staged fit: fit only these figures (e.g. a term the cost model gained), every other "
                         "held at the fit in --out, each held-out fold's at that fold's (minutes, not hours)")
+    p.add_argument("--only-for", metavar="NAME[,NAME]",
+                   help="--public --only: fit those figures of these GPU families or engine profiles only (e.g. ampere), "
+                        "the others' held too (default: every family's and engine's)")
     p.add_argument("--report", dest="public_report",
                    help="--public: also write the validation of the fit's own predictions (markdown, with a plot and "
                         "the JSON the dashboard reads beside it), as `serveplan validate --public --report` would")

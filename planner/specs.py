@@ -42,6 +42,7 @@ MAX_DOMAIN_SIZE = 1 << 20
 MAX_POWER_W = 1e5
 MIN_PRICE_USD_PER_HOUR, MAX_PRICE_USD_PER_HOUR = 0.001, 1000.0
 MAX_OVERHEAD_US = 1e6
+MAX_GEMM_HALF_SIZE_TOKENS = 4096.0  # the CPU calibration's bound too (planner/calibrate.py)
 
 
 def _peak(description: str) -> float | None:
@@ -158,6 +159,11 @@ class Efficiencies(Spec):
     graph_kernel_us: float = Field(
         0.0, ge=0, le=MAX_OVERHEAD_US, description="Device time each kernel costs beyond its roofline (its shortest run and the gap to "
         "the next), microseconds"
+    )
+    gemm_half_size_tokens: float = Field(
+        0.0, ge=0, le=MAX_GEMM_HALF_SIZE_TOKENS, description="Rows at which a dense weight matmul reaches half the rate it "
+        "reaches with many rows (its tiles fill the GPU only with enough rows), from kernel measurements; 0: no falloff "
+        "(no such measurements for this device)"
     )
 
 

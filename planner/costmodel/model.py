@@ -9,6 +9,10 @@ handling) adds to the device time, or overlaps it in engines that schedule ahead
 TensorRT-LLM).
 
 Rules worth knowing (all listed by `assumptions()`):
+- A dense weight matmul of M rows computes at M / (M + gemm_half_size_tokens) of the compute
+  efficiency (a GPU's figure from its hardware profile's kernel measurements; 0 where none were
+  found): with few rows its tiles leave the device's SMs idle. Routed experts on GPUs run in fused
+  grouped kernels, priced by their own share instead.
 - Compute dtype of the weight matmuls: bf16/fp16/fp32 weights compute in their own format.
   fp8 (and fp4) weights compute natively (W8A8 / W4A4: activations quantised on the fly) when
   the profile lists a peak for that format (Hopper, Ada, Blackwell, MI300...); otherwise, and
@@ -246,6 +250,9 @@ class CostModel:
         # engine's process, sharing its GIL).
         self.api_hold_s = self.front_end_s * p.api_hold_share
         self.ops: Operators = build_operators(model, dep, hw)
+        # The experts' rows fall off as dense matmuls' do where each expert is one (ServePlan's engine on a CPU);
+        # a GPU's fused grouped kernels are priced by the grouped-GEMM share instead (CostParams).
+        self._experts_half = p.gemm_half_size_tokens if hw.kind == "cpu" else 0.0
         ops = self.ops
         # Kernels per step of each device operator, in OPERATORS order: launches an eager step waits for.
         calls = {op: sum(c.calls for c in ops.comms if c.operator == op) for op in COMM_OPERATORS}
@@ -492,7 +499,11 @@ class CostModel:
         notes = [
             "per operator: kernels x kernel_latency_s + max(FLOPs / (peak x efficiency at its rows), bytes / "
             "(bandwidth x memory efficiency)), summed over layers; dense weight matmuls' rooflines / "
-            "dense_kernel_efficiency (the engine's kernels against the family's)",
+            "dense_kernel_efficiency (the engine's kernels against the family's)"
+            + (f"; a dense weight matmul of M rows computes at {self.params.gemm_efficiency_floor:g} + "
+               f"{1 - self.params.gemm_efficiency_floor:g} x M / (M + {self.params.gemm_half_size_tokens:g}) of the "
+               "compute efficiency (gemm_efficiency_floor, gemm_half_size_tokens: few rows under-use the device)"
+               if self.params.gemm_half_size_tokens else ""),
             "weights read once per step per layer; activations in "
             + ("fp32" if self._act == 4.0 else "bf16") + "; embedding and LM head unquantised"
             + ("; attention unquantised (the checkpoint quantises the routed experts only)"
@@ -603,10 +614,10 @@ class CostModel:
 
     # ------------------------------------------------------------------ operators
 
-    def _compute_rows(self, rows: Number) -> Number:
-        """Rows a matmul of `rows` rows costs at full efficiency: few rows under-use the hardware."""
-        p = self.params
-        half, floor = p.gemm_half_size_tokens, p.gemm_efficiency_floor
+    def _compute_rows(self, rows: Number, half: float) -> Number:
+        """Rows a matmul of `rows` rows costs at full efficiency: few rows under-use the hardware
+        (`half`: the rows at which it reaches half its rate, 0 for none)."""
+        floor = self.params.gemm_efficiency_floor
         if not half:
             return rows
         denominator = floor * (rows + half) + (1.0 - floor) * rows
@@ -625,7 +636,7 @@ class CostModel:
         s_per_flop = self._s_per_high_flop if g.high_precision else self._s_per_gemm_flop
         s_per_byte = self._s_per_byte if g.high_precision else self._s_per_gemm_byte
         dequant = 0.0 if g.high_precision else g.dequant_ops * self._s_per_dequant_op
-        compute = g.flops_per_row * self._compute_rows(rows) * s_per_flop + dequant
+        compute = g.flops_per_row * self._compute_rows(rows, self.params.gemm_half_size_tokens) * s_per_flop + dequant
         p = self.params
         device = g.kernels * p.kernel_latency_s + _max(compute, nbytes * s_per_byte) / p.dense_kernel_efficiency
         return device * _present(rows)
@@ -641,7 +652,7 @@ class CostModel:
         work[1] += weight_bytes + act_bytes
         # A grouped GEMM is as efficient as its per-expert matmuls: rows x k / touched rows each.
         per_expert = rows * e.top_k / _max(touched, 1e-9)
-        math = flops * self._s_per_flop * self._compute_rows(per_expert) / _max(per_expert, 1e-9)
+        math = flops * self._s_per_flop * self._compute_rows(per_expert, self._experts_half) / _max(per_expert, 1e-9)
         dequant = touched * e.dequant_ops_per_expert * self._s_per_dequant_op
         if e.ranks > 1:  # the busiest expert-parallel rank: more experts touched, more rows than the mean
             touched_factor, rows_factor = _busiest(e, rows)

@@ -26,7 +26,10 @@ class CostParams:
     compute_efficiency x (f + (1 - f) x M / (M + gemm_half_size_tokens)) with f =
     `gemm_efficiency_floor`, the share kept however few the rows (a GPU's tensor cores fall off
     towards 0; a CPU's small-M GEMM keeps a flat, low rate). gemm_half_size_tokens = 0 turns the
-    falloff off.
+    falloff off. A GPU's comes from its hardware profile (kernel measurements of dense matmuls) and
+    slows its dense weight matmuls: routed experts run there in fused grouped kernels, whose rows
+    per expert the grouped-GEMM share prices. A CPU calibration fits it for every matmul, the
+    experts' too (one matmul per expert in ServePlan's engine on a CPU).
     """
 
     compute_efficiency: float
@@ -158,6 +161,7 @@ class CostParams:
             step_overhead_s=e.step_overhead_us * 1e-6,
             kernel_launch_s=e.kernel_launch_us * 1e-6,
             kernel_latency_s=e.graph_kernel_us * 1e-6,
+            gemm_half_size_tokens=e.gemm_half_size_tokens,
         )
         if engine is None:
             return params

@@ -34,7 +34,8 @@ from engine.catalog import resolve_model
 from engine.errors import InputError
 from planner.costmodel.fitted import (ARCHITECTURE_WORDS, BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band,
                                       FittedModel, load_fitted_model)
-from planner.engines import get_engine
+from planner.engines import engine_catalog, get_engine
+from planner.hardware import hardware_catalog
 from planner.metrics import MetricFamily
 from planner.public.data import MEASUREMENTS_FILE, PublicRun, public_runs
 from planner.public.fit import (ENGINE_PARAMS, HARDWARE_PARAMS, ROBUST_SCALE, Figures, Progress, Rounds, Space, fit_folds,
@@ -176,16 +177,23 @@ class Stage:
     params: tuple[str, ...]
     on: PublicFit
     on_name: str
+    owners: frozenset[str] | None = None  # the GPU families and engines whose `params` are fitted (None: all)
 
     def __post_init__(self) -> None:
         unknown = [p for p in self.params if p not in HARDWARE_PARAMS and p not in ENGINE_PARAMS]
         if unknown or not self.params:
             raise InputError("only", ",".join(unknown) or "(none)",
                              f"allowed: one or more of {', '.join(HARDWARE_PARAMS + ENGINE_PARAMS)}")
+        if self.owners is not None:
+            known = {hw.family for hw in hardware_catalog().values()} | set(engine_catalog())
+            strangers = sorted(self.owners - known) if self.owners else ["(none)"]
+            if strangers:
+                raise InputError("only_for", ",".join(strangers),
+                                 f"allowed: one or more GPU families or engine profiles, of {', '.join(sorted(known))}")
 
     def space(self, runs: Sequence[ReplayRun]) -> Space:
         return Space.of(runs, tuple(p for p in ENGINE_PARAMS if p in self.params),
-                        tuple(p for p in HARDWARE_PARAMS if p in self.params), _figures(self.on.model))
+                        tuple(p for p in HARDWARE_PARAMS if p in self.params), _figures(self.on.model), self.owners)
 
     def held_folds(self, unit: Unit, names: Iterable[str]) -> dict[str, Figures]:
         stored = self.on.folds.get(unit, {})
@@ -198,8 +206,9 @@ class Stage:
     @property
     def note(self) -> str:
         """The staged fit's notes are those of the fit it stages on (how its figures were made), then this."""
+        scope = f" of {', '.join(sorted(self.owners))}" if self.owners is not None else ""
         return (f"staged on {self.on_name} (created {self.on.created_utc} by `{self.on.command}`): only "
-                f"{', '.join(self.params)} fitted, every other figure held at that fit's, each fold's at that fold's")
+                f"{', '.join(self.params)}{scope} fitted, every other figure held at that fit's, each fold's at that fold's")
 
 
 def _figures(fitted: FittedModel | FoldFigures) -> Figures:
@@ -217,6 +226,9 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
         raise InputError("checkpoint", str(checkpoint), "not with a staged fit: its rounds and folds would be a whole fit's")
     prepared, skipped = prepare_all(list(runs) if runs is not None else public_runs())
     space = stage.space(prepared) if stage is not None else Space.of(prepared)
+    if stage is not None and stage.owners is not None and not space.names:
+        raise InputError("only_for", ",".join(sorted(stage.owners)), f"no published run has {', '.join(stage.params)} "
+                         "of these GPU families or engines to fit")
     store = Checkpoint.of(checkpoint, rounds) if checkpoint is not None else None
     saved = store.rounds() if store is not None else None
     if saved is None:
@@ -236,7 +248,8 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
                                 done=store.folds(unit) if store is not None else None,
                                 on_fold=partial(store.save_fold, unit) if store is not None else None,
                                 engine_params=space.engine_params, family_params=space.family_params,
-                                held=stage.held_folds(unit, names) if stage is not None else None)
+                                held=stage.held_folds(unit, names) if stage is not None else None,
+                                owners=stage.owners if stage is not None else None)
     results, refused_later = predict_public(fitted_runs, figs, folds, workers=workers, progress=progress)
     skipped += refused_later
     own = engine_bands(results)

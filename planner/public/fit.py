@@ -39,8 +39,8 @@ from planner.sim.trace import RunTrace
 # The figures a fit moves (planner/costmodel/params.py says what each one means).
 # Communication is fitted as collective_time_scale, which scales every collective however it is priced
 # (the GPU links' measured all-reduce curves do not read interconnect_efficiency). The small-GEMM
-# falloff (gemm_half_size_tokens) is not fitted: the profiles estimate no falloff on GPUs, and a
-# log-space fit cannot move a figure away from 0. Nor is a kernel's fixed time (kernel_latency_s, the
+# falloff (gemm_half_size_tokens) is not fitted: each GPU profile takes it from kernel measurements
+# (0 where none were found), and a log-space fit cannot move a figure away from 0. Nor is a kernel's fixed time (kernel_latency_s, the
 # profile's graph_kernel_us, from kernel-level measurements): in a step it is a constant per model,
 # which trades against an engine's host time per step, and a fit started at the old 0.5 us stayed
 # near it (0.41 us on Hopper, cost 0.611 on the 2026-12-05 traces) where holding 3 us costs less (0.603).
@@ -175,10 +175,15 @@ class Space:
 
     @classmethod
     def of(cls, runs: Iterable[ReplayRun], engine_params: tuple[str, ...] = ENGINE_PARAMS,
-           family_params: tuple[str, ...] = HARDWARE_PARAMS, held: Figures | None = None) -> Space:
+           family_params: tuple[str, ...] = HARDWARE_PARAMS, held: Figures | None = None,
+           owners: frozenset[str] | None = None) -> Space:
+        """The families and engines of `runs` (only those named in `owners`, where given: a staged fit
+        of some families' or engines' figures, the others' held)."""
         runs = list(runs)
-        return cls(tuple(sorted({r.hw.family for r in runs})), tuple(sorted({r.engine.name for r in runs})), engine_params,
-                   family_params, held or Figures())
+        families, engines = {r.hw.family for r in runs}, {r.engine.name for r in runs}
+        if owners is not None:
+            families, engines = families & owners, engines & owners
+        return cls(tuple(sorted(families)), tuple(sorted(engines)), engine_params, family_params, held or Figures())
 
     @property
     def names(self) -> list[tuple[str, str, str]]:
@@ -350,6 +355,9 @@ def fit(traced: Sequence[Traced], space: Space, start: Figures | None = None, *,
         progress()
         return np.concatenate([weight * soft_l1(pred - log_measured, robust_scale), prior_scale * (x - prior)])
 
+    if not space.names:  # a staged fold whose runs hold none of the staged families or engines: all held
+        r = residuals(x0)
+        return Fitted(space.figures(x0), 0.5 * float(r @ r))
     low, high = space.bounds()
     margin = START_MARGIN * (high - low)
     result = least_squares(residuals, np.clip(x0, low + margin, high - margin), method="trf", bounds=(low, high),
@@ -386,10 +394,11 @@ def fit_folds(traced: Sequence[Traced], group: Callable[[Traced], str], start: F
               done: Mapping[str, Figures] | None = None,
               on_fold: Callable[[str, Figures], None] | None = None,
               engine_params: tuple[str, ...] = ENGINE_PARAMS, family_params: tuple[str, ...] = HARDWARE_PARAMS,
-              held: Mapping[str, Figures] | None = None) -> dict[str, Figures]:
+              held: Mapping[str, Figures] | None = None, owners: frozenset[str] | None = None) -> dict[str, Figures]:
     """For each group (a source, a publisher), the figures fitted on every other group's traces,
-    from `start`, over the same `engine_params` and `family_params` as `start`'s fit, every other
-    figure at the group's own `held` ones (a staged fit) else the profiles' estimates. A family or
+    from `start`, over the same `engine_params` and `family_params` (of the same `owners`) as
+    `start`'s fit, every other figure at the group's own `held` ones (a staged fit) else the
+    profiles' estimates. A family or
     engine only the left-out group has keeps the profiles' estimates: never figures fitted on the
     group itself. Groups in `done` (a checkpoint) are not fitted again; `on_fold` hears of each fold
     as it completes."""
@@ -397,7 +406,7 @@ def fit_folds(traced: Sequence[Traced], group: Callable[[Traced], str], start: F
     folds = {name: figs for name, figs in (done or {}).items() if name in names}
     todo = [name for name in names if name not in folds]
     _index_traces(traced)
-    shared = (traced, group, start, max_nfev, engine_params, family_params, held or {})
+    shared = (traced, group, start, max_nfev, engine_params, family_params, held or {}, owners)
     for name, figs in _forked(_fit_fold, todo, shared, workers, progress):
         folds[name] = figs
         if on_fold is not None:
@@ -406,9 +415,9 @@ def fit_folds(traced: Sequence[Traced], group: Callable[[Traced], str], start: F
 
 
 def _fit_fold(left_out: str) -> Figures:
-    traced, group, start, max_nfev, engine_params, family_params, held = _SHARED  # set by fit_folds
+    traced, group, start, max_nfev, engine_params, family_params, held, owners = _SHARED  # set by fit_folds
     keep = [t for t in traced if group(t) != left_out]
-    space = Space.of((t.run for t in keep), engine_params, family_params, held.get(left_out))
+    space = Space.of((t.run for t in keep), engine_params, family_params, held.get(left_out), owners)
     return fit(keep, space, _restrict(start, space), max_nfev=max_nfev).figures if keep else held.get(left_out, Figures())
 
 

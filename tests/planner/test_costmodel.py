@@ -124,6 +124,27 @@ def test_long_prefill_is_compute_bound() -> None:
     assert b["attention"] > 0 and b["lm_head"] > 0
 
 
+def test_a_dense_matmul_with_few_rows_computes_at_its_profiles_falloff() -> None:
+    """An A100's dense matmul of M rows computes at M / (M + h) of its rate, h its profile's
+    gemm_half_size_tokens (from cuBLAS measurements): a compute-bound one (512 decode rows) takes
+    (M + h) / M as long as without the falloff; one bound by its weight reads (a single row) and the
+    routed experts (fused grouped kernels on a GPU, priced by their own share) are unchanged."""
+    profile = get_hardware("a100-80gb-sxm")
+    half = profile.efficiency.gemm_half_size_tokens
+    assert half > 0
+    flat = {"efficiency": profile.efficiency.model_copy(update={"gemm_half_size_tokens": 0.0})}
+    latency = 3 * 32 * profile.efficiency.graph_kernel_us * 1e-6  # the MLP's 3 kernels a layer
+
+    def mlp(rows: int, **update) -> float:
+        return cost(hw="a100-80gb-sxm", hw_update=update).shape_breakdown([(1, 1000, False)] * rows)["mlp"] - latency
+
+    assert mlp(512) == pytest.approx(mlp(512, **flat) * (512 + half) / 512, rel=1e-9)
+    assert mlp(1) == pytest.approx(mlp(1, **flat), rel=1e-12)
+    prefill = [(8192, 0, True)] * 2
+    falloff = cost(model="qwen3-30b-a3b", hw="a100-80gb-sxm").shape_breakdown(prefill)
+    assert falloff["moe_experts"] == cost(model="qwen3-30b-a3b", hw="a100-80gb-sxm", hw_update=flat).shape_breakdown(prefill)["moe_experts"]
+
+
 def test_fp8_weights_halve_the_decode_weight_read() -> None:
     bf16, fp8 = cost(), cost(weight_dtype="fp8")
     out = step(req(1, 100))

@@ -355,6 +355,26 @@ def test_a_staged_fit_fits_only_its_figures_and_holds_every_other_at_each_folds(
         calibrate_public(command="test", rounds=1, runs=published, stage=Stage(("memory_efficiency",), tp1_only, "old.json"))
 
 
+def test_a_staged_fit_scoped_to_some_families_holds_the_others() -> None:
+    """--only-for: the staged figures of the named families or engines only. Scoped to the runs' own
+    family, the stage is the unscoped one; a family no run has, or a name that is no family or engine,
+    is refused."""
+    runs = _small_runs()
+    published = _with_measurements(runs, _at_truth(runs))
+    on = calibrate_public(command="test", rounds=1, runs=published)
+    everyone = calibrate_public(command="test", rounds=1, runs=published, stage=Stage(("memory_efficiency",), on, "on.json"))
+    ampere = calibrate_public(command="test", rounds=1, runs=published,
+                              stage=Stage(("memory_efficiency",), on, "on.json", frozenset({"ampere"})))
+    assert ampere.model.families == everyone.model.families and ampere.folds == everyone.folds
+    assert ampere.model.families["ampere"]["memory_efficiency"] != on.model.families["ampere"]["memory_efficiency"]
+    assert "only memory_efficiency of ampere fitted" in ampere.notes[-1]
+    with pytest.raises(InputError, match="only_for.*no published run has memory_efficiency of these"):
+        calibrate_public(command="test", rounds=1, runs=published,
+                         stage=Stage(("memory_efficiency",), on, "on.json", frozenset({"hopper"})))
+    with pytest.raises(InputError, match="only_for.*allowed: one or more GPU families or engine profiles"):
+        Stage(("memory_efficiency",), on, "on.json", frozenset({"martian"}))
+
+
 def test_validate_refuses_a_fit_without_the_sources_it_must_hold_out(tmp_path) -> None:
     runs = _small_runs()
     result = calibrate_public(command="test", rounds=1, runs=runs[:2])  # tp1 only
@@ -682,6 +702,8 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     (["calibrate", "--public", "--only", "memory_efficiency", "--fresh"], "--fresh does not apply to --only"),
     (["calibrate", "--public", "--only", "memory_bandwidth"], "--only='memory_bandwidth' is invalid: allowed: one or more"),
     (["calibrate", "--only", "memory_efficiency"], "--only does not apply to a CPU calibration"),
+    (["calibrate", "--public", "--only-for", "ampere"], "--only-for scopes the figures of --only: give --only too"),
+    (["calibrate", "--public", "--bands-only", "--only-for", "ampere"], "--only-for does not apply to --bands-only"),
 ])
 def test_public_and_cpu_flags_do_not_mix(argv: list[str], message: str, capsys) -> None:
     assert main(argv) == 2
