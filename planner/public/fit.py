@@ -40,7 +40,8 @@ from planner.sim.trace import RunTrace
 # Communication is fitted as collective_time_scale, which scales every collective however it is priced
 # (the GPU links' measured all-reduce curves do not read interconnect_efficiency). The small-GEMM
 # falloff (gemm_half_size_tokens) is not fitted: each GPU profile takes it from kernel measurements
-# (0 where none were found), and a log-space fit cannot move a figure away from 0. Nor is a kernel's fixed time (kernel_latency_s, the
+# (0 where none were found), and a log-space fit cannot move a figure away from 0. Nor is a
+# kernel's fixed time (kernel_latency_s, the
 # profile's graph_kernel_us, from kernel-level measurements): in a step it is a constant per model,
 # which trades against an engine's host time per step, and a fit started at the old 0.5 us stayed
 # near it (0.41 us on Hopper, cost 0.611 on the 2026-12-05 traces) where holding 3 us costs less (0.603).
@@ -198,6 +199,8 @@ class Space:
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
         """PLAUSIBLE in the transformed space, per coordinate."""
+        if not self.names:
+            return np.empty(0), np.empty(0)
         low, high = zip(*(PLAUSIBLE[p] for _scope, _owner, p in self.names), strict=True)
         return (np.array([_to_x(p, v) for (_s, _o, p), v in zip(self.names, low, strict=True)]),
                 np.array([_to_x(p, v) for (_s, _o, p), v in zip(self.names, high, strict=True)]))
@@ -355,9 +358,6 @@ def fit(traced: Sequence[Traced], space: Space, start: Figures | None = None, *,
         progress()
         return np.concatenate([weight * soft_l1(pred - log_measured, robust_scale), prior_scale * (x - prior)])
 
-    if not space.names:  # a staged fold whose runs hold none of the staged families or engines: all held
-        r = residuals(x0)
-        return Fitted(space.figures(x0), 0.5 * float(r @ r))
     low, high = space.bounds()
     margin = START_MARGIN * (high - low)
     result = least_squares(residuals, np.clip(x0, low + margin, high - margin), method="trf", bounds=(low, high),

@@ -373,6 +373,11 @@ def test_a_staged_fit_scoped_to_some_families_holds_the_others() -> None:
                          stage=Stage(("memory_efficiency",), on, "on.json", frozenset({"hopper"})))
     with pytest.raises(InputError, match="only_for.*allowed: one or more GPU families or engine profiles"):
         Stage(("memory_efficiency",), on, "on.json", frozenset({"martian"}))
+    # A held-out fold whose runs are none of the owners' has nothing to fit: every figure stays as held.
+    held = Figures(on.model.families, on.model.engines)
+    nothing = Space.of(_prepared(published), (), ("memory_efficiency",), held, frozenset({"hopper"}))
+    assert not nothing.names
+    assert fit([trace_run(r, held) for r in _prepared(published)], nothing, held).figures == held
 
 
 def test_validate_refuses_a_fit_without_the_sources_it_must_hold_out(tmp_path) -> None:
