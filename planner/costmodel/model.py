@@ -636,8 +636,8 @@ class CostModel:
         s_per_flop = self._s_per_high_flop if g.high_precision else self._s_per_gemm_flop
         s_per_byte = self._s_per_byte if g.high_precision else self._s_per_gemm_byte
         dequant = 0.0 if g.high_precision else g.dequant_ops * self._s_per_dequant_op
-        compute = g.flops_per_row * self._compute_rows(rows, self.params.gemm_half_size_tokens) * s_per_flop + dequant
         p = self.params
+        compute = g.flops_per_row * self._compute_rows(rows, p.gemm_half_size_tokens) * s_per_flop + dequant
         device = g.kernels * p.kernel_latency_s + _max(compute, nbytes * s_per_byte) / p.dense_kernel_efficiency
         return device * _present(rows)
 
