@@ -646,7 +646,8 @@ def stages() -> Iterator[Progress]:
 
 def cmd_calibrate_public(args: argparse.Namespace) -> None:
     from planner.costmodel.fitted import PUBLIC_FIT_FILE
-    from planner.public.calibration import PUBLIC_ROUNDS, Stage, calibrate_public, rebanded, run_groups, write_fit
+    from planner.public.calibration import (PUBLIC_ROUNDS, Stage, calibrate_public, prepare_all, rebanded, run_groups,
+                                            write_fit)
     from planner.public.data import public_runs
     from planner.public.report import (
         TARGETS_PCT, client_setups, group_errors, load_fit, predict_again, set_aside_summary, validation_of, write_report,
@@ -661,7 +662,7 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
         fit = load_fit(out)
         with stages() as progress:
             figures, skipped = predict_again(fit, out, workers=args.workers or default_threads(), progress=progress)
-        path = write_fit(rebanded(fit, command, figures, skipped, run_groups(public_runs())), out)
+        path = write_fit(rebanded(fit, command, figures, skipped, run_groups(prepare_all(public_runs())[0])), out)
         console.print(f"wrote {path}: its {len(figures)} held-out figures predicted again and its bands made from them")
         return
     stage = None
@@ -683,7 +684,8 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
     if args.public_report:
         # The fit's own predictions are the validation's: the same figures, folds and simulator.
         runs = public_runs()
-        write_report(validation_of(result.figures, result.skipped, path, client_setups(runs), run_groups(runs)),
+        write_report(validation_of(result.figures, result.skipped, path, client_setups(runs),
+                                   run_groups(prepare_all(runs)[0])),
                      result, command, args.public_report)
     t = Table(title=f"public fit: {len(result.figures)} figures, {len(result.folds['source'])} sources, "
                     f"{len(result.folds['publisher'])} publishers, {set_aside_summary(result.skipped)}")

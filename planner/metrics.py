@@ -39,6 +39,17 @@ ArrivalRegime = Literal["online", "offline"]
 # Whether the model routes each token to a few of many experts ("moe") or runs every weight on it
 # ("dense"): the public data's MoE runs miss their predictions more widely, so their bands may differ.
 Architecture = Literal["dense", "moe"]
+# Whether a run's requests all have one prompt length and one output length ("fixed": a benchmark's
+# random dataset at range ratio 0) or not ("varied": ShareGPT, uniform draws, traces, conversations):
+# the public data's bursts of varied lengths miss their predictions in another direction than
+# fixed-length ones, so their bands may differ.
+LengthSpread = Literal["fixed", "varied"]
+
+
+def length_spread(prompt_tokens: Sequence[int] | np.ndarray, output_tokens: Sequence[int] | np.ndarray) -> LengthSpread:
+    """'fixed' where every request's prompt has one length and every output another, else 'varied'."""
+    same = all(np.unique(np.asarray(side)).size <= 1 for side in (prompt_tokens, output_tokens))
+    return "fixed" if same else "varied"
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from engine.core import WindowGroups, blocks_to_hold
 from engine.errors import InputError
-from planner.metrics import ArrivalRegime
+from planner.metrics import ArrivalRegime, LengthSpread, length_spread
 from planner.workload import (ClosedLoopArrivals, Workload, WorkloadRequest, build_prompt, context_error, draw, follow_ups,
                               load_trace)
 
@@ -58,6 +58,14 @@ class Replay:
             return "online"
         starts = {r.arrival_s for r in self.requests if r.arrival_s is not None}  # follow-up turns: None
         return "offline" if len(starts) <= 1 else "online"
+
+    @property
+    def lengths(self) -> LengthSpread:
+        """'fixed' where every request has one prompt length and one output length, else 'varied'
+        (planner.metrics.LengthSpread); a conversation's follow-up turns grow their prompts: varied."""
+        if any(r.is_follow_up for r in self.requests):
+            return "varied"
+        return length_spread([len(r.prompt_token_ids) for r in self.requests], [r.output_tokens for r in self.requests])
 
     @classmethod
     def from_trace(cls, path: str | Path, vocab_size: int | None = None, seed: int = 0,

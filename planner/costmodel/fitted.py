@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from engine.errors import InputError, from_validation_error
 from engine.files import load_json
 from hwprofiles import PROFILE_DIR
-from planner.metrics import Architecture, ArrivalRegime, MetricFamily, PredictionInterval, RunSummary
+from planner.metrics import Architecture, ArrivalRegime, LengthSpread, MetricFamily, PredictionInterval, RunSummary
 from planner.specs import SLO, HardwareProfile
 
 if TYPE_CHECKING:
@@ -87,45 +87,67 @@ class FittedModel(_Fit):
         "families whose held-out figures of that architecture were enough for a band of their own and fell inside it "
         "clearly nearer the stated share than inside the bands they carry otherwise; its runs take these before an "
         "engine's")
+    lengths_bands: dict[str, dict[MetricFamily, Band]] = Field(
+        default_factory=dict, description="Per model architecture and spread of request lengths (RunKind.lengths_group: "
+        "dense-fixed, dense-varied, moe-fixed, moe-varied; fixed: one prompt and one output length), the prediction "
+        "intervals of the metric families whose held-out figures of such runs were enough for a band of their own and "
+        "fell inside it clearly nearer the stated share than inside the bands they carry otherwise; its runs take "
+        "these before an architecture's or an engine's")
     regime_bands: dict[ArrivalRegime, dict[MetricFamily, Band]] = Field(
         default_factory=dict, description="Per arrival regime (online, offline), the prediction intervals of the metric "
         "families whose held-out figures of that regime were enough for a band of their own and fell inside it clearly "
-        "nearer the stated share than inside the bands they carry otherwise; its runs take these before an "
-        "architecture's or an engine's")
+        "nearer the stated share than inside the bands they carry otherwise; its runs take these before a lengths', "
+        "an architecture's or an engine's")
     source: str = Field(description="What was fitted, when, with which command")
     held_out: str = Field(default="published figures, each predicted by a fit that left its source out",
                           description="The figures the bands come from and what each one's prediction left out")
 
     def bands_for(self, kind: RunKind) -> dict[MetricFamily, Band]:
-        """The bands a run of `kind` carries: its arrival regime's where there is one, else its model
-        architecture's, else its engine's, else all engines'."""
+        """The bands a run of `kind` carries: its arrival regime's where there is one, else its
+        lengths' spread's, else its model architecture's, else its engine's, else all engines'."""
         return {**self.bands, **self.engine_bands.get(kind.engine, {}),
-                **self.architecture_bands.get(kind.architecture, {}), **self.regime_bands.get(kind.regime, {})}
+                **self.architecture_bands.get(kind.architecture, {}), **self.lengths_bands.get(kind.lengths_group, {}),
+                **self.regime_bands.get(kind.regime, {})}
 
     def band_owner(self, family: MetricFamily, kind: RunKind) -> str:
         """Whose held-out figures `family`'s band in bands_for(kind) came from, in words."""
         if family in self.regime_bands.get(kind.regime, {}):
             return f"of {kind.regime} runs"
+        if family in self.lengths_bands.get(kind.lengths_group, {}):
+            return f"of {GROUP_WORDS[kind.lengths_group]} runs"
         if family in self.architecture_bands.get(kind.architecture, {}):
-            return f"of {ARCHITECTURE_WORDS[kind.architecture]} runs"
+            return f"of {GROUP_WORDS[kind.architecture]} runs"
         return f"of {kind.engine} runs" if family in self.engine_bands.get(kind.engine, {}) else "of all engines"
 
 
-ARCHITECTURE_WORDS: dict[str, str] = {"dense": "dense-model", "moe": "MoE-model"}
+# Band groups in words, where the group's name alone would not say what its runs share.
+GROUP_WORDS: dict[str, str] = {
+    "dense": "dense-model", "moe": "MoE-model",
+    **{f"{arch}-{spread}": f"{spread}-length {words}" for arch, words in (("dense", "dense-model"), ("moe", "MoE-model"))
+       for spread in ("fixed", "varied")},
+}
 
 
 @dataclass(frozen=True)
 class RunKind:
     """What decides the bands a run carries (FittedModel.bands_for): the engine that serves it
-    (EngineProfile.engine: vllm, sglang, ...), how its requests arrive and its model's architecture."""
+    (EngineProfile.engine: vllm, sglang, ...), how its requests arrive, whether their lengths vary
+    and its model's architecture."""
 
     engine: str
     regime: ArrivalRegime
+    lengths: LengthSpread
     architecture: Architecture
 
     @classmethod
-    def of(cls, engine: EngineProfile, regime: ArrivalRegime, model: ModelConfig) -> RunKind:
-        return cls(engine.engine, regime, "moe" if model.is_moe else "dense")
+    def of(cls, engine: EngineProfile, regime: ArrivalRegime, lengths: LengthSpread, model: ModelConfig) -> RunKind:
+        return cls(engine.engine, regime, lengths, "moe" if model.is_moe else "dense")
+
+    @property
+    def lengths_group(self) -> str:
+        """Its group on the lengths band axis: its model architecture and its requests' length spread
+        ("moe-varied"); the public runs of the two architectures miss differently by lengths."""
+        return f"{self.architecture}-{self.lengths}"
 
 
 def fitted_model(path: Path = PUBLIC_FIT_FILE) -> FittedModel | None:

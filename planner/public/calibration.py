@@ -30,9 +30,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.catalog import resolve_model
 from engine.errors import InputError
-from planner.costmodel.fitted import (ARCHITECTURE_WORDS, BAND_COVERAGE, BAND_PROBABILITIES, PUBLIC_FIT_FILE, Band,
+from planner.costmodel.fitted import (BAND_COVERAGE, BAND_PROBABILITIES, GROUP_WORDS, PUBLIC_FIT_FILE, Band,
                                       FittedModel, load_fitted_model)
 from planner.engines import engine_catalog, get_engine
 from planner.hardware import hardware_catalog
@@ -254,7 +253,7 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
     skipped += refused_later
     own = engine_bands(results)
     model = FittedModel(families=figs.families, engines=figs.engines, bands=bands(results), engine_bands=own,
-                        **fitted_group_bands(results, run_groups(r.run for r in prepared), own),
+                        **fitted_group_bands(results, run_groups(prepared), own),
                         source=f"{command} on {dt.date.today().isoformat()}: {len(results)} figures, "
                                f"{len(folds['source'])} sources, {len(folds['publisher'])} publishers")
     return PublicFit(
@@ -344,13 +343,14 @@ MIN_GROUP_BAND_FIGURES = 60
 GROUP_BAND_GAIN = 0.05
 METRIC_FAMILIES: tuple[MetricFamily, ...] = ("throughput", "ttft", "tpot_itl", "e2e")
 ENGINE_BANDS_NOTE = (f"engine_bands: the same from one engine's figures (every release of it), for the families where "
-                     f"it has {MIN_ENGINE_BAND_FIGURES} figures from {MIN_BAND_SOURCES} sources; architecture_bands and "
-                     "regime_bands: the same from the figures of dense or MoE models' runs, and of runs whose requests "
-                     "arrived online (over time, or from users back to back) or offline (all at once), for the families "
-                     f"where such a group has {MIN_GROUP_BAND_FIGURES} figures from {MIN_BAND_SOURCES} sources and its "
-                     f"own band's held-out coverage of them is at least {100 * GROUP_BAND_GAIN:g} points nearer "
-                     f"{BAND_COVERAGE:.0%} than that of the bands they carry otherwise (a regime's before an "
-                     "architecture's, an architecture's before an engine's)")
+                     f"it has {MIN_ENGINE_BAND_FIGURES} figures from {MIN_BAND_SOURCES} sources; architecture_bands, "
+                     "lengths_bands and regime_bands: the same from the figures of dense or MoE models' runs, of such "
+                     "runs whose requests had one prompt and one output length (fixed) or not (varied), and of runs whose "
+                     "requests arrived online (over time, or from users back to back) or offline (all at once), for the "
+                     f"families where such a group has {MIN_GROUP_BAND_FIGURES} figures from {MIN_BAND_SOURCES} sources "
+                     f"and its own band's held-out coverage of them is at least {100 * GROUP_BAND_GAIN:g} points nearer "
+                     f"{BAND_COVERAGE:.0%} than that of the bands they carry otherwise (a regime's before a lengths', a "
+                     "lengths' before an architecture's, an architecture's before an engine's)")
 
 
 def data_digest() -> str:
@@ -416,8 +416,8 @@ def engine_bands(results: Sequence[FigureResult]) -> dict[str, dict[MetricFamily
 
 # The run attributes whose groups may carry bands of their own, lowest precedence first: a run carries
 # the band of the last axis whose group has one for the family (FittedModel.bands_for), else its engine's.
-BandAxis = Literal["architecture", "regime"]
-BAND_AXES: tuple[BandAxis, ...] = ("architecture", "regime")
+BandAxis = Literal["architecture", "lengths", "regime"]
+BAND_AXES: tuple[BandAxis, ...] = ("architecture", "lengths", "regime")
 
 
 class GroupBand(_Rec):
@@ -427,13 +427,14 @@ class GroupBand(_Rec):
     GROUP_BAND_GAIN nearer the stated share (`carried`)."""
 
     axis: BandAxis
-    group: str = Field(description="architecture: dense, moe; regime: online, offline")
+    group: str = Field(description="architecture: dense, moe; lengths: dense-fixed, dense-varied, moe-fixed, "
+                       "moe-varied; regime: online, offline")
     family: MetricFamily
     band: Band
     otherwise_coverage: float = Field(ge=0, le=1, description="Held-out coverage of the band's figures by the bands "
                                       "they would carry without it")
     shadowed: bool = Field(False, description="Every run of the group carries a later axis's band of the family "
-                           "instead (the regimes' bands of both regimes), so none carries this one")
+                           "instead (the bands of both regimes, say), so none carries this one")
 
     @property
     def carried(self) -> bool:
@@ -442,7 +443,7 @@ class GroupBand(_Rec):
 
     @property
     def used(self) -> bool:
-        """Runs of the group carry it (FittedModel.architecture_bands, regime_bands)."""
+        """Runs of the group carry it (FittedModel.architecture_bands, lengths_bands, regime_bands)."""
         return self.carried and not self.shadowed
 
 
@@ -462,7 +463,11 @@ def group_candidates(results: Sequence[FigureResult], groups: RunGroups,
     (a median x1.4 of measured / predicted in the held-out figures of 2026-12-06, where offline it is
     x1.0), so bands made mostly of offline figures held under two thirds of the online ones; the MoE
     models' TPOT/ITL figures miss by a median 17 % where the dense models' miss by 12 %, and the bands
-    of all of them held 70 % of the one and 86 % of the other (2026-12-06)."""
+    of all of them held 70 % of the one and 86 % of the other (2026-12-06); runs of varied lengths
+    (ShareGPT) come out optimistic where fixed-length ones do not (TPOT/ITL: a median x1.16 of measured
+    / predicted against x0.98), and the bands runs carried held 76 % of the one and 87 % of the other
+    (2026-12-07): the lengths axis groups runs by architecture too, as a lengths band made mostly of
+    dense models' figures held the MoE models' worse than their own."""
     out: list[GroupBand] = []
     for axis in BAND_AXES:
         below = list(out)
@@ -488,7 +493,7 @@ def group_bands(candidates: Sequence[GroupBand], axis: BandAxis) -> dict[str, di
     """The bands of `candidates` (group_candidates) on `axis` that runs of their group carry
     (GroupBand.used): a group's band replaces the lower ones only where it is the better calibrated
     by a margin and no later axis's bands cover the whole group (FittedModel.architecture_bands,
-    regime_bands)."""
+    lengths_bands, regime_bands)."""
     out: dict[str, dict[MetricFamily, Band]] = {}
     for c in candidates:
         if c.axis == axis and c.used:
@@ -499,22 +504,26 @@ def group_bands(candidates: Sequence[GroupBand], axis: BandAxis) -> dict[str, di
 def carried_group_bands(candidates: Sequence[GroupBand]) -> list[tuple[str, dict[MetricFamily, Band]]]:
     """Whose they are, in words ("MoE-model runs", "online runs"), and the bands of every group that
     carries its own (group_bands), in BAND_AXES' order: what reports list beside the engines' bands."""
-    return [(f"{ARCHITECTURE_WORDS[group] if axis == 'architecture' else group} runs", table)
+    return [(f"{GROUP_WORDS.get(group, group)} runs", table)
             for axis in BAND_AXES for group, table in group_bands(candidates, axis).items()]
 
 
-def run_groups(runs: Iterable[PublicRun]) -> dict[BandAxis, dict[str, str]]:
-    """Per band axis, run key -> its group: whether its model is a mixture of experts, and how its
-    requests arrived (Client.regime)."""
-    runs = list(runs)
-    return {"architecture": {run.run_key: "moe" if resolve_model(run.deployment.model).is_moe else "dense"
-                             for run in runs},
-            "regime": {run.run_key: run.client.regime for run in runs}}
+def run_groups(runs: Iterable[ReplayRun]) -> dict[BandAxis, dict[str, str]]:
+    """Per band axis, run key -> its group: whether its model is a mixture of experts; that and whether
+    the requests its replay plays vary in length (ReplayRun.lengths: "moe-varied"); and how they
+    arrived (Client.regime)."""
+    groups: dict[BandAxis, dict[str, str]] = {axis: {} for axis in BAND_AXES}
+    for r in runs:
+        assert isinstance(r.run, PublicRun)  # a published run: its client says how the requests arrived
+        groups["architecture"][r.run.run_key] = "moe" if r.model.is_moe else "dense"
+        groups["lengths"][r.run.run_key] = f"{groups['architecture'][r.run.run_key]}-{r.lengths}"  # RunKind.lengths_group
+        groups["regime"][r.run.run_key] = r.run.client.regime
+    return groups
 
 
 def fitted_group_bands(results: Sequence[FigureResult], groups: RunGroups,
                        own: Mapping[str, Mapping[MetricFamily, Band]]) -> dict[str, dict[str, dict[MetricFamily, Band]]]:
-    """The FittedModel fields of the group bands runs carry: architecture_bands and regime_bands."""
+    """The FittedModel fields of the group bands runs carry: architecture_bands, lengths_bands and regime_bands."""
     candidates = group_candidates(results, groups, own)
     return {f"{axis}_bands": group_bands(candidates, axis) for axis in BAND_AXES}
 

@@ -19,7 +19,7 @@ from planner.costmodel import CostParams
 from planner.costmodel.operators import dispatches_by_all_to_all
 from planner.engines import ENGINE_FLAG_KNOBS, EngineProfile, engine_for_release, knobs_from_flags
 from planner.hardware import get_hardware
-from planner.metrics import RunSummary
+from planner.metrics import LengthSpread, RunSummary, length_spread
 from planner.playback import Replay
 from planner.public.data import Figure, PublicRun
 from planner.public.retime import summary_value
@@ -96,6 +96,17 @@ class ReplayRun:
     @property
     def figures(self) -> tuple[Figure, ...]:
         return tuple(f for f in self.run.figures if f.family not in self.set_aside)
+
+    @property
+    def lengths(self) -> LengthSpread:
+        """Whether the requests the replay plays vary in length (Replay.lengths): what picks the run's
+        lengths band, as a simulated workload's requests pick its own."""
+        if isinstance(self.workload, Replay):
+            return self.workload.lengths
+        # A published run's drawn workload is single-turn with no shared prefix (_workload): its
+        # requests' lengths are the drawn ones, without drawing their token ids.
+        assert self.workload.conversation is None and self.workload.shared_prefix is None
+        return length_spread(*draw_lengths(self.workload))
 
     def params(self, base: CostParams) -> CostParams:
         """`base` (the fitted figures of this GPU family and engine) with what this run's flags change."""

@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from engine.errors import InputError, from_validation_error
 from engine.files import load_json
 from hwprofiles import PROFILE_DIR
-from planner.costmodel.fitted import ARCHITECTURE_WORDS, PUBLIC_FIT_FILE, Band
+from planner.costmodel.fitted import GROUP_WORDS, PUBLIC_FIT_FILE, Band
 from planner.metrics import MetricFamily
 from planner.public.calibration import (
     BAND_AXES, GROUP_BAND_GAIN, MIN_BAND_SOURCES, MIN_ENGINE_BAND_FIGURES, MIN_GROUP_BAND_FIGURES, UNITS, BandAxis,
@@ -78,13 +78,15 @@ class PublicValidation(BaseModel):
         default_factory=dict, description="Per engine with bands of its own: the held-out coverage of its figures by "
         "the all-engines band of the same family, which its runs would carry otherwise")
     group_bands: list[GroupBand] = Field(
-        default_factory=list, description="Per model architecture, then per arrival regime, and metric family with "
+        default_factory=list, description="Per model architecture, then per architecture and spread of request "
+        "lengths, then per arrival regime, and metric family with "
         "figures enough, its own band beside the coverage of the same figures by the bands they carry otherwise "
-        "(calibration.group_candidates); those `carried` are the fit's architecture_bands and regime_bands")
+        "(calibration.group_candidates); those `carried` are the fit's architecture_bands, lengths_bands and "
+        "regime_bands")
     carried_coverage: dict[MetricFamily, dict[str, float]] = Field(
         default_factory=dict, description="Per metric family, the held-out coverage of its figures by the bands their "
-        "runs carry (calibration.carried_coverage): of all of them ('all') and of each model architecture's and "
-        "arrival regime's")
+        "runs carry (calibration.carried_coverage): of all of them ('all') and of each model architecture's, "
+        "architecture and spread of request lengths' and arrival regime's")
     targets_pct: dict[str, float]
     met: dict[str, bool]
     scatter_floors: list[ScatterFloor] = Field(default_factory=list, description="Per metric family (scatter_floors)")
@@ -159,7 +161,7 @@ def validate_public(path: str | Path = PUBLIC_FIT_FILE, *, workers: int = 1, run
     runs = list(runs) if runs is not None else None
     results, skipped = predict_again(fit, path, workers=workers, runs=runs, progress=progress)
     runs = runs if runs is not None else public_runs()
-    return validation_of(results, skipped, path, client_setups(runs), run_groups(runs)), fit
+    return validation_of(results, skipped, path, client_setups(runs), run_groups(prepare_all(runs)[0])), fit
 
 
 def predict_again(fit: PublicFit, path: str | Path, *, workers: int = 1, runs: Sequence[PublicRun] | None = None,
@@ -190,7 +192,7 @@ def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun]
                   clients: Mapping[str, str], groups: RunGroups) -> PublicValidation:
     """The errors of predicted figures grouped every way the report shows them, against the targets;
     `clients` (client_setups) gives each figure's run its benchmark client's setup, `groups`
-    (run_groups) its model's architecture and how its requests arrived."""
+    (run_groups) its model's architecture, whether its requests' lengths varied and how they arrived."""
     by_family = group_errors(results, lambda r: r.family)
     own = engine_bands(results)
     candidates = group_candidates(results, groups, own)
@@ -291,15 +293,16 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
           + f" | {b.held_out_coverage:.0%} | {b.figures} | {v.all_engines_coverage[engine][family]:.0%} |"
           for engine, table in v.engine_bands.items() for family, b in table.items()),
         "",
-        f"Per model architecture (dense; MoE: a mixture of experts), then per arrival regime (online: requests over "
-        f"time, Poisson or users back to back; offline: all at once), where its held-out figures of a family number "
-        f"{MIN_GROUP_BAND_FIGURES} from {MIN_BAND_SOURCES} sources: the group's own band, and how many of the same "
-        "figures it held beside how many the bands they would carry without it held (a regime's figures: their "
-        "architecture's band where one is kept, else their engine's, else all engines'; an architecture's: their "
-        "engine's, else all engines'), measured the same way. Runs of that group carry it, a regime's before an "
-        f"architecture's and an architecture's before their engine's, where it holds them at least "
-        f"{100 * GROUP_BAND_GAIN:g} points nearer the stated share; `simulate` and `compare` take a run's regime from "
-        "its requests, `plan` probes online.",
+        f"Per model architecture (dense; MoE: a mixture of experts), then per architecture and spread of request "
+        f"lengths (fixed: every request with one prompt length and one output length; varied: ShareGPT, a client's "
+        f"uniform draws), then per arrival regime (online: requests over time, Poisson or users back to back; offline: all at "
+        f"once), where its held-out figures of a family number {MIN_GROUP_BAND_FIGURES} from {MIN_BAND_SOURCES} "
+        "sources: the group's own band, and how many of the same figures it held beside how many the bands they would "
+        "carry without it held (the band of the latest axis before theirs that one of their groups keeps, else their "
+        "engine's, else all engines'), measured the same way. Runs of that group carry it, a regime's before a "
+        f"lengths', a lengths' before an architecture's and an architecture's before their engine's, where it holds "
+        f"them at least {100 * GROUP_BAND_GAIN:g} points nearer the stated share; `simulate` and `compare` take a "
+        "run's regime and lengths from its requests, `plan` probes online with its workload's lengths.",
         "",
         "| group: metric family | P5 | P10 | P50 | P90 | P95 | P10..P90 held-out coverage | figures | otherwise "
         "| carried |",
@@ -310,8 +313,8 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
           f"{_carried_words(c)} |" for c in v.group_bands),
         "",
         "What the bands runs carry held, all told: the held-out coverage of each family's figures by the band each "
-        "figure's run carries (its regime's, else its architecture's, else its engine's, else all engines'), of all of "
-        "them and of each group's; the stated share is 80 %.",
+        "figure's run carries (its regime's, else its lengths', else its architecture's, else its engine's, else all "
+        "engines'), of all of them and of each group's; the stated share is 80 %.",
         "",
         *_coverage_table(v.carried_coverage),
         "",
@@ -353,12 +356,12 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
 def _carried_words(c: GroupBand) -> str:
     if not c.carried:
         return "no"
-    return "no: both regimes' bands come first" if c.shadowed else "yes"
+    return "no: a later axis's bands come first for all its runs" if c.shadowed else "yes"
 
 
 def _coverage_table(coverage: Mapping[MetricFamily, Mapping[str, float]]) -> list[str]:
     columns = list(dict.fromkeys(group for table in coverage.values() for group in table))
-    heads = [ARCHITECTURE_WORDS.get(c, c) + (" runs" if c != "all" else " figures") for c in columns]
+    heads = [GROUP_WORDS.get(c, c) + (" runs" if c != "all" else " figures") for c in columns]
     return [f"| metric family | {' | '.join(heads)} |", "|---|" + "---:|" * len(columns),
             *(f"| {family} | " + " | ".join(f"{table[c]:.0%}" if c in table else "" for c in columns) + " |"
               for family, table in coverage.items())]
@@ -373,7 +376,8 @@ def _bands_carried(v: PublicValidation, fit: PublicFit) -> str:
     which stay until a refit, and how far their P10 and P90 lie from these."""
     carried = {axis: group_bands(v.group_bands, axis) for axis in BAND_AXES}
     fitted: dict[BandAxis, dict[str, dict[MetricFamily, Band]]] = {
-        "architecture": {**fit.model.architecture_bands}, "regime": {**fit.model.regime_bands}}
+        "architecture": {**fit.model.architecture_bands}, "lengths": {**fit.model.lengths_bands},
+        "regime": {**fit.model.regime_bands}}
     if v.bands == fit.model.bands and v.engine_bands == fit.model.engine_bands and carried == fitted:
         return "Every `simulate`, `plan` and `compare` result carries these bands"
     pairs = [(b, fit.model.bands.get(name)) for name, b in v.bands.items()] + [

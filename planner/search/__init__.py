@@ -145,10 +145,14 @@ def plan(
     runner = Runner(capacity_search, executor, workers)
     cfg = resolve_model(model) if isinstance(model, str) else model
     slo = SLO.parse(slo) if isinstance(slo, str) else slo
-    # Every probe and verification offers Poisson arrivals at a rate (capacity.py): online requests.
-    kind = RunKind.of(get_engine(engine), "online", cfg)
-    margin = pessimistic(slo, confidence, kind, fit) if confidence is not None else None
+    engine_profile = get_engine(engine)
     base = get_workload(workload) if isinstance(workload, str) else workload
+    margin = None
+    if confidence is not None:
+        # Every probe and verification offers Poisson arrivals at a rate (capacity.py): online
+        # requests, of the workload's lengths.
+        kind = RunKind.of(engine_profile, "online", Replay.of(base, cfg.vocab_size).lengths, cfg)
+        margin = pessimistic(slo, confidence, kind, fit)
     weights = checked_dtypes("weight_dtypes", "weight_dtype", weight_dtypes) if weight_dtypes is not None else None
     kvs = checked_dtypes("kv_dtypes", "kv_dtype", kv_dtypes if kv_dtypes is not None else DEFAULT_KV_DTYPES)
     knobs = list(knobs_grid) if knobs_grid is not None else list(DEFAULT_KNOBS_GRID)

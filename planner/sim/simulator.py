@@ -346,7 +346,7 @@ def simulate(
     }
     summary = summarize(record, source="simulator", model=memory.model, hardware=hw.name, workload=replay.name,
                         slo=slo, pricing=pricing, assumptions=assumptions)
-    kind = RunKind.of(engine, replay.regime, model)
+    kind = RunKind.of(engine, replay.regime, replay.lengths, model)
     summary = summary.model_copy(update={"prediction_interval": prediction_interval(summary, hw, engine, kind, fit)})
     return SimulationResult(summary=summary, record=record, memory=memory,
                             trace=None if recorder is None else recorder.trace())

@@ -588,3 +588,19 @@ def test_private_requests_are_those_no_other_prompt_can_share_a_block_with() -> 
     with_follow_ups = set(follow_ups(chats.requests)) | {r.request_id for r in chats.requests if r.parent_id}
     assert not private_requests(chats, 16) & with_follow_ups
     assert private_requests(chats, 16)
+
+
+def test_a_replay_says_whether_its_requests_lengths_vary() -> None:
+    """One prompt length and one output length is 'fixed'; a spread on either side, a prefix only some
+    prompts share, or follow-up turns (their prompts carry the history) is 'varied'."""
+    fixed = wl(num_requests=20, input_tokens=FixedLength(tokens=64), output_tokens=FixedLength(tokens=16))
+    assert Replay.of(fixed).lengths == "fixed"
+    assert Replay.of(fixed.model_copy(update={"num_requests": 1})).lengths == "fixed"
+    for update in ({"output_tokens": UniformLength(min_tokens=8, max_tokens=24)},
+                   {"input_tokens": LognormalLength(median_tokens=64, sigma=0.5, max_tokens=512)},
+                   {"shared_prefix": SharedPrefix(num_prefixes=1, prefix_tokens=32, share=0.5)},
+                   {"conversation": Conversation(min_turns=2, max_turns=2)}):
+        assert Replay.of(fixed.model_copy(update=update)).lengths == "varied", update
+    # Every prompt behind the same prefix: still one length.
+    shared = fixed.model_copy(update={"shared_prefix": SharedPrefix(num_prefixes=1, prefix_tokens=32, share=1.0)})
+    assert Replay.of(shared).lengths == "fixed"

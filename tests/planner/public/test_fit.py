@@ -17,7 +17,7 @@ from planner.hardware import get_hardware
 from planner.engines import get_engine
 from planner.public.calibration import (FigureResult, FoldFigures, GroupBand, HeldOutFigure, Stage, bands,
                                         calibrate_public, carried_coverage, engine_bands, group_bands, group_candidates,
-                                        held_out_coverage, rebanded, run_groups, write_fit)
+                                        held_out_coverage, prepare_all, rebanded, run_groups, write_fit)
 from planner.public.data import PublicRun, public_runs
 from planner.public.fit import (FIT_TOLERANCE, PLAUSIBLE, SETTLED_X, START_MARGIN, Figures, Space, Traced, fit,
                                 fit_folds, fit_rounds, simulate_runs, surrogate, trace_run)
@@ -263,12 +263,13 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path, monke
     stale = result.model_copy(update={"figures": stale_figures, "model": result.model.model_copy(
         update={"bands": bands(stale_figures), "engine_bands": engine_bands(stale_figures)})})
     assert stale.model.bands != result.model.bands
-    again = rebanded(stale, "test --bands-only", *predict_again(stale, path, runs=runs), run_groups(runs))
+    groups = run_groups(prepare_all(runs)[0])
+    again = rebanded(stale, "test --bands-only", *predict_again(stale, path, runs=runs), groups)
     assert again.model.bands == result.model.bands and again.model.engine_bands == result.model.engine_bands
     assert again.model.regime_bands == result.model.regime_bands
     assert again.model.architecture_bands == result.model.architecture_bands
     assert again.figures == result.figures and again.notes[-1].startswith("held-out figures predicted again")
-    twice = rebanded(again, "test --bands-only", *predict_again(again, path, runs=runs), run_groups(runs))
+    twice = rebanded(again, "test --bands-only", *predict_again(again, path, runs=runs), groups)
     assert twice.notes == again.notes  # the same remake again the same day: the history holds it once
     assert again.folds == result.folds and again.model.families == result.model.families
     # The same from the command line, over the published runs (here, this study's).
@@ -286,9 +287,9 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path, monke
     assert {g.group for g in report.by_metric_family} == {f.family for f in result.figures}
     assert report.bands.keys() == result.model.bands.keys()
     # `calibrate --public --report` reports the fit's own predictions: the same groups as re-simulating.
-    own = validation_of(result.figures, result.skipped, path, client_setups(runs), run_groups(runs))
+    own = validation_of(result.figures, result.skipped, path, client_setups(runs), groups)
     assert own.fit_file == str(path)  # outside the project: as given
-    no_groups = {"architecture": {}, "regime": {}}
+    no_groups = {"architecture": {}, "lengths": {}, "regime": {}}
     assert validation_of([], [], PUBLIC_FIT_FILE, {}, no_groups).fit_file == "hwprofiles/calibrations/public-gpu.json"
     assert own.model_dump(exclude={"figure_errors"}) == report.model_dump(exclude={"figure_errors"})
     out = write_report(own, result, "test", tmp_path / "report.md")
@@ -398,7 +399,7 @@ MODEL = FittedModel(families={"hopper": {}}, engines={"vllm-0.11": {}}, source="
 WIDE = Band(probabilities=[0.05, 0.1, 0.5, 0.9, 0.95], ratios=[0.4, 0.5, 1.0, 2.0, 3.0], held_out_coverage=0.8,
             figures=100)
 # Dense models' runs arriving online, served by vLLM / SGLang: the bands FittedModel.bands_for picks for them.
-VLLM, SGLANG = RunKind("vllm", "online", "dense"), RunKind("sglang", "online", "dense")
+VLLM, SGLANG = RunKind("vllm", "online", "varied", "dense"), RunKind("sglang", "online", "varied", "dense")
 
 
 def test_band_quantiles_interval_and_bounds() -> None:
@@ -412,7 +413,7 @@ def test_band_quantiles_interval_and_bounds() -> None:
     p10 = Band(probabilities=[0.1, 0.5, 0.9], ratios=[0.8, 1.0, 1.25], held_out_coverage=0.8, figures=3)
     assert p10.interval() == (0.8, 1.25)
     narrow = MODEL.model_copy(update={"bands": dict.fromkeys(MODEL.bands, p10)})
-    kind = RunKind("vllm", "online", "dense")
+    kind = RunKind("vllm", "online", "varied", "dense")
     assert pessimistic(SLO(ttft_p99_ms=500), 0.9, kind, narrow).rate_factor == pytest.approx(1 / 0.8)
 
 
@@ -496,10 +497,11 @@ def test_an_engine_with_enough_figures_from_enough_sources_gets_bands_of_its_own
     assert own["vllm"]["tpot_itl"].held_out_coverage == pytest.approx(np.mean(inside))
     assert held_out_coverage(vllm, vllm) == pytest.approx(np.mean(inside))
     model = MODEL.model_copy(update={"bands": bands(results), "engine_bands": own})
-    sglang = model.bands_for(RunKind("sglang", "online", "dense"))
+    sglang = model.bands_for(RunKind("sglang", "online", "varied", "dense"))
     assert sglang["tpot_itl"] == own["sglang"]["tpot_itl"] and sglang["ttft"] == model.bands["ttft"]
-    assert model.bands_for(RunKind("trtllm", "offline", "dense")) == model.bands
-    wide, narrow = (model.bands_for(RunKind(e, "offline", "dense"))["tpot_itl"].interval() for e in ("sglang", "vllm"))
+    assert model.bands_for(RunKind("trtllm", "offline", "varied", "dense")) == model.bands
+    wide, narrow = (model.bands_for(RunKind(e, "offline", "varied", "dense"))["tpot_itl"].interval()
+                    for e in ("sglang", "vllm"))
     assert wide[1] / wide[0] > narrow[1] / narrow[0]
 
 
@@ -521,6 +523,7 @@ def test_a_group_carries_its_own_band_only_where_it_holds_its_figures_nearer_the
               + draw("e2e", "on", [1.5] * 2, 40, 0.15))
     results = offline + online
     groups = {"architecture": {r.run_key: "dense" for r in results},
+              "lengths": {r.run_key: "dense-varied" for r in results},
               "regime": {r.run_key: "online" if r.run_key.startswith("on") else "offline" for r in results}}
     own = engine_bands(results)
     candidates = {(c.group, c.family): c for c in group_candidates(results, groups, own) if c.axis == "regime"}
@@ -536,7 +539,7 @@ def test_a_group_carries_its_own_band_only_where_it_holds_its_figures_nearer_the
     carried = group_bands(list(candidates.values()), "regime")
     assert carried["online"] == {"ttft": ttft.band}
     model = MODEL.model_copy(update={"regime_bands": {"online": carried["online"]}})
-    online_kind, offline_kind = RunKind("vllm", "online", "dense"), RunKind("vllm", "offline", "dense")
+    online_kind, offline_kind = (RunKind("vllm", regime, "varied", "dense") for regime in ("online", "offline"))
     assert model.bands_for(online_kind)["ttft"] == ttft.band and model.bands_for(offline_kind) == MODEL.bands
     slo = SLO(ttft_p99_ms=500)
     online_sizing, offline_sizing = (pessimistic(slo, 0.9, kind, model) for kind in (online_kind, offline_kind))
@@ -557,10 +560,11 @@ def test_an_architecture_band_sits_between_the_engines_and_the_regimes() -> None
                for arch, centre, sources in (("dense", 1.0, 6), ("moe", 1.6, 3)) for k in range(sources)
                for i, r in enumerate(centre * rng.lognormal(0, 0.1, 30))]
     groups = {"architecture": {r.run_key: r.run_key[:-1] for r in results},
-              "regime": {r.run_key: "offline" for r in results}}
+              "lengths": {r.run_key: "dense-varied" for r in results}, "regime": {r.run_key: "offline" for r in results}}
     own = engine_bands(results)
     candidates = {(c.axis, c.group): c for c in group_candidates(results, groups, own)}
-    assert set(candidates) == {("architecture", "dense"), ("architecture", "moe"), ("regime", "offline")}
+    assert set(candidates) == {("architecture", "dense"), ("architecture", "moe"), ("lengths", "dense-varied"),
+                               ("regime", "offline")}
     moe = candidates["architecture", "moe"]
     moe_rows = [r for r in results if r.run_key.startswith("moe")]
     assert moe.band.ratios == pytest.approx(list(np.quantile([r.measured for r in moe_rows], moe.band.probabilities)))
@@ -583,10 +587,10 @@ def test_an_architecture_band_sits_between_the_engines_and_the_regimes() -> None
     assert coverage["offline"] == coverage["all"] == pytest.approx(offline.otherwise_coverage)
     model = MODEL.model_copy(update={"engine_bands": own, "architecture_bands": architectures,
                                      "regime_bands": {"online": {"tpot_itl": WIDE}}})
-    assert model.bands_for(RunKind("vllm", "offline", "moe"))["tpot_itl"] == moe.band
-    assert model.bands_for(RunKind("vllm", "online", "moe"))["tpot_itl"] == WIDE  # a regime's band first
-    assert model.bands_for(RunKind("vllm", "offline", "dense"))["tpot_itl"] == own["vllm"]["tpot_itl"]
-    sizing = pessimistic(SLO(tpot_p99_ms=50), 0.9, RunKind("vllm", "offline", "moe"), model)
+    assert model.bands_for(RunKind("vllm", "offline", "varied", "moe"))["tpot_itl"] == moe.band
+    assert model.bands_for(RunKind("vllm", "online", "varied", "moe"))["tpot_itl"] == WIDE  # a regime's band first
+    assert model.bands_for(RunKind("vllm", "offline", "varied", "dense"))["tpot_itl"] == own["vllm"]["tpot_itl"]
+    sizing = pessimistic(SLO(tpot_p99_ms=50), 0.9, RunKind("vllm", "offline", "varied", "moe"), model)
     assert sizing.slo.tpot_p99_ms == pytest.approx(50 / moe.band.ratio_at(0.9))
     assert "tpot_itl of MoE-model runs" in sizing.note
 
@@ -602,6 +606,8 @@ def test_an_architecture_band_whose_runs_all_carry_their_regimes_is_not_kept(mon
                for arch in ("dense", "moe") for regime, sources in (("on", online_sources), ("off", 3))
                for k in range(sources) for i, r in enumerate(rng.lognormal(0, 0.1, 20))]
     groups = {"architecture": {r.run_key: r.run_key.split("-")[0] for r in results},
+              # a lengths group per run: one source each, none with a band (the axes before and after it here)
+              "lengths": {r.run_key: r.run_key for r in results},
               "regime": {r.run_key: "online" if "-on" in r.run_key else "offline" for r in results}}
     candidates = group_candidates(results, groups, engine_bands(results))
     assert all(c.carried for c in candidates)
@@ -612,16 +618,61 @@ def test_an_architecture_band_whose_runs_all_carry_their_regimes_is_not_kept(mon
     assert set(group_bands(candidates, "regime")["online"]) == {"ttft"}
 
 
-def test_the_regime_of_a_replay_and_of_its_published_run_agree() -> None:
+def test_the_regime_and_lengths_of_a_replay_and_of_its_published_run_agree() -> None:
     """Every replayed published run's client and the requests its replay plays say the same of how
-    they arrive (the fit groups figures by the one, the simulator picks bands by the other)."""
+    they arrive, and the run's lengths group is what its drawn requests' lengths say (the fit groups
+    figures by the one, the simulator picks bands by the other). ShareGPT and a client's uniform draws
+    vary; a random dataset at range ratio 0 is fixed."""
     from planner.playback import Replay
-    from planner.public.calibration import prepare_all
     prepared, _ = prepare_all(public_runs())
+    groups = run_groups(prepared)
     for r in prepared:
         replay = r.workload if isinstance(r.workload, Replay) else Replay.of(r.workload)
         assert replay.regime == r.run.client.regime, r.run.run_key
+        assert replay.lengths == r.lengths, r.run.run_key
+        assert groups["lengths"][r.run.run_key] == f"{'moe' if r.model.is_moe else 'dense'}-{r.lengths}"
+        assert r.run.lengths.dataset != "sharegpt" or r.lengths == "varied"
     assert {r.run.client.regime for r in prepared} == {"online", "offline"}
+    fixed = {r.run.run_key for r in prepared if r.lengths == "fixed"}
+    assert "gpustack-qwen3-14b-h100/vllm-bf16-random2000x100" in fixed
+    assert "gpustack-qwen3-14b-h100/vllm-bf16-sharegpt" not in fixed
+    # Replies stopped at EOS (77 of 100 tokens) replay at that share of what each asked: one length.
+    assert "gpustack-qwen3-32b-h100/vllm-bf16-random32000x100" in fixed
+
+
+def test_a_lengths_band_sits_between_the_architectures_and_the_regimes() -> None:
+    """Known answer: the varied-length runs' TPOT/ITL figures (four sources) measured 1.6x their
+    predictions, the fixed-length ones' (six) 1x, every model dense and every run offline. The
+    engine's band, made mostly of fixed-length figures, holds the varied ones poorly, so their runs
+    carry their own lengths band; the fixed ones it holds as well as their own, so they keep theirs.
+    A regime's band, where carried, comes before a lengths band, and an architecture's after it."""
+    rng = np.random.default_rng(7)
+    results = [_result("tpot_itl", f"{spread}{k}", float(r), i, "vllm-0.11")
+               for spread, centre, sources in (("fixed", 1.0, 6), ("varied", 1.6, 4)) for k in range(sources)
+               for i, r in enumerate(centre * rng.lognormal(0, 0.1, 30))]
+    groups = {"architecture": {r.run_key: "dense" for r in results},
+              "lengths": {r.run_key: f"dense-{r.run_key[:-1]}" for r in results},
+              "regime": {r.run_key: "offline" for r in results}}
+    own = engine_bands(results)
+    candidates = {(c.axis, c.group): c for c in group_candidates(results, groups, own)}
+    varied, fixed = candidates["lengths", "dense-varied"], candidates["lengths", "dense-fixed"]
+    varied_rows = [r for r in results if r.run_key.startswith("varied")]
+    assert varied.band.ratios == pytest.approx(list(np.quantile([r.measured for r in varied_rows],
+                                                                 varied.band.probabilities)))
+    assert varied.otherwise_coverage < 0.72 and varied.band.held_out_coverage > 0.75 and varied.carried
+    assert not fixed.carried and not candidates["architecture", "dense"].carried
+    assert not candidates["regime", "offline"].carried
+    lengths = group_bands(list(candidates.values()), "lengths")
+    assert lengths == {"dense-varied": {"tpot_itl": varied.band}}
+    model = MODEL.model_copy(update={"engine_bands": own, "lengths_bands": lengths,
+                                     "architecture_bands": {"dense": {"tpot_itl": BAND}},
+                                     "regime_bands": {"online": {"tpot_itl": WIDE}}})
+    assert model.bands_for(RunKind("vllm", "offline", "varied", "dense"))["tpot_itl"] == varied.band
+    assert model.bands_for(RunKind("vllm", "offline", "fixed", "dense"))["tpot_itl"] == BAND  # its architecture's
+    assert model.bands_for(RunKind("vllm", "online", "varied", "dense"))["tpot_itl"] == WIDE  # a regime's first
+    sizing = pessimistic(SLO(tpot_p99_ms=50), 0.9, RunKind("vllm", "offline", "varied", "dense"), model)
+    assert sizing.slo.tpot_p99_ms == pytest.approx(50 / varied.band.ratio_at(0.9))
+    assert "tpot_itl of varied-length dense-model runs" in sizing.note
 
 
 def test_pessimistic_sizing_tightens_targets_and_raises_the_rate() -> None:
@@ -641,7 +692,7 @@ def test_pessimistic_sizing_tightens_targets_and_raises_the_rate() -> None:
 def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     from planner.sim import simulate
     from planner.specs import Deployment
-    from planner.workload import OfflineArrivals, get_workload
+    from planner.workload import FixedLength, OfflineArrivals, get_workload
     from engine.catalog import resolve_model
 
     model, hw = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
@@ -654,7 +705,7 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     assert "not in the fit" not in band.basis
     other = prediction_interval(summary, get_hardware("b200"), get_engine("sglang-0.5"), SGLANG, MODEL)
     assert other is not None and "'blackwell' was not in the fit" in other.basis and "'sglang-0.5'" in other.basis
-    cpu = RunKind("serveplan", "online", "dense")
+    cpu = RunKind("serveplan", "online", "varied", "dense")
     assert prediction_interval(summary, get_hardware("xeon-8480-2s"), get_engine("serveplan"), cpu, MODEL) is None
     # A run carries its engine's own band where the fit has one, the all-engines band elsewhere.
     model = MODEL.model_copy(update={"engine_bands": {"sglang": {"tpot_itl": WIDE}}})
@@ -669,7 +720,7 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     # Poisson stream (online) from a burst (offline) by its requests.
     model = model.model_copy(update={"regime_bands": {"online": {"tpot_itl": BAND}}})
     online, offline = (prediction_interval(summary, hw, get_engine("sglang-0.5"), kind, model)
-                       for kind in (SGLANG, RunKind("sglang", "offline", "dense")))
+                       for kind in (SGLANG, RunKind("sglang", "offline", "varied", "dense")))
     assert online is not None and online.ranges["itl_ms.p50"] == band.ranges["itl_ms.p50"]
     assert "tpot_itl of online runs" in online.basis
     assert offline is not None and offline.ranges == sglang.ranges
@@ -686,6 +737,14 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
                                                             pytest.approx(moe.itl_ms.p50 * 2.0))
     dense = simulate(cfg, hw, Deployment(hardware=hw.name), w, fit=model).summary.prediction_interval
     assert dense is not None and "MoE-model" not in dense.basis
+    # ... and requests of one prompt and one output length the fixed-length runs' band (the chat
+    # preset's lengths vary: it carries the varied-length runs').
+    model = model.model_copy(update={"lengths_bands": {"dense-fixed": {"ttft": WIDE}, "dense-varied": {"ttft": BAND}}})
+    burst = w.model_copy(update={"arrival": OfflineArrivals(), "input_tokens": FixedLength(tokens=128),
+                                 "output_tokens": FixedLength(tokens=32)})
+    for workload, spread in ((burst, "fixed"), (w.model_copy(update={"arrival": OfflineArrivals()}), "varied")):
+        carried = simulate(cfg, hw, Deployment(hardware=hw.name), workload, fit=model).summary.prediction_interval
+        assert carried is not None and f"ttft of {spread}-length dense-model runs" in carried.basis
     assert all(math.isfinite(v) for pair in band.ranges.values() for v in pair)
 
 
