@@ -103,8 +103,9 @@ class FittedModel(_Fit):
                           description="The figures the bands come from and what each one's prediction left out")
 
     def bands_for(self, kind: RunKind) -> dict[MetricFamily, Band]:
-        """The bands a run of `kind` carries: its arrival regime's where there is one, else its
-        lengths' spread's, else its model architecture's, else its engine's, else all engines'."""
+        """The bands a run of `kind` carries: its arrival regime's where there is one, else that of its
+        model architecture with its requests' lengths (RunKind.lengths_group), else its architecture's,
+        else its engine's, else all engines'."""
         return {**self.bands, **self.engine_bands.get(kind.engine, {}),
                 **self.architecture_bands.get(kind.architecture, {}), **self.lengths_bands.get(kind.lengths_group, {}),
                 **self.regime_bands.get(kind.regime, {})}
