@@ -147,12 +147,6 @@ def plan(
     slo = SLO.parse(slo) if isinstance(slo, str) else slo
     engine_profile = get_engine(engine)
     base = get_workload(workload) if isinstance(workload, str) else workload
-    margin = None
-    if confidence is not None:
-        # Every probe and verification offers Poisson arrivals at a rate (capacity.py): online
-        # requests, of the workload's lengths.
-        kind = RunKind.of(engine_profile, "online", Replay.of(base, cfg.vocab_size).lengths, cfg)
-        margin = pessimistic(slo, confidence, kind, fit)
     weights = checked_dtypes("weight_dtypes", "weight_dtype", weight_dtypes) if weight_dtypes is not None else None
     kvs = checked_dtypes("kv_dtypes", "kv_dtype", kv_dtypes if kv_dtypes is not None else DEFAULT_KV_DTYPES)
     knobs = list(knobs_grid) if knobs_grid is not None else list(DEFAULT_KNOBS_GRID)
@@ -167,8 +161,14 @@ def plan(
     runs = RunCache.open(cache_dir) if cache_dir is not None else None
 
     # A request beyond the model's context is refused before its token ids are drawn.
-    shape = Shape.of(Replay.of(probe_workload(base, rate_per_s, requests_per_probe), vocab_size=cfg.vocab_size,
-                               max_model_len=cfg.max_position_embeddings), base)
+    probe = Replay.of(probe_workload(base, rate_per_s, requests_per_probe), vocab_size=cfg.vocab_size,
+                      max_model_len=cfg.max_position_embeddings)
+    shape = Shape.of(probe, base)
+    margin = None
+    if confidence is not None:
+        # Every probe and verification offers Poisson arrivals at a rate (capacity.py): online
+        # requests, of the probes' lengths.
+        margin = pessimistic(slo, confidence, RunKind.of(engine_profile, "online", probe.lengths, cfg), fit)
     q = Question(cfg, base, rate_per_s, headroom, slo, budget_usd_per_hour, requests_per_probe, runs, margin, fit,
                  stop_missed_probes, every_hardware)
     tried = knobs if prefix_caching is None else [k.model_copy(update={"enable_prefix_caching": prefix_caching})
