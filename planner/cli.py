@@ -661,8 +661,9 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
                 raise UsageError(f"{args.flags.get(name, name)} does not apply to --bands-only: nothing is fitted")
         fit = load_fit(out)
         with stages() as progress:
-            figures, skipped = predict_again(fit, out, workers=args.workers or default_threads(), progress=progress)
-        path = write_fit(rebanded(fit, command, figures, skipped, run_groups(prepare_all(public_runs())[0])), out)
+            figures, skipped, groups = predict_again(fit, out, workers=args.workers or default_threads(),
+                                                     progress=progress)
+        path = write_fit(rebanded(fit, command, figures, skipped, groups), out)
         console.print(f"wrote {path}: its {len(figures)} held-out figures predicted again and its bands made from them")
         return
     stage = None

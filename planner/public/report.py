@@ -159,15 +159,16 @@ def validate_public(path: str | Path = PUBLIC_FIT_FILE, *, workers: int = 1, run
     today's simulator, and group the errors."""
     fit = load_fit(path)
     runs = list(runs) if runs is not None else None
-    results, skipped = predict_again(fit, path, workers=workers, runs=runs, progress=progress)
+    results, skipped, groups = predict_again(fit, path, workers=workers, runs=runs, progress=progress)
     runs = runs if runs is not None else public_runs()
-    return validation_of(results, skipped, path, client_setups(runs), run_groups(prepare_all(runs)[0])), fit
+    return validation_of(results, skipped, path, client_setups(runs), groups), fit
 
 
 def predict_again(fit: PublicFit, path: str | Path, *, workers: int = 1, runs: Sequence[PublicRun] | None = None,
-                  progress: Progress = no_progress) -> tuple[list[FigureResult], list[SkippedRun]]:
+                  progress: Progress = no_progress) -> tuple[list[FigureResult], list[SkippedRun], RunGroups]:
     """Every published figure (`runs`' by default) predicted with today's simulator from the
-    figures and folds that `fit` (read from `path`) stores, and the runs set aside, with why."""
+    figures and folds that `fit` (read from `path`) stores, the runs set aside, with why, and the
+    replayed runs' band groups (run_groups)."""
     if runs is None and fit.data_sha256 != data_digest():
         raise InputError("calibration", str(path), "was fitted to other published data than "
                          "planner/data/public_measurements.json holds now; refit with `serveplan calibrate --public`")
@@ -180,7 +181,7 @@ def predict_again(fit: PublicFit, path: str | Path, *, workers: int = 1, runs: S
     folds = {u: {name: Figures(f.families, f.engines) for name, f in table.items()} for u, table in fit.folds.items()}
     results, refused = predict_public(prepared, Figures(fit.model.families, fit.model.engines), folds,
                                       workers=workers, progress=progress)
-    return results, skipped + refused
+    return results, skipped + refused, run_groups(prepared)
 
 
 def client_setups(runs: Iterable[PublicRun]) -> dict[str, str]:

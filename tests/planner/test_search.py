@@ -24,7 +24,7 @@ from planner.memory import plan_memory
 from planner.search import PlanResult, plan, probe_requests, probe_workload
 from planner.sim import simulate
 from planner.specs import DEFAULT_REQUESTS_PER_PROBE, SLO, Deployment
-from planner.workload import FixedLength, get_workload
+from planner.workload import FixedLength, Workload, get_workload
 
 # No fitted figures: the hardware and engine profiles' own estimates, for scenarios built around them.
 PROFILE_ESTIMATES = FittedModel(families={}, engines={}, source="the profiles' own estimates")
@@ -437,8 +437,8 @@ def test_ray_executor_on_a_local_instance_gives_the_serial_answer(monkeypatch: p
 # --------------------------------------------------------------------------- disaggregation and offload
 
 
-def long_prompts(rate: float = 3.0) -> "Workload":
-    from planner.workload import NormalLength, PoissonArrivals, Workload
+def long_prompts(rate: float = 3.0) -> Workload:
+    from planner.workload import NormalLength, PoissonArrivals
 
     return Workload(name="long-prompt-chat", arrival=PoissonArrivals(rate_per_s=rate), num_requests=100,
                     input_tokens=NormalLength(mean_tokens=6000, std_tokens=1500, min_tokens=2000, max_tokens=12000),
@@ -506,22 +506,28 @@ def test_a_probe_request_beyond_the_context_is_refused_before_drawing_it() -> No
     assert peak < 64 * 2**20
 
 
+def _confidence_note(model: str, workload: Workload, group_bands: dict[str, dict]) -> str:
+    """The assumption a plan at confidence 0.9 writes, under a fit whose bands are all x0.8-x1.25 but a
+    x0.5-x2.0 TPOT/ITL band of one group (`group_bands`: FittedModel's architecture_bands, lengths_bands, ...)."""
+    band = {"probabilities": [0.05, 0.1, 0.5, 0.9, 0.95], "held_out_coverage": 0.8, "figures": 100}
+    narrow = {"ratios": [0.7, 0.8, 1.0, 1.25, 1.5], **band}
+    wide = {"ratios": [0.4, 0.5, 1.0, 2.0, 3.0], **band}
+    fit = FittedModel.model_validate({
+        "families": {}, "engines": {}, "source": "test bands",
+        "bands": {f: narrow for f in ("throughput", "ttft", "tpot_itl", "e2e")},
+        **{field: {group: {"tpot_itl": wide}} for field, group in group_bands.items()}})
+    space = {**SPACE, "hardware": ["h100-sxm"], "max_gpus_per_replica": 1, "weight_dtypes": ["fp8"],
+             "requests_per_probe": 20}
+    r = plan(model, workload, 1.0, SLO_TEXT, cache_dir=None, confidence=0.9, fit=fit, **space)
+    return next(a for a in r.assumptions if "sized at confidence 0.9" in a)
+
+
 def test_a_confident_plan_sizes_a_moe_model_by_the_moe_models_band() -> None:
     """`--confidence` divides the latency targets by the bands the plan's runs carry: an MoE model's
     by the MoE models' band where the fit has one, a dense model's by the others (the plan's
     assumptions name whose band each family's is)."""
-    band = {"probabilities": [0.05, 0.1, 0.5, 0.9, 0.95], "held_out_coverage": 0.8, "figures": 100}
-    narrow = {"ratios": [0.7, 0.8, 1.0, 1.25, 1.5], **band}
-    fit = FittedModel.model_validate({
-        "families": {}, "engines": {}, "source": "test bands",
-        "bands": {f: narrow for f in ("throughput", "ttft", "tpot_itl", "e2e")},
-        "architecture_bands": {"moe": {"tpot_itl": {"ratios": [0.4, 0.5, 1.0, 2.0, 3.0], **band}}}})
-    space = {**SPACE, "hardware": ["h100-sxm"], "max_gpus_per_replica": 1, "weight_dtypes": ["fp8"],
-             "requests_per_probe": 20}
-    notes = {}
-    for model in ("qwen3-30b-a3b", "llama-3.1-8b"):
-        r = plan(model, get_workload("chat"), 1.0, SLO_TEXT, cache_dir=None, confidence=0.9, fit=fit, **space)
-        notes[model] = next(a for a in r.assumptions if "sized at confidence 0.9" in a)
+    notes = {model: _confidence_note(model, get_workload("chat"), {"architecture_bands": "moe"})
+             for model in ("qwen3-30b-a3b", "llama-3.1-8b")}
     assert "tpot_p99_ms 100 -> 50 ms (/2.00)" in notes["qwen3-30b-a3b"]
     assert "tpot_itl of MoE-model runs" in notes["qwen3-30b-a3b"] and "ttft of all engines" in notes["qwen3-30b-a3b"]
     assert "tpot_p99_ms 100 -> 80 ms (/1.25)" in notes["llama-3.1-8b"] and "MoE-model" not in notes["llama-3.1-8b"]
@@ -531,20 +537,10 @@ def test_a_confident_plan_takes_the_lengths_band_of_its_workloads_requests() -> 
     """A plan's probes carry the band of runs whose requests' lengths vary as theirs do: the chat
     preset's (varied) by the varied-length dense models' band, one prompt and one output length by the
     fixed-length dense models'."""
-    band = {"probabilities": [0.05, 0.1, 0.5, 0.9, 0.95], "held_out_coverage": 0.8, "figures": 100}
-    narrow = {"ratios": [0.7, 0.8, 1.0, 1.25, 1.5], **band}
-    fit = FittedModel.model_validate({
-        "families": {}, "engines": {}, "source": "test bands",
-        "bands": {f: narrow for f in ("throughput", "ttft", "tpot_itl", "e2e")},
-        "lengths_bands": {"dense-varied": {"tpot_itl": {"ratios": [0.4, 0.5, 1.0, 2.0, 3.0], **band}}}})
-    space = {**SPACE, "hardware": ["h100-sxm"], "max_gpus_per_replica": 1, "weight_dtypes": ["fp8"],
-             "requests_per_probe": 20}
     chat = get_workload("chat")
     fixed = chat.model_copy(update={"input_tokens": FixedLength(tokens=512), "output_tokens": FixedLength(tokens=128)})
-    notes = {}
-    for name, workload in (("varied", chat), ("fixed", fixed)):
-        r = plan("llama-3.1-8b", workload, 1.0, SLO_TEXT, cache_dir=None, confidence=0.9, fit=fit, **space)
-        notes[name] = next(a for a in r.assumptions if "sized at confidence 0.9" in a)
+    notes = {name: _confidence_note("llama-3.1-8b", workload, {"lengths_bands": "dense-varied"})
+             for name, workload in (("varied", chat), ("fixed", fixed))}
     assert "tpot_p99_ms 100 -> 50 ms (/2.00)" in notes["varied"]
     assert "tpot_itl of varied-length dense-model runs" in notes["varied"]
     assert "tpot_p99_ms 100 -> 80 ms (/1.25)" in notes["fixed"] and "varied-length" not in notes["fixed"]

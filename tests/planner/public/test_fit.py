@@ -263,13 +263,12 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path, monke
     stale = result.model_copy(update={"figures": stale_figures, "model": result.model.model_copy(
         update={"bands": bands(stale_figures), "engine_bands": engine_bands(stale_figures)})})
     assert stale.model.bands != result.model.bands
-    groups = run_groups(prepare_all(runs)[0])
-    again = rebanded(stale, "test --bands-only", *predict_again(stale, path, runs=runs), groups)
+    again = rebanded(stale, "test --bands-only", *predict_again(stale, path, runs=runs))
     assert again.model.bands == result.model.bands and again.model.engine_bands == result.model.engine_bands
     assert again.model.regime_bands == result.model.regime_bands
     assert again.model.architecture_bands == result.model.architecture_bands
     assert again.figures == result.figures and again.notes[-1].startswith("held-out figures predicted again")
-    twice = rebanded(again, "test --bands-only", *predict_again(again, path, runs=runs), groups)
+    twice = rebanded(again, "test --bands-only", *predict_again(again, path, runs=runs))
     assert twice.notes == again.notes  # the same remake again the same day: the history holds it once
     assert again.folds == result.folds and again.model.families == result.model.families
     # The same from the command line, over the published runs (here, this study's).
@@ -287,7 +286,7 @@ def test_calibrate_then_validate_reproduces_held_out_predictions(tmp_path, monke
     assert {g.group for g in report.by_metric_family} == {f.family for f in result.figures}
     assert report.bands.keys() == result.model.bands.keys()
     # `calibrate --public --report` reports the fit's own predictions: the same groups as re-simulating.
-    own = validation_of(result.figures, result.skipped, path, client_setups(runs), groups)
+    own = validation_of(result.figures, result.skipped, path, client_setups(runs), run_groups(prepare_all(runs)[0]))
     assert own.fit_file == str(path)  # outside the project: as given
     no_groups = {"architecture": {}, "lengths": {}, "regime": {}}
     assert validation_of([], [], PUBLIC_FIT_FILE, {}, no_groups).fit_file == "hwprofiles/calibrations/public-gpu.json"
