@@ -29,6 +29,7 @@ SUPPORTED_MODEL_TYPES = (
     "qwen2_moe",
     "qwen3_moe",
     "deepseek_v3",
+    "glm4_moe",
     "gpt_oss",
     "gemma2",
     "gemma3",
@@ -49,7 +50,7 @@ MAX_WIDTH = 1 << 20
 MAX_VOCAB = 1 << 22
 MAX_CONTEXT = 1 << 24
 MAX_EXPERTS = 1 << 16
-MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "gpt_oss")
+MOE_MODEL_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v3", "glm4_moe", "gpt_oss")
 
 
 def _count(lo: int, hi: int, description: str) -> Any:
@@ -75,12 +76,12 @@ class HFConfigFields(BaseModel):
     max_position_embeddings: int | None = _count(2, MAX_CONTEXT, "Longest context, tokens")
     num_local_experts: int | None = _count(0, MAX_EXPERTS, "Routed experts (Mixtral)")
     num_experts: int | None = _count(0, MAX_EXPERTS, "Routed experts (Qwen MoE, gpt-oss)")
-    n_routed_experts: int | None = _count(0, MAX_EXPERTS, "Routed experts (DeepSeek)")
+    n_routed_experts: int | None = _count(0, MAX_EXPERTS, "Routed experts (DeepSeek, GLM-4.5)")
     num_experts_per_tok: int | None = _count(0, MAX_EXPERTS, "Experts per token")
     experts_per_token: int | None = _count(0, MAX_EXPERTS, "Experts per token (gpt-oss)")
-    n_shared_experts: int | None = _count(0, MAX_EXPERTS, "Shared experts (DeepSeek)")
+    n_shared_experts: int | None = _count(0, MAX_EXPERTS, "Shared experts (DeepSeek, GLM-4.5)")
     shared_expert_intermediate_size: int | None = _count(0, MAX_WIDTH, "Shared expert width (Qwen MoE)")
-    first_k_dense_replace: int | None = _count(0, MAX_LAYERS, "Leading dense layers (DeepSeek)")
+    first_k_dense_replace: int | None = _count(0, MAX_LAYERS, "Leading dense layers (DeepSeek, GLM-4.5)")
     moe_layer_freq: int | None = _count(1, MAX_LAYERS, "Every n-th layer routed (DeepSeek)")
     decoder_sparse_step: int | None = _count(1, MAX_LAYERS, "Every n-th layer routed (Qwen MoE)")
     sliding_window: int | None = _count(0, MAX_CONTEXT, "Attention window, tokens (0: none)")
@@ -93,12 +94,14 @@ class HFConfigFields(BaseModel):
     v_head_dim: int | None = _count(1, MAX_HEADS, "MLA value head width")
     rms_norm_eps: float | None = Field(None, gt=0, le=1, description="RMSNorm epsilon")
     rope_theta: float | None = Field(None, gt=0, description="RoPE base")
+    partial_rotary_factor: float | None = Field(None, gt=0, le=1, description="Share of each head RoPE rotates (GLM-4.5)")
     rope_parameters: dict[str, Any] | None = None
     rope_scaling: dict[str, Any] | None = None
     layer_types: list[str] | None = None
     mlp_only_layers: list[Annotated[int, Field(strict=True, ge=0)]] | None = None
     tie_word_embeddings: bool | None = None
     attention_bias: bool | None = None
+    use_qk_norm: bool | None = None
     use_sliding_window: bool | None = None
     bos_token_id: int | None = Field(None, strict=True, ge=0)
     eos_token_id: Annotated[int, Field(strict=True, ge=0)] | list[Annotated[int, Field(strict=True, ge=0)]] | None = None
@@ -111,7 +114,7 @@ class MoEConfig:
     expert_intermediate_size: int
     num_shared_experts: int = 0
     shared_expert_intermediate_size: int = 0
-    router_bias: bool = False  # gpt-oss routers have a bias; DeepSeek has a score-correction bias
+    router_bias: bool = False  # gpt-oss routers have a bias; DeepSeek and GLM-4.5 a score-correction bias
     expert_bias: bool = False  # gpt-oss experts carry biases on gate/up and down
 
     def __post_init__(self) -> None:
@@ -232,7 +235,7 @@ class ModelConfig:
             rope_theta=f.rope_theta or float(rope.get("rope_theta", 10000.0)),
             rope_scaling=rope_scaling,
             attention_bias=f.attention_bias if f.attention_bias is not None else model_type in ("qwen2", "qwen2_moe"),
-            qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text"),
+            qk_norm=model_type in ("qwen3", "qwen3_moe", "gemma3", "gemma3_text") or bool(f.use_qk_norm),
             norms_per_layer=4 if model_type.startswith("gemma") else 2,
             attention_sinks=model_type == "gpt_oss",
             layer_windows=_parse_windows(cfg, model_type, f.num_hidden_layers),
@@ -265,6 +268,14 @@ class ModelConfig:
                        layer_is_moe=self.layer_is_moe[:num_layers], name=f"{self.name or self.model_type}[:{num_layers}]")
 
     # ------------------------------------------------------------------ parameters
+
+    @property
+    def rotary_dim(self) -> int:
+        """Width of each query/key head that RoPE rotates: MLA's RoPE part, else head_dim x the config's
+        partial_rotary_factor (GLM-4.5 rotates half of each head)."""
+        if self.mla is not None:
+            return self.mla.qk_rope_head_dim
+        return int(self.head_dim * (self.hf_config.get("partial_rotary_factor") or 1.0))
 
     @property
     def is_moe(self) -> bool:
@@ -712,7 +723,7 @@ def _parse_moe(cfg: dict[str, Any], model_type: str, num_layers: int) -> tuple[M
             raise InputError(key or "num_experts", num_experts if key else None,
                              f"a {model_type} model routes to experts: needs >= 1")
         return None, (False,) * num_layers
-    if model_type == "deepseek_v3":
+    if model_type in ("deepseek_v3", "glm4_moe"):  # GLM-4.5 routes as DeepSeek-V3 does, with GQA attention
         first_dense = cfg.get("first_k_dense_replace") or 0
         freq = cfg.get("moe_layer_freq") or 1
         is_moe = tuple(i >= first_dense and i % freq == 0 for i in range(num_layers))
@@ -732,7 +743,7 @@ def _parse_moe(cfg: dict[str, Any], model_type: str, num_layers: int) -> tuple[M
         expert_intermediate_size=cfg.get("moe_intermediate_size") or cfg.get("intermediate_size") or 0,
         num_shared_experts=shared,
         shared_expert_intermediate_size=shared_size,
-        router_bias=model_type in ("gpt_oss", "deepseek_v3"),
+        router_bias=model_type in ("gpt_oss", "deepseek_v3", "glm4_moe"),
         expert_bias=model_type == "gpt_oss",
     )
     return moe, is_moe

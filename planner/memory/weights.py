@@ -109,7 +109,7 @@ def stage_weights(model: ModelConfig, dep: Deployment, hw: HardwareProfile, engi
     moe = _moe_bytes_per_rank(model, tp, wbytes, high, layout) if model.is_moe else 0.0
 
     vocab = math.ceil(_round_up(model.vocab_size, VOCAB_PADDING) / tp)
-    rotary = model.max_position_embeddings * _rotary_dim(model) * high if engine.engine != "serveplan" else 0.0
+    rotary = model.max_position_embeddings * model.rotary_dim * high if engine.engine != "serveplan" else 0.0
     stages = stage_layers(model.num_layers, dep.pipeline_parallel)
     out = []
     for index, layers in enumerate(stages):
@@ -133,17 +133,13 @@ def stage_weights(model: ModelConfig, dep: Deployment, hw: HardwareProfile, engi
         if rotary:
             parts.append(Part("weights.rotary", "rotary cos/sin cache", rotary,
                               f"max_position_embeddings {model.max_position_embeddings:,} x rotary dim "
-                              f"{_rotary_dim(model)} x {high:g} B, on every GPU", ROTARY_SOURCE))
+                              f"{model.rotary_dim} x {high:g} B, on every GPU", ROTARY_SOURCE))
         out.append(StageWeights(layer_bytes, embedding, lm_head, rotary, len(layers), tuple(parts)))
     return out
 
 
 def _round_up(value: int, multiple: int) -> int:
     return -(-value // multiple) * multiple
-
-
-def _rotary_dim(model: ModelConfig) -> int:
-    return model.mla.qk_rope_head_dim if model.mla is not None else model.head_dim
 
 
 def quantises_experts_only(model: ModelConfig, dep: Deployment) -> bool:
