@@ -650,7 +650,8 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
                                             write_fit)
     from planner.public.data import public_runs
     from planner.public.report import (
-        TARGETS_PCT, client_setups, group_errors, load_fit, predict_again, set_aside_summary, validation_of, write_report,
+        TARGETS_PCT, check_report_path, client_setups, group_errors, load_fit, predict_again, set_aside_summary,
+        validation_of, write_report,
     )
 
     command = "serveplan calibrate " + " ".join(sys.argv[2:])
@@ -676,7 +677,7 @@ def cmd_calibrate_public(args: argparse.Namespace) -> None:
         owners = frozenset(o.strip() for o in args.only_for.split(",") if o.strip()) if args.only_for else None
         stage = Stage(tuple(p.strip() for p in args.only.split(",") if p.strip()), load_fit(out), out.name, owners)
     if args.public_report:
-        output_file(args.public_report, "public_report")  # before hours of fitting, not after
+        check_report_path(args.public_report, out, "public_report")  # before hours of fitting, not after
     with stages() as progress:
         result = calibrate_public(command=command, rounds=args.rounds or PUBLIC_ROUNDS, workers=args.workers or default_threads(),
                                   progress=progress, checkpoint=Path(args.checkpoint) if args.checkpoint else None,
@@ -1038,13 +1039,11 @@ def cmd_compare(args: argparse.Namespace) -> None:
 def cmd_validate_public(args: argparse.Namespace) -> None:
     from planner.costmodel.fitted import PUBLIC_FIT_FILE
     from planner.public.calibration import carried_group_bands
-    from planner.public.report import validate_public, write_report
+    from planner.public.report import check_report_path, validate_public, write_report
 
     path = args.calibration or PUBLIC_FIT_FILE
     if args.report:  # checked before the minutes of work, not after; the plot and JSON go beside it
-        for suffix in (".png", ".json"):
-            output_file(Path(args.report).with_suffix(suffix), "report")
-        output_file(args.report, "report")
+        check_report_path(args.report, path, "report")
     with stages() as progress:
         report, fit = validate_public(path, workers=args.workers or default_threads(), progress=progress)
     if args.report:

@@ -194,20 +194,33 @@ class Stage:
         return Space.of(runs, tuple(p for p in ENGINE_PARAMS if p in self.params),
                         tuple(p for p in HARDWARE_PARAMS if p in self.params), _figures(self.on.model), self.owners)
 
-    def held_folds(self, unit: Unit, names: Iterable[str]) -> dict[str, Figures]:
+    def new_units(self, unit: Unit, names: Iterable[str]) -> list[str]:
+        """The sources or publishers among `names` that the fit staged on never saw (runs published since).
+        One it saw but has no fold for cannot be staged: its fold's other figures were fitted with it."""
         stored = self.on.folds.get(unit, {})
+        seen = {f.source_key if unit == "source" else f.publisher for f in self.on.figures}
         missing = sorted(set(names) - set(stored))
-        if missing:
+        refitted = [name for name in missing if name in seen]
+        if refitted:
             raise InputError("only", ",".join(self.params), f"{self.on_name} has no fold without the {unit} "
-                             f"{', '.join(missing)}: stage on a fit of today's data")
-        return {name: _figures(f) for name, f in stored.items()}
+                             f"{', '.join(refitted)}: stage on a fit of today's data")
+        return missing
 
-    @property
-    def note(self) -> str:
+    def held_folds(self, unit: Unit, names: Iterable[str]) -> dict[str, Figures]:
+        """What each fold holds: the stored fold's figures; a new source or publisher's fold holds the
+        all-data figures of the fit staged on, which were fitted without it, so its fold leaves it out too."""
+        names = list(names)
+        folds = {name: _figures(f) for name, f in self.on.folds.get(unit, {}).items()}
+        return folds | {name: _figures(self.on.model) for name in self.new_units(unit, names)}
+
+    def note(self, new_units: Mapping[Unit, Sequence[str]]) -> str:
         """The staged fit's notes are those of the fit it stages on (how its figures were made), then this."""
         scope = f" of {', '.join(sorted(self.owners))}" if self.owners is not None else ""
+        added = "; ".join(f"the {unit} {', '.join(names)} new since that fit: its fold holds that fit's all-data figures "
+                          f"(fitted without it)" for unit, names in new_units.items() if names)
         return (f"staged on {self.on_name} (created {self.on.created_utc} by `{self.on.command}`): only "
-                f"{', '.join(self.params)}{scope} fitted, every other figure held at that fit's, each fold's at that fold's")
+                f"{', '.join(self.params)}{scope} fitted, every other figure held at that fit's, each fold's at that fold's"
+                + (f"; {added}" if added else ""))
 
 
 def _figures(fitted: FittedModel | FoldFigures) -> Figures:
@@ -240,8 +253,11 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
     skipped += [_skipped(r.run, saved.refused[r.run.run_key]) for r in prepared if r.run.run_key in saved.refused]
     fitted_runs = [t.run for t in traced]
     folds: dict[Unit, dict[str, Figures]] = {}
+    new_units: dict[Unit, list[str]] = {}
     for unit in UNITS:
         names = {unit_of(t.run.run, unit) for t in traced}
+        if stage is not None:
+            new_units[unit] = stage.new_units(unit, names)
         folds[unit] = fit_folds(traced, lambda t, u=unit: unit_of(t.run.run, u), figs, workers=workers,
                                 max_nfev=max_nfev, progress=progress(f"fitting with each {unit} left out", len(names)),
                                 done=store.folds(unit) if store is not None else None,
@@ -262,7 +278,7 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
         folds={u: {name: FoldFigures(families=f.families, engines=f.engines) for name, f in table.items()}
                for u, table in folds.items()},
         figures=results, skipped=skipped,
-        notes=[*stage.on.notes, stage.note] if stage is not None else [
+        notes=[*stage.on.notes, stage.note(new_units)] if stage is not None else [
             "residuals: log(predicted / measured), soft L1 beyond a log error of "
             f"{ROBUST_SCALE:g} (squared below it, linear above), each source weighted alike (1/sqrt(its figures)), "
             "high/medium/low confidence 1/0.7/0.4; a weak prior at the profiles' estimates",

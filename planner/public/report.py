@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from engine.errors import InputError, from_validation_error
-from engine.files import load_json
+from engine.files import load_json, output_file
 from hwprofiles import PROFILE_DIR
 from planner.costmodel.fitted import GROUP_WORDS, PUBLIC_FIT_FILE, Band
 from planner.metrics import MetricFamily
@@ -219,6 +219,18 @@ def _all_engines_coverage(results: Sequence[FigureResult],
 
     return {engine: {name: held_out_coverage([r for r in family(name) if engine_of(r) == engine], family(name))
                      for name in table} for engine, table in own.items()}
+
+
+def check_report_path(path: str | Path, fit_path: str | Path, field: str) -> None:
+    """`path` as where write_report may write, checked before the minutes of work: the report, and the
+    plot and JSON beside it, each a writable file, none of them the fit file (a report named after it,
+    such as FIT.md beside FIT.json, would write its JSON over the fit)."""
+    fit_file = Path(fit_path).resolve()
+    for out in (Path(path), *(Path(path).with_suffix(suffix) for suffix in (".png", ".json"))):
+        output_file(out, field)
+        if out.resolve() == fit_file:
+            raise InputError(field, str(path), f"would write {out.name} over the fit file {_shown(fit_file)}; "
+                             "name the report otherwise")
 
 
 def write_report(v: PublicValidation, fit: PublicFit, command: str, path: str | Path) -> Path:

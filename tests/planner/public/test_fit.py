@@ -355,6 +355,29 @@ def test_a_staged_fit_fits_only_its_figures_and_holds_every_other_at_each_folds(
         calibrate_public(command="test", rounds=1, runs=published, stage=Stage(("memory_efficiency",), tp1_only, "old.json"))
 
 
+def test_a_staged_fit_takes_in_the_runs_of_a_source_published_since() -> None:
+    """A source (and publisher) the fit staged on never saw: its fold holds that fit's all-data
+    figures, which were fitted without it, and fits the staged figure on the other sources, as
+    any fold does; the notes name it. A source the fit saw without a fold is still refused (above)."""
+    runs = _small_runs()
+    published = _with_measurements(runs, _at_truth(runs))
+    on = calibrate_public(command="test", rounds=1, runs=[r for r in published if r.source_key == "tp1"])
+    assert set(on.folds["source"]) == {"tp1"}
+    staged = calibrate_public(command="test", rounds=1, runs=published, stage=Stage(("memory_efficiency",), on, "on.json"))
+
+    held = Figures(on.model.families, on.model.engines)
+    prepared = _prepared(published)
+    traced = [trace_run(r, held) for r in prepared]
+    alone = fit(traced, Space.of(prepared, (), ("memory_efficiency",), held), held).figures
+    keep = [t for t in traced if t.run.run.source_key == "tp1"]
+    expected = fit(keep, Space.of((t.run for t in keep), (), ("memory_efficiency",), held), alone).figures
+    for unit, name in (("source", "tp2"), ("publisher", "b")):
+        fold = staged.folds[unit][name]
+        assert Figures(fold.families, fold.engines) == expected, (unit, name)
+    assert "the source tp2 new since that fit" in staged.notes[-1]
+    assert {f.source_key for f in staged.figures} == {"tp1", "tp2"}
+
+
 def test_a_staged_fit_scoped_to_some_families_holds_the_others() -> None:
     """--only-for: the staged figures of the named families or engines only. Scoped to the runs' own
     family, the stage is the unscoped one; a family no run has, or a name that is no family or engine,
@@ -758,6 +781,11 @@ def test_prediction_interval_around_a_gpu_run_and_none_on_a_cpu() -> None:
     (["calibrate", "--report", "r.md"], "--report does not apply to a CPU calibration"),
     (["calibrate", "--public", "--report", "/no/such/folder/r.md"], "its folder '/no/such/folder' does not exist"),
     (["calibrate", "--public", "--out", "/no/such/folder/fit.json"], "its folder '/no/such/folder' does not exist"),
+    # A report named after the fit would write its JSON over the fit, after the fitting: refused first.
+    (["calibrate", "--public", "--out", "/tmp/fit.json", "--report", "/tmp/fit.md"],
+     "would write fit.json over the fit file /tmp/fit.json"),
+    (["validate", "--public", "--calibration", "hwprofiles/calibrations/public-gpu.json", "--report",
+      "hwprofiles/calibrations/public-gpu.md"], "would write public-gpu.json over the fit file hwprofiles/calibrations"),
     (["calibrate", "--checkpoint", "/tmp/x"], "--checkpoint does not apply to a CPU calibration"),
     (["calibrate", "--public", "--bands-only", "--rounds", "2"], "--rounds does not apply to --bands-only"),
     (["calibrate", "--bands-only"], "--bands-only does not apply to a CPU calibration"),
