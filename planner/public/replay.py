@@ -44,6 +44,9 @@ _NEUTRAL_ARGS = frozenset({
     "enable_torch_compile", "dtype", "quantization", "VLLM_USE_TRITON_FLASH_ATTN",
     "kv_cache_dtype", "kv_cache_dtype_skip_layers", "max_seq_len_to_capture", "max_model_len", "max_seq_len",
     "kv_transfer_config", "async_scheduling", "enable_expert_parallel", "disable_radix_cache",
+    # SGLang's output parsers split a response into reasoning, content and tool calls as it streams; every
+    # token still goes out in its event.
+    "reasoning_parser", "tool_call_parser",
 })
 # Flags that shape the Deployment (read in `prepare`).
 _DEPLOYMENT_ARGS = frozenset({"enable_dp_attention", "attention_backend"})
