@@ -29,7 +29,8 @@ Rules worth knowing (all listed by `assumptions()`):
   in expectation (uniform routing); expert weight bytes scale with that (each expert as the engine's
   kernel holds it: vLLM's MXFP4 kernels pad gpt-oss's), FLOPs with T x k, and the
   grouped GEMM's efficiency follows the rows per touched expert, times the engine's fused-MoE
-  kernel share (moe_kernel_efficiency) and the GPU family's grouped-GEMM share. That share slows
+  kernel share (moe_kernel_efficiency; fp4_moe_kernel_efficiency for MXFP4 experts, another kernel)
+  and the GPU family's grouped-GEMM share. That share slows
   the experts' tensor-core math alone: weight-only experts (MXFP4 on Hopper/Ampere, fp8 on Ampere)
   dequantise on the vector units, and the kernels stream their weights, at the family's own rates.
 - MLA (DeepSeek): decode in the absorbed formulation, prefill attention expanded (as the engines
@@ -512,7 +513,8 @@ class CostModel:
             f"and for int8/int4, weight-only: bf16 math plus {DEQUANT_OPS_PER_WEIGHT:g} vector ops per weight read; "
             "native ones reach scaled_gemm_efficiency of the format's FLOP rate and scaled_gemm_memory_efficiency "
             "of its weight-read rate",
-            "routed experts: max(math / grouped_gemm_efficiency + dequantisation, weight reads) / moe_kernel_efficiency; "
+            "routed experts: max(math / grouped_gemm_efficiency + dequantisation, weight reads) / moe_kernel_efficiency "
+            "(fp4_moe_kernel_efficiency for MXFP4 experts); "
             "the grouped-GEMM share slows the tensor-core math, not the vector dequantisation or the weight reads",
             "attention: causal pairs q x (cached + (q+1)/2) per request and layer, capped by sliding windows; "
             "K/V of the context read once per request and layer at attention_memory efficiency, FLOPs at "
@@ -662,8 +664,8 @@ class CostModel:
         # The family's grouped-GEMM share is a tensor-core matter (wgmma, TMA pipelines): it slows the
         # experts' math, not the vector work of dequantising their weights nor the streaming of them,
         # which a decode step is bound by.
-        roofline = _max(math / p.grouped_gemm_efficiency + dequant,
-                        (weight_bytes + act_bytes) * self._s_per_byte) / p.moe_kernel_efficiency
+        share = p.fp4_moe_kernel_efficiency if e.fp4 else p.moe_kernel_efficiency
+        roofline = _max(math / p.grouped_gemm_efficiency + dequant, (weight_bytes + act_bytes) * self._s_per_byte) / share
         return (e.kernels * p.kernel_latency_s + roofline) * _present(rows)
 
     def _attention(self, tokens: Number, flops: Number, kv_tokens: Number, work: list[Number]) -> Number:

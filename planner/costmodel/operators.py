@@ -65,6 +65,8 @@ class Experts:
     # Expert-parallel ranks, each holding num_experts / ranks whole experts: a layer's experts end
     # when the busiest rank does (model.busiest_rank_factors). 1: every rank holds a slice of each.
     ranks: int = 1
+    # Stored as 4-bit floats (MXFP4), run by the engine's MXFP4 MoE kernel (fp4_moe_kernel_efficiency).
+    fp4: bool = False
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,7 @@ def build_operators(model: ModelConfig, dep: Deployment, hw: HardwareProfile) ->
             expert_bytes = expert_params * wbytes
         experts = Experts(mo.num_experts, mo.top_k, 2 * n_moe * mo.top_k * expert_params, n_moe * expert_bytes,
                           n_moe * (2 * h + 3 * mo.top_k * mo.expert_intermediate_size / tp) * act,
-                          n_moe * expert_params * DEQUANT_OPS_PER_WEIGHT, 4 * n_moe, dep.expert_parallel)
+                          n_moe * expert_params * DEQUANT_OPS_PER_WEIGHT, 4 * n_moe, dep.expert_parallel, experts_only)
         if mo.num_shared_experts:
             size = mo.num_shared_experts * mo.shared_expert_intermediate_size
             shared = gemm(3 * h * size, 2 * h, 3 * size / tp, n_moe, 3 * n_moe)

@@ -96,6 +96,12 @@ class CostParams:
     # for the weight format): 1 prices experts like dense matmuls, the profiles' estimate. The public
     # fit learns it per engine.
     moe_kernel_efficiency: float = 1.0
+    # The same share for experts stored as 4-bit floats (MXFP4: gpt-oss), which every engine runs
+    # through another kernel than its bf16/fp8 fused MoE (vLLM: triton_kernels' matmul_ogs on Hopper,
+    # Marlin on Ampere; SGLang and TensorRT-LLM their own MXFP4 paths): one engine's two shares need
+    # not agree, as its published runs show (SGLang's gpt-oss runs 1.2-14x slower than its Qwen3 and
+    # GLM runs would have it). The public fit learns it per engine.
+    fp4_moe_kernel_efficiency: float = 1.0
     # Share of the family's roofline an engine's dense weight matmuls reach (the LM head's and shared
     # experts' included): engines wrap the same GEMM libraries in their own fusions, layouts and
     # compiled graphs (TensorRT-LLM's plugins, vLLM's torch.compile'd graphs, SGLang's), and published
@@ -126,7 +132,7 @@ class CostParams:
     def __post_init__(self) -> None:
         for name in ("compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
                      "attention_compute_efficiency", "triton_attention_efficiency", "interconnect_efficiency",
-                     "moe_kernel_efficiency",
+                     "moe_kernel_efficiency", "fp4_moe_kernel_efficiency",
                      "dense_kernel_efficiency",
                      "grouped_gemm_efficiency", "scaled_gemm_efficiency", "scaled_gemm_memory_efficiency"):
             value = getattr(self, name)

@@ -51,7 +51,8 @@ HARDWARE_PARAMS: tuple[str, ...] = (
     "scaled_gemm_memory_efficiency",
 )
 ENGINE_PARAMS: tuple[str, ...] = ("step_overhead_s", "per_request_overhead_s", "api_request_s", "api_chat_template_s",
-                                  "api_latency_s", "moe_kernel_efficiency", "dense_kernel_efficiency")
+                                  "api_latency_s", "moe_kernel_efficiency", "fp4_moe_kernel_efficiency",
+                                  "dense_kernel_efficiency")
 _SHARES = frozenset({"compute_efficiency", "memory_efficiency", "attention_memory_efficiency",
                      "attention_compute_efficiency"})
 # What a GPU family or an engine can physically be: a fit stays inside these, so that a term the
@@ -81,6 +82,7 @@ PLAUSIBLE: dict[str, tuple[float, float]] = {
     # A fused-MoE kernel at best matches dense GEMMs; tuned Triton/CUTLASS/Marlin kernels stay within
     # 5x of them even at a few rows per expert. Fitted in log space: the estimate, 1, is the edge.
     "moe_kernel_efficiency": (0.2, 1.0),
+    "fp4_moe_kernel_efficiency": (0.2, 1.0),
     # An engine's dense matmuls against the family's shares (which its fastest engine sets): within
     # 2x. Log space, the estimate 1 the edge, as for the MoE share.
     "dense_kernel_efficiency": (0.5, 1.0),

@@ -315,6 +315,26 @@ def test_an_moe_efficiency_slows_the_routed_experts_alone(batch: int) -> None:
     assert grouped["moe_experts"] - kernels == pytest.approx(2 * (dense_rate["moe_experts"] - kernels))
 
 
+def test_mxfp4_experts_take_the_engines_fp4_moe_share_and_others_its_moe_share() -> None:
+    """Experts stored as MXFP4 (gpt-oss's checkpoint) run the engine's MXFP4 kernel: its share
+    (fp4_moe_kernel_efficiency) sets their time, the bf16/fp8 fused-MoE share does not; bf16 experts
+    the other way round. Halving the share that applies doubles the experts' roofline alone."""
+    hw = get_hardware("h100-sxm")
+    base = CostParams.defaults(hw, get_engine("vllm-0.11"))
+    decode = [(1, 2000, False)] * 8
+
+    def experts(model: str, weight_dtype: str, **values: float) -> float:
+        cm = cost(model=model, weight_dtype=weight_dtype, calibration=replace(base, **values))
+        kernels = 4 * resolve_model(model).num_moe_layers * base.kernel_latency_s
+        return cm.shape_breakdown(decode)["moe_experts"] - kernels
+
+    for model, dtype, own, other in (("gpt-oss-20b", "fp4", "fp4_moe_kernel_efficiency", "moe_kernel_efficiency"),
+                                     ("qwen3-30b-a3b", "bf16", "moe_kernel_efficiency", "fp4_moe_kernel_efficiency")):
+        full = experts(model, dtype)
+        assert experts(model, dtype, **{own: 0.5}) == pytest.approx(2 * full), model
+        assert experts(model, dtype, **{other: 0.5}) == full, model
+
+
 def test_the_grouped_gemm_share_leaves_weight_only_experts_dequantisation_alone() -> None:
     """fp8 experts on an A100 (no fp8 tensor cores) run bf16 math on weights dequantised by the vector
     units. In a prefill that touches every expert, bound by that work, the experts take
