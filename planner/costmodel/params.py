@@ -99,7 +99,7 @@ class CostParams:
     # The same share for experts stored as 4-bit floats (MXFP4: gpt-oss), which every engine runs
     # through another kernel than its bf16/fp8 fused MoE (vLLM: triton_kernels' matmul_ogs on Hopper,
     # Marlin on Ampere; SGLang and TensorRT-LLM their own MXFP4 paths): one engine's two shares need
-    # not agree, as its published runs show (SGLang's gpt-oss runs 1.2-14x slower than its Qwen3 and
+    # not agree, as its published runs show (SGLang's gpt-oss runs 2-14x slower than its Qwen3 and
     # GLM runs would have it). The public fit learns it per engine.
     fp4_moe_kernel_efficiency: float = 1.0
     # Share of the family's roofline an engine's dense weight matmuls reach (the LM head's and shared
