@@ -206,12 +206,11 @@ class Stage:
                              f"{', '.join(refitted)}: stage on a fit of today's data")
         return missing
 
-    def held_folds(self, unit: Unit, names: Iterable[str]) -> dict[str, Figures]:
-        """What each fold holds: the stored fold's figures; a new source or publisher's fold holds the
-        all-data figures of the fit staged on, which were fitted without it, so its fold leaves it out too."""
-        names = list(names)
+    def held_folds(self, unit: Unit, new: Iterable[str]) -> dict[str, Figures]:
+        """What each fold holds: the stored fold's figures; the fold of a `new` source or publisher
+        (new_units) holds the all-data figures of the fit staged on, fitted without it, so it leaves it out too."""
         folds = {name: _figures(f) for name, f in self.on.folds.get(unit, {}).items()}
-        return folds | {name: _figures(self.on.model) for name in self.new_units(unit, names)}
+        return folds | {name: _figures(self.on.model) for name in new}
 
     def note(self, new_units: Mapping[Unit, Sequence[str]]) -> str:
         """The staged fit's notes are those of the fit it stages on (how its figures were made), then this."""
@@ -256,14 +255,13 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
     new_units: dict[Unit, list[str]] = {}
     for unit in UNITS:
         names = {unit_of(t.run.run, unit) for t in traced}
-        if stage is not None:
-            new_units[unit] = stage.new_units(unit, names)
+        new_units[unit] = stage.new_units(unit, names) if stage is not None else []
         folds[unit] = fit_folds(traced, lambda t, u=unit: unit_of(t.run.run, u), figs, workers=workers,
                                 max_nfev=max_nfev, progress=progress(f"fitting with each {unit} left out", len(names)),
                                 done=store.folds(unit) if store is not None else None,
                                 on_fold=partial(store.save_fold, unit) if store is not None else None,
                                 engine_params=space.engine_params, family_params=space.family_params,
-                                held=stage.held_folds(unit, names) if stage is not None else None,
+                                held=stage.held_folds(unit, new_units[unit]) if stage is not None else None,
                                 owners=stage.owners if stage is not None else None)
     results, refused_later = predict_public(fitted_runs, figs, folds, workers=workers, progress=progress)
     skipped += refused_later
