@@ -320,8 +320,9 @@ class Deployment(Spec):
     kv_dtype: Annotated[KVDtype, Knob("--kv-dtype", "KV-cache dtype")] = Field(
         "bf16", description="Storage format of the KV cache")
     engine: Annotated[str, Knob("--engine", "Serving engine")] = Field(
-        DEFAULT_ENGINE, pattern=r"^[a-z0-9][a-z0-9.\-]*$", max_length=64,
-        description="Engine profile (`serveplan engines list`): its defaults, scheduling and overheads apply")
+        DEFAULT_ENGINE, pattern=r"^[a-z0-9][a-z0-9.\-]*(@[0-9][0-9a-z.+\-]*)?$", max_length=64,
+        description="Engine profile (`serveplan engines list`): its defaults, scheduling and overheads apply; "
+        "`profile@release` (vllm-0.11@0.10.2) runs one release of the line, with the settings its older releases had")
     api_server: Annotated[bool, Knob("--api-server", "Served over HTTP")] = Field(
         True, description="Requests pass the engine's HTTP API server, and the engine profile's API figures "
         "(overheads api_request_ms, api_step_us, api_token_us) are priced; off for in-process runs (the LLM class, "

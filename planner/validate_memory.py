@@ -16,7 +16,7 @@ import statistics
 from pydantic import Field
 
 from engine.catalog import resolve_model
-from planner.engines import engine_for_release, knobs_from_flags
+from planner.engines import engine_for_release, get_engine, knobs_from_flags
 from planner.hardware import get_hardware
 from planner.memory.plan import MemoryPlan, Report, plan_memory
 from planner.public.data import StartupLog, startup_logs
@@ -82,19 +82,19 @@ def validate_startup_logs() -> MemoryValidation:
 
 def check_log(log: StartupLog) -> LogCheck:
     d, args, reported = log.deployment, log.engine.args, log.reported
-    profile, note = engine_for_release(log.engine.engine, log.engine.version)
+    engine, note = engine_for_release(log.engine.engine, log.engine.version)
     model = resolve_model(d.model)
     knobs = knobs_from_flags(args)
     sampler = log.engine.profile_sampler
     dep = Deployment(hardware=d.hardware, tensor_parallel=d.tensor_parallel, pipeline_parallel=d.pipeline_parallel,
-                     weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype, engine=profile.name, knobs=knobs,
+                     weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype, engine=engine, knobs=knobs,
                      profile_sampler=sampler)
     context = int(args.get("max_model_len", model.max_position_embeddings))
     plan = plan_memory(model, get_hardware(d.hardware), dep, context)
     kv_rep = reported.kv_cache_gib
     started = None if kv_rep is None else kv_rep > 0
     return LogCheck(
-        id=log.id, source_key=log.source_key, source_url=log.source_url, engine_profile=profile.name,
+        id=log.id, source_key=log.source_key, source_url=log.source_url, engine_profile=get_engine(engine).name,
         profile_note=note, sampler=sampler,
         kv_predicted_gib=plan.kv_cache_gib, kv_reported_gib=kv_rep,
         kv_error_pct=_error(plan.kv_cache_gib, kv_rep) if started else None,

@@ -386,6 +386,23 @@ class Memory(_Sourced):
         return self
 
 
+class EarlierReleases(_Spec):
+    """How the line's releases before `before` executed otherwise: a deployment that names such a
+    release (`vllm-0.11@0.10.2`) runs with these execution settings instead of the profile's."""
+
+    before: str = Field(description="The first release of the line that no longer ran so (PEP 440)")
+    execution: dict[str, bool] = Field(min_length=1, description="Execution fields and their values in those releases")
+    source: str
+
+    @model_validator(mode="after")
+    def _known(self) -> EarlierReleases:
+        unknown = sorted(set(self.execution) - set(Execution.model_fields))
+        if unknown:
+            raise ValueError(f"not execution settings: {', '.join(unknown)}")
+        Version(self.before)  # an invalid version is refused here, at load
+        return self
+
+
 class EngineProfile(_Spec):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.\-]*$", description="Short id used on the command line")
     display_name: str
@@ -401,6 +418,8 @@ class EngineProfile(_Spec):
     streaming: Streaming | None = Field(
         None, description="None: not established for these releases (a replay whose client times every event "
         "refuses the profile)")
+    earlier_releases: tuple[EarlierReleases, ...] = Field(
+        (), description="Execution settings of the line's older releases, applied to a deployment that names its release")
     notes: tuple[str, ...] = ()
 
     @model_validator(mode="after")
@@ -409,6 +428,30 @@ class EngineProfile(_Spec):
         if (s.admission == "reserve_ratio") != (s.admission_ratio is not None):
             raise ValueError("admission_ratio is set exactly when admission is 'reserve_ratio'")
         return self
+
+    @model_validator(mode="after")
+    def _earlier_within_line(self) -> EngineProfile:
+        if self.earlier_releases and self.releases is None:
+            raise ValueError("earlier_releases needs the line's releases")
+        return self
+
+    def as_release(self, release: str) -> EngineProfile:
+        """This profile as the line's `release` ran: the execution settings of every earlier-releases
+        entry it predates applied. The name stays the line's (the public fit's figures are the line's)."""
+        if self.releases is None:
+            raise InputError("engine release", release, f"{self.name} is not a released engine: name no release")
+        try:
+            wanted = Version(release)
+        except InvalidVersion:
+            raise InputError("engine release", release, "must be a version such as 0.10.2 (PEP 440)") from None
+        low, high = self.releases
+        if not Version(low) <= wanted <= Version(high):
+            raise InputError("engine release", release, f"{self.name} describes releases {low} to {high}")
+        changes = {name: value for earlier in self.earlier_releases if wanted < Version(earlier.before)
+                   for name, value in earlier.execution.items()}
+        if not changes:
+            return self
+        return self.model_copy(update={"execution": self.execution.model_copy(update=changes)})
 
     def _device_rule(self, family: str, memory_gib: float, tp: int) -> DeviceDefaults | None:
         return next((r for r in self.scheduling.device_defaults if r.matches(family, memory_gib, tp)), None)
@@ -557,9 +600,10 @@ def engine_catalog() -> dict[str, EngineProfile]:
     return profile_folder(PROFILE_DIR, load_engine_profile)
 
 
-def engine_for_release(engine: EngineName, version: str) -> tuple[EngineProfile, str | None]:
-    """The profile of `engine` whose releases cover `version`, and a note when none does: then the
-    nearest release line (the newest for an unknown or newer version, the oldest for an older one)."""
+def engine_for_release(engine: EngineName, version: str) -> tuple[str, str | None]:
+    """The engine a deployment of `engine` `version` names (`get_engine`): its release line's profile
+    as that release ran (`line@version`), or with a note where no line covers it, the nearest line
+    (the newest for an unknown or newer version, the oldest for an older one)."""
     lines = sorted((p for p in engine_catalog().values() if p.engine == engine and p.releases),
                    key=lambda p: Version(p.releases[0]))  # type: ignore[index]
     if not lines:
@@ -567,13 +611,13 @@ def engine_for_release(engine: EngineName, version: str) -> tuple[EngineProfile,
     try:
         wanted = Version(version)
     except InvalidVersion:
-        return lines[-1], f"{engine} version {version!r} unknown: {lines[-1].name} (the newest line) assumed"
+        return lines[-1].name, f"{engine} version {version!r} unknown: {lines[-1].name} (the newest line) assumed"
     for profile in lines:
         low, high = profile.releases  # type: ignore[misc]
         if Version(low) <= wanted <= Version(high):
-            return profile, None
+            return f"{profile.name}@{version}", None
     nearest = lines[0] if wanted < Version(lines[0].releases[0]) else lines[-1]  # type: ignore[index]
-    return nearest, f"{engine} {version} is outside every profile: {nearest.name} (the nearest line) assumed"
+    return nearest.name, f"{engine} {version} is outside every profile: {nearest.name} (the nearest line) assumed"
 
 
 # Launch flags of vLLM, SGLang and TensorRT-LLM, by the engine's own names, that set an EngineKnobs field.
@@ -601,8 +645,12 @@ def knobs_from_flags(flags: Mapping[str, object]) -> EngineKnobs:
     return EngineKnobs(**{ENGINE_FLAG_KNOBS[name]: value for name, value in flags.items() if name in ENGINE_FLAG_KNOBS})
 
 
+@cache
 def get_engine(name: str) -> EngineProfile:
+    """The profile `name` names: a profile's name, or `profile@release` for one release of its line
+    (its older releases' execution settings applied, EngineProfile.as_release)."""
+    line, _, release = name.partition("@")
     profiles = engine_catalog()
-    if name not in profiles:
-        raise unknown_name_error("engine", name, profiles)
-    return profiles[name]
+    if line not in profiles:
+        raise unknown_name_error("engine", line, profiles)
+    return profiles[line].as_release(release) if release else profiles[line]

@@ -68,6 +68,8 @@ def render(profile: EngineProfile) -> str:
     for section in ("scheduling", "execution", "memory", "overheads", "streaming"):
         spec = getattr(profile, section)
         lines += _rows(section, spec) if spec is not None else [f"| {section} | not established for these releases | |"]
+    lines += [f"| releases before {e.before} | execution: {_value(e.execution)} | {_link(e.source)} |"
+              for e in profile.earlier_releases]
     lines += ["", f"Overheads (estimates): {profile.overheads.provenance}", ""]
     lines += [f"- {note}" for note in profile.notes]
     return "\n".join(lines)

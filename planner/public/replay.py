@@ -17,7 +17,7 @@ from engine.catalog import resolve_model
 from engine.config import ModelConfig
 from planner.costmodel import CostParams
 from planner.costmodel.operators import dispatches_by_all_to_all
-from planner.engines import ENGINE_FLAG_KNOBS, EngineProfile, engine_for_release, knobs_from_flags
+from planner.engines import ENGINE_FLAG_KNOBS, EngineProfile, engine_for_release, get_engine, knobs_from_flags
 from planner.hardware import get_hardware
 from planner.metrics import LengthSpread, RunSummary, length_spread
 from planner.playback import Replay
@@ -156,7 +156,8 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     if backend is not None and backend not in _ATTENTION_KERNELS:
         return f"attention backend {backend} not modelled"
     d = run.deployment
-    engine, note = engine_for_release(run.engine.engine, run.engine.version)
+    engine_name, note = engine_for_release(run.engine.engine, run.engine.version)
+    engine = get_engine(engine_name)
     assumptions = [note] if note else []
     attention_dp = 1
     if args.get("enable_dp_attention"):
@@ -178,7 +179,7 @@ def prepare(run: PublicRun) -> ReplayRun | str:
         knobs = knobs.model_copy(update={"kv_cache_gib": run.engine.kv_cache_gib_reported})
     dep = Deployment(hardware=hw.name, tensor_parallel=d.tensor_parallel, pipeline_parallel=d.pipeline_parallel,
                      expert_parallel=d.expert_parallel, attention_data_parallel=attention_dp,
-                     weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype, engine=engine.name,
+                     weight_dtype=d.weight_dtype, kv_dtype=d.kv_dtype, engine=engine_name,
                      api_server=run.client.endpoint != "in-process",
                      api_endpoint="completions" if run.client.endpoint == "completions" else "chat", knobs=knobs,
                      profile_sampler=run.engine.profile_sampler, peer_access=d.peer_access,

@@ -54,6 +54,15 @@ def test_every_set_value_has_a_source(name: str) -> None:
             else:
                 assert field in spec.field_sources, f"{name}: {section}.{field} has no source"
     assert len(profile.overheads.provenance) > 40, f"{name}: overheads need their provenance"
+    assert all(_is_citable(e.source) for e in profile.earlier_releases), f"{name}: earlier_releases"
+
+
+def test_an_older_release_may_only_change_execution_settings(tmp_path: Path) -> None:
+    raw = yaml.safe_load((PROFILE_DIR / "vllm-0.11.yaml").read_text())
+    raw["earlier_releases"][0]["execution"] = {"graph_speedup": True}
+    (tmp_path / "x.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(InputError, match="earlier_releases.0.*not execution settings: graph_speedup"):
+        load_engine_profile(tmp_path / "x.yaml")
 
 
 @pytest.mark.parametrize("name", ["vllm-0.9", "vllm-0.11"])
@@ -132,7 +141,30 @@ def test_sglang_04_chunk_graph_and_memory_fraction_by_device_and_tp() -> None:
                                                ("0.5.3rc0", "sglang-0.5"), ("0.5.5.post1", "sglang-0.5")])
 def test_each_sglang_release_picks_the_line_whose_defaults_it_has(version: str, line: str) -> None:
     # 0.3.6 turned the overlap scheduler on: it runs as 0.4.0 does, not as 0.3.0.
-    assert engine_for_release("sglang", version) == (get_engine(line), None)
+    assert engine_for_release("sglang", version) == (f"{line}@{version}", None)
+
+
+def test_a_named_release_runs_with_its_lines_older_execution() -> None:
+    # vLLM 0.10.x replayed decode steps as piecewise graphs; 0.11.0 made whole decode graphs the default.
+    line = get_engine("vllm-0.11")
+    older, current = get_engine("vllm-0.11@0.10.1.1"), get_engine("vllm-0.11@0.11.0")
+    assert older.execution.piecewise_decode_graphs and not current.execution.piecewise_decode_graphs
+    assert not line.execution.piecewise_decode_graphs
+    # Only that setting differs, and the release keeps the line's name (the public fit's figures are the line's).
+    assert older.model_copy(update={"execution": line.execution}) == line and older.name == "vllm-0.11"
+    assert engine_for_release("vllm", "0.10.2") == ("vllm-0.11@0.10.2", None)
+    assert Deployment(hardware="h100-sxm", engine="vllm-0.11@0.10.2").engine == "vllm-0.11@0.10.2"
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("vllm-0.11@0.9.2", "engine release='0.9.2' is invalid: vllm-0.11 describes releases 0.10.0 to 0.11.99"),
+    ("vllm-0.11@x", "engine release='x' is invalid: must be a version such as 0.10.2 (PEP 440)"),
+    ("serveplan@1.0", "engine release='1.0' is invalid: serveplan is not a released engine: name no release"),
+])
+def test_a_release_outside_its_line_is_refused_by_name(name: str, message: str) -> None:
+    with pytest.raises(InputError) as err:
+        get_engine(name)
+    assert str(err.value) == message
 
 
 def test_sglang_running_cap_follows_the_kv_pool() -> None:

@@ -221,9 +221,10 @@ def test_a_held_out_fold_does_not_remember_the_source_it_left_out() -> None:
             return {k: v for t in held for k, v in surrogate(t, figs).items()}
 
         fold = predicted(from_all_data[source])
-        # The test can fail: the start knows the left-out source (it predicts it >5 % apart from the fold).
+        # The test can fail: the start knows the left-out source (it predicts it >3 % apart from the
+        # fold, thirty times the tolerance the unseen start must meet).
         start = predicted(done.figures)
-        assert max(abs(start[k] / v - 1) for k, v in fold.items()) > 0.05
+        assert max(abs(start[k] / v - 1) for k, v in fold.items()) > 0.03
         unseen = predicted(from_estimates[source])
         assert max(abs(unseen[k] / v - 1) for k, v in fold.items()) < 1e-3
 
