@@ -197,3 +197,18 @@ def test_a_run_counts_the_streamed_events_its_client_times() -> None:
         assert replay.times_every_event == (run.client.tool == "vllm-bench-serve" and replay.dep.api_server)
         seen.add(replay.times_every_event)
     assert seen == {True, False}
+
+
+def test_a_run_replays_on_its_release_and_says_what_that_release_changes() -> None:
+    """vLLM 0.10.x replayed decode steps as piecewise graphs; 0.11.0 made whole decode graphs the default.
+    DennisLee22's 0.10.1.1 runs replay as their release ran, and say so; GPUStack's 0.11.0 runs as the line."""
+    runs = {r.run_key: r for r in public_runs()}
+    older = prepare(runs["dennislee22-vllm-benchmarking/test2-qwen2.5-7b-tp2-random1024x1024-n1"])
+    newer = prepare(runs["gpustack-qwen3-8b-h100-latency/vllm-bf16-sharegpt-c1"])
+    assert isinstance(older, ReplayRun) and isinstance(newer, ReplayRun)
+    assert older.dep.engine == "vllm-0.11@0.10.1.1" and older.engine.execution.piecewise_decode_graphs
+    assert newer.dep.engine == "vllm-0.11@0.11.0" and not newer.engine.execution.piecewise_decode_graphs
+    assert [a for a in older.assumptions if "as it ran" in a] == [
+        "vllm 0.10.1.1 as it ran, not as vllm-0.11's newest release: execution piecewise_decode_graphs=True "
+        "(the profile's earlier_releases)"]
+    assert not any("as it ran" in a for a in newer.assumptions)
