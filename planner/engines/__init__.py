@@ -438,6 +438,12 @@ class EngineProfile(_Spec):
     def as_release(self, release: str) -> EngineProfile:
         """This profile as the line's `release` ran: the execution settings of every earlier-releases
         entry it predates applied. The name stays the line's (the public fit's figures are the line's)."""
+        changes = self.earlier_execution(release)
+        return self.model_copy(update={"execution": self.execution.model_copy(update=changes)}) if changes else self
+
+    def earlier_execution(self, release: str) -> dict[str, bool]:
+        """The execution settings the line's `release` ran with otherwise (those of every earlier-releases
+        entry it predates); a release outside the line is refused."""
         if self.releases is None:
             raise InputError("engine release", release, f"{self.name} is not a released engine: name no release")
         try:
@@ -447,11 +453,8 @@ class EngineProfile(_Spec):
         low, high = self.releases
         if not Version(low) <= wanted <= Version(high):
             raise InputError("engine release", release, f"{self.name} describes releases {low} to {high}")
-        changes = {name: value for earlier in self.earlier_releases if wanted < Version(earlier.before)
-                   for name, value in earlier.execution.items()}
-        if not changes:
-            return self
-        return self.model_copy(update={"execution": self.execution.model_copy(update=changes)})
+        return {name: value for earlier in self.earlier_releases if wanted < Version(earlier.before)
+                for name, value in earlier.execution.items()}
 
     def _device_rule(self, family: str, memory_gib: float, tp: int) -> DeviceDefaults | None:
         return next((r for r in self.scheduling.device_defaults if r.matches(family, memory_gib, tp)), None)

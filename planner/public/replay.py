@@ -159,11 +159,10 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     engine_name, note = engine_for_release(run.engine.engine, run.engine.version)
     engine = get_engine(engine_name)
     assumptions = [note] if note else []
-    line = get_engine(engine.name)
-    if engine is not line:
-        changed = ", ".join(f"{name}={value}" for name, value in engine.execution if getattr(line.execution, name) != value)
-        assumptions.append(f"{run.engine.engine} {run.engine.version} as it ran, not as {line.name}'s newest release: "
-                           f"execution {changed} (the profile's earlier_releases)")
+    changed = engine.earlier_execution(run.engine.version) if note is None else {}
+    if changed:
+        assumptions.append(f"{run.engine.engine} {run.engine.version} as it ran, not as {engine.name}'s newest release: "
+                           f"execution {', '.join(f'{k}={v}' for k, v in changed.items())} (the profile's earlier_releases)")
     attention_dp = 1
     if args.get("enable_dp_attention"):
         # SGLang's --dp D with DP attention: D attention groups inside one engine over its TP GPUs.
