@@ -28,7 +28,7 @@ from planner.compare import Comparison, compare, simulate_side
 from planner.costmodel import CostModel
 from planner.hardware import hardware_catalog, load_profile_file
 from planner.memory import MemoryPlan, plan_memory
-from planner.metrics import RunSummary
+from planner.metrics import PricedStep, RunSummary
 from planner.playback import Replay
 from planner.public.report import PublicValidation
 from planner import search
@@ -128,22 +128,18 @@ def simulate_view(model_name: str, dep: Deployment, workload: Workload | None, t
     ])
     samples = pd.DataFrame(result.record.samples, columns=["replica", "start_s", "end_s", "kv_cache_usage",
                                                            "num_running", "num_waiting", "num_batched_tokens"])
-    # The operator split of two representative steps: a decode step at the run's mean batch
-    # and mid-reply context, and one prefill chunk of the mean prompt (capped by the budget).
-    cm = CostModel(model, hw, dep)
-    busy = samples[samples.num_running > 0]
-    batch = max(1, round(busy.num_running.mean())) if len(busy) else 1
-    context = max(1, round(reqs.prompt_tokens.mean() + reqs.output_tokens.mean() / 2))
-    chunk = max(1, min(cm.dep.knobs.max_num_batched_tokens or 1, round(reqs.prompt_tokens.mean())))
-    rows = [{"phase": f"decode step (batch {batch}, context {context})", "operator": op, "ms": s * 1e3}
-            for op, s in cm.decode_breakdown(batch, context).items()]
-    rows += [{"phase": f"prefill chunk ({chunk} tokens)", "operator": op, "ms": s * 1e3}
-             for op, s in cm.prefill_breakdown(chunk).items()]
-    basis = [f"decode: {batch} requests per step (the run's mean batch over busy steps), each with {context} tokens "
-             "of context (mean prompt + half the mean output)",
-             f"prefill: one chunk of {chunk} prompt tokens (mean prompt, capped by the token budget), nothing cached",
-             "seconds per operator from the same cost model the simulator used (planner/costmodel/)"]
-    return SimView(result.summary, result.memory, reqs, samples, pd.DataFrame(rows), basis)
+    steps = result.summary.step_time or []
+    rows = [{"phase": _phase(step), "operator": op, "ms": ms} for step in steps for op, ms in step.operators_ms.items()]
+    basis = [f"{step.kind}: {step.basis}" for step in steps]
+    basis.append("milliseconds per operator from the cost model the simulator priced the run with (planner/costmodel/)")
+    return SimView(result.summary, result.memory, reqs, samples, pd.DataFrame(rows, columns=["phase", "operator", "ms"]),
+                   basis)
+
+
+def _phase(step: PricedStep) -> str:
+    if step.kind == "decode":
+        return f"decode step (batch {step.requests}, context {step.tokens})"
+    return f"prefill chunk ({step.tokens} tokens)"
 
 
 # --------------------------------------------------------------------------- plan

@@ -35,7 +35,7 @@ from planner.engines import engine_catalog, get_engine
 from planner.hardware import get_hardware, hardware_catalog
 from planner.memory import MemoryPlan, plan_memory
 from planner.validate_memory import MemoryValidation, validate_startup_logs
-from planner.metrics import MIN_STEADY_REQUESTS, RunSummary, SteadyState
+from planner.metrics import MIN_STEADY_REQUESTS, PricedStep, RunSummary, SteadyState
 from planner.playback import Replay
 from planner.sim import ROUTERS, context_length, simulate
 from planner.specs import (
@@ -444,6 +444,28 @@ def render_summary(s: RunSummary, deployment: str) -> None:
         lines.append(f"band basis: {band.basis}")
     for line in lines:
         console.print(line)
+    if s.step_time:
+        render_step_time(s.step_time)
+
+
+def render_step_time(steps: list[PricedStep]) -> None:
+    """Where a simulated step's time goes, operator by operator, in the steps that stand for the run."""
+    t = Table(title="step time by operator, ms (the cost model the run was priced with)")
+    t.add_column("operator")
+    for step in steps:
+        t.add_column(f"{step.kind}: {step.requests:,} x {step.tokens:,} tokens", justify="right")
+    operators = sorted({op for step in steps for op in step.operators_ms},
+                       key=lambda op: -max(step.operators_ms.get(op, 0.0) / step.total_ms for step in steps))
+    for op in operators:
+        t.add_row(op, *(_share(step.operators_ms.get(op, 0.0), step.total_ms) for step in steps))
+    t.add_row("step", *(f"{step.total_ms:,.2f}" for step in steps))
+    console.print(t)
+    for step in steps:
+        console.print(f"{step.kind} step: {step.basis}")
+
+
+def _share(ms: float, total_ms: float) -> str:
+    return f"{ms:,.2f} ({ms / total_ms:.0%})" if ms else "-"
 
 
 def steady_line(steady: SteadyState) -> str:

@@ -262,6 +262,20 @@ class OffloadStats(_Out):
     loaded_disk_blocks: int
     swapped_out_requests: int = Field(description="Preemptions by swap")
     swap_out_refusals: int = Field(description="Preemptions that recomputed because the host tier had no room")
+
+
+class PricedStep(_Out):
+    """One representative step of a simulated run, priced by the cost model the run used and split by
+    operator: where a step's time goes (weight reads, attention, collectives, host)."""
+
+    kind: Literal["decode", "prefill"]
+    requests: int = Field(description="Requests in the step: the run's mean batch (decode) or one prompt (prefill)")
+    tokens: int = Field(description="Decode: context tokens of each request; prefill: prompt tokens computed")
+    total_ms: float = Field(description="The step's time: the sum of its operators")
+    operators_ms: dict[str, float] = Field(description="Operator -> ms (CostModel.breakdown's keys; zeros left out)")
+    basis: str = Field(description="Why this step represents the run")
+
+
 class PredictionInterval(_Out):
     """Where a measurement of each figure would likely fall: the prediction times the P10 and P90 of
     measured / predicted over figures the fit that predicted them never saw (published runs whose
@@ -309,6 +323,9 @@ class RunSummary(_Out):
     kv_transfer: TransferStats | None = Field(None, description="Prefill-to-decode KV transfers; None without disaggregation")
     prediction_interval: PredictionInterval | None = Field(
         None, description="Simulated GPU runs with a public fit: the likely range of each figure if measured")
+    step_time: list[PricedStep] | None = Field(
+        None, description="Simulated runs: a decode step at the run's mean batch and a prefill chunk of its mean "
+                          "prompt, split by operator; None for measured runs")
     stopped_early: EarlyStop | None = Field(
         None, description="The run stopped once it had missed its SLO for certain (a plan's capacity probe): every "
                           "figure covers only the requests finished by then, the slow ones still running left out")

@@ -36,6 +36,7 @@ from planner.sim.frontend import FrontEnd
 from planner.sim.replica import Replica
 from planner.sim.router import ROUTERS, RouterName
 from planner.sim.speculative import SyntheticDrafts
+from planner.sim.step_time import representative_steps
 from planner.sim.trace import RunTrace, TraceRecorder
 from planner.tiers import offload_blocks
 from planner.specs import SLO, Deployment, HardwareProfile
@@ -347,7 +348,8 @@ def simulate(
     summary = summarize(record, source="simulator", model=memory.model, hardware=hw.name, workload=replay.name,
                         slo=slo, pricing=pricing, assumptions=assumptions)
     kind = RunKind.of(engine, replay.regime, replay.lengths, model)
-    summary = summary.model_copy(update={"prediction_interval": prediction_interval(summary, hw, engine, kind, fit)})
+    summary = summary.model_copy(update={"prediction_interval": prediction_interval(summary, hw, engine, kind, fit),
+                                         "step_time": representative_steps(cost_model, record.requests, record.samples)})
     return SimulationResult(summary=summary, record=record, memory=memory,
                             trace=None if recorder is None else recorder.trace())
 

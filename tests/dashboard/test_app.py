@@ -199,6 +199,9 @@ def test_simulate_shows_latencies_cost_and_breakdown():
     [percentiles] = [d.value for d in at.dataframe if "P50" in d.value.columns]
     assert list(percentiles.metric) == ["TTFT (ms)", "ITL (ms)", "TPOT (ms)", "E2E (ms)", "queueing (ms)"]
     assert any("US$" in c.value and "per GPU-hour" in c.value for c in at.caption)  # the cost basis is shown
+    # Where a step's time goes: the decode step and prefill chunk the run's summary carries.
+    [split] = [d.value for d in at.dataframe if list(d.value.columns) == ["phase", "operator", "ms"]]
+    assert {phase.split(" ")[0] for phase in split.phase} == {"decode", "prefill"} and (split.ms > 0).all()
     # Throughput over the steady window, not first arrival to last finish (which counts the drain tail).
     steady = compute.simulate_view("llama-3.1-8b", Deployment(hardware="h100-sxm"), get_workload(
         "chat", num_requests=60, arrival={"kind": "poisson", "rate_per_s": 4.0}, seed=0), None, None,

@@ -110,6 +110,8 @@ def test_cli_json_is_byte_identical_and_has_the_documented_fields() -> None:
     for key in ("goodput", "prefix_cache_hit_rate", "preemptions", "kv_cache_blocks_total", "assumptions"):
         assert key in data
     assert data["assumptions"]["memory_bandwidth_gb_s"] == H100.memory_bandwidth_gb_s
+    assert [step["kind"] for step in data["step_time"]] == ["decode", "prefill"]
+    assert all(step["operators_ms"] and step["total_ms"] > 0 and step["basis"] for step in data["step_time"])
 
 
 # --------------------------------------------------------------------------- first principles
