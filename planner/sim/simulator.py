@@ -349,7 +349,7 @@ def simulate(
                         slo=slo, pricing=pricing, assumptions=assumptions)
     kind = RunKind.of(engine, replay.regime, replay.lengths, model)
     summary = summary.model_copy(update={"prediction_interval": prediction_interval(summary, hw, engine, kind, fit),
-                                         "step_time": representative_steps(cost_model, record.requests, record.samples)})
+                                         "step_time": representative_steps(cost_model, record)})
     return SimulationResult(summary=summary, record=record, memory=memory,
                             trace=None if recorder is None else recorder.trace())
 

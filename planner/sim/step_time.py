@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from engine.core.metrics import RequestMetrics, StepSample
 from planner.costmodel import CostModel
-from planner.metrics import PricedStep
+from planner.metrics import PricedStep, RunRecord
 
 
-def representative_steps(cost_model: CostModel, requests: list[RequestMetrics], samples: list[StepSample]) -> list[PricedStep]:
+def representative_steps(cost_model: CostModel, record: RunRecord) -> list[PricedStep]:
     """A decode step at the run's mean batch over busy steps, each request at the mean prompt plus
     half the mean output of context (mid-reply), and one prefill chunk of the mean prompt, capped by
     the step's token budget, nothing cached."""
-    busy = [s.num_running for s in samples if s.num_running > 0]
+    requests = record.requests
+    busy = [s.num_running for s in record.samples if s.num_running > 0]
     batch = max(1, round(sum(busy) / len(busy))) if busy else 1
     prompt = sum(r.prompt_tokens for r in requests) / len(requests) if requests else 1.0
     output = sum(r.output_tokens for r in requests) / len(requests) if requests else 0.0
