@@ -9,20 +9,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.config import EngineConfig
 from engine.cpu import default_threads
 from engine.knobs import add_flags, command, settings, values
 
+if TYPE_CHECKING:
+    from engine.llm import RequestOutput
+
 ENGINE = settings(EngineConfig)
-# A CPU engine serves a handful of sequences at once; the Python API keeps EngineKnobs' defaults.
-CLI_DEFAULTS = {"max_num_seqs": 16, "max_num_batched_tokens": 2048}
 
 
 def add_engine_flags(p: argparse.ArgumentParser) -> None:
     """Every engine setting as a flag, for each command that runs the engine."""
-    add_flags(p, ENGINE, **CLI_DEFAULTS)
+    # A CPU engine serves a handful of sequences at once; the Python API keeps EngineKnobs' defaults.
+    add_flags(p, ENGINE, max_num_seqs=16, max_num_batched_tokens=2048)
 
 
 def engine_settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -91,7 +93,7 @@ def cmd_generate(args: argparse.Namespace) -> None:
         )
 
 
-def _as_dict(out: object) -> dict:
+def _as_dict(out: RequestOutput) -> dict[str, Any]:
     from dataclasses import asdict
 
     return asdict(out)

@@ -210,7 +210,8 @@ def load_json(path: str | Path, field: str, max_bytes_limit: str = "MAX_JSON_BYT
 
 
 class _Named(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...  # read-only: the profiles are frozen models
 
 
 Profile = TypeVar("Profile", bound=_Named)

@@ -43,7 +43,7 @@ class Setting:
     name: str
     knob: Knob
     info: FieldInfo = field(repr=False, compare=False)
-    _adapter: TypeAdapter = field(repr=False, compare=False)
+    _adapter: TypeAdapter[Any] = field(repr=False, compare=False)
 
     @classmethod
     def of(cls, model: type[BaseModel], name: str) -> Setting:
@@ -52,7 +52,9 @@ class Setting:
         if knob is None:
             raise TypeError(f"{model.__name__}.{name} declares no Knob")
         # Non-finite numbers are never a setting: an infinite budget or a NaN share is a typo.
-        adapter = TypeAdapter(Annotated[info.annotation, info], config=ConfigDict(allow_inf_nan=False))
+        # The field's type with its bounds, built at run time: a value to mypy, not a type expression.
+        field_type: Any = Annotated[info.annotation, info]
+        adapter = TypeAdapter[Any](field_type, config=ConfigDict(allow_inf_nan=False))
         return cls(name, knob, info, adapter)
 
     # ------------------------------------------------------------------ what the field declares
@@ -83,6 +85,8 @@ class Setting:
         base = self.info.annotation
         if get_origin(base) in (Union, types.UnionType):
             base = next(a for a in get_args(base) if a is not type(None))
+        if not isinstance(base, type):
+            raise TypeError(f"{self.name}: a Knob's field is a bool, int, float, str or a Literal of them, not {base!r}")
         return base
 
     def bound(self, side: Literal["min", "max"]) -> tuple[float | None, bool]:

@@ -15,7 +15,7 @@ import itertools
 import os
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from pydantic import ValidationError
 import torch
@@ -171,6 +171,8 @@ class LLM:
                              f"must not exceed the model's max_position_embeddings={self.config.max_position_embeddings}")
         self.num_blocks = cfg.num_kv_blocks or self._blocks_that_fit(device, kv_dtype)
         self.host_blocks, self.disk_blocks = self._tier_blocks(kv_dtype)
+        # EngineConfig fills in every ENGINE_DEFAULTS knob: none of these is None.
+        assert cfg.block_size_tokens is not None and cfg.enable_prefix_caching is not None and cfg.max_num_seqs is not None
         self.scheduler = Scheduler(
             cfg.scheduler_config(self.max_model_len),
             KVCacheManager(self.num_blocks, cfg.block_size_tokens, cfg.enable_prefix_caching,
@@ -187,7 +189,7 @@ class LLM:
             self.executor = self.runner = self._runner(loaded, cfg, kv_dtype, device)
             spec = cfg.speculative
             proposer = None if spec is None else build_proposer(spec, TargetInfo(
-                self.model, self.config, self.tokenizer, self.max_model_len, self.num_blocks, cfg.block_size_tokens,
+                loaded.model, self.config, self.tokenizer, self.max_model_len, self.num_blocks, cfg.block_size_tokens,
                 cfg.max_num_seqs, kv_dtype, dtype, device, cfg.seed, cfg.random_weights))
             self.loop = StepLoop(self.scheduler, self.runner, self.clock, proposer=proposer)
         self._ids = itertools.count()
@@ -198,6 +200,7 @@ class LLM:
         self._grammar_lock = threading.Lock()  # a server's front end checks constraints on its own thread
 
     def _runner(self, loaded: LoadedModel, cfg: EngineConfig, kv_dtype: torch.dtype, device: torch.device) -> ModelRunner:
+        assert cfg.block_size_tokens is not None  # set by EngineConfig (ENGINE_DEFAULTS)
         runner = ModelRunner(loaded.model, self.config, self.num_blocks, cfg.block_size_tokens, kv_dtype, device, cfg.seed)
         if self.host_blocks:
             runner.tiers = TierStore(runner.kv_caches, self.host_blocks, self.disk_blocks, cfg.kv_offload_disk_path)
@@ -210,6 +213,7 @@ class LLM:
         if cfg.compile_model:
             record = compile_recorder(then=record)
         if record is not None:
+            assert cfg.max_graph_batch_size is not None and cfg.max_num_seqs is not None  # set by EngineConfig (ENGINE_DEFAULTS)
             max_graph_batch = min(cfg.max_graph_batch_size, cfg.max_num_seqs)
             runner.capture_decode_graphs(max_graph_batch, self.max_model_len, record)
         return runner
@@ -234,6 +238,7 @@ class LLM:
             # A tensor-parallel engine's weights live in its ranks: the fullest rank decides.
             free, total = (min(self._loaded.call("memory_info")) if isinstance(self._loaded, WorkerPool)
                            else torch.cuda.mem_get_info(device))
+            assert cfg.gpu_memory_utilization is not None  # set by EngineConfig (ENGINE_DEFAULTS)
             budget = free - total * (1 - cfg.gpu_memory_utilization)
         else:
             budget = 1.0 * GIB
@@ -261,9 +266,11 @@ class LLM:
         """Real bytes of one KV block across all layers in one process (quantised caches count their
         scales): ModelConfig's count, the same the planner's memory plan uses; a tensor-parallel
         rank holds its own KV heads only."""
-        whole = self.config.kv_bytes_per_token(kv_dtype_name(kv_dtype)) * self.engine_config.block_size_tokens
+        cfg = self.engine_config
+        assert cfg.block_size_tokens is not None  # set by EngineConfig (ENGINE_DEFAULTS)
+        whole = self.config.kv_bytes_per_token(kv_dtype_name(kv_dtype)) * cfg.block_size_tokens
         heads = self.config.num_kv_heads
-        return whole * max(1, heads // self.engine_config.tensor_parallel) // heads
+        return whole * max(1, heads // cfg.tensor_parallel) // heads
 
     # ------------------------------------------------------------------ requests
 
@@ -370,7 +377,8 @@ class LLM:
 
     def output_text(self, request_id: str) -> str:
         tokens = self.scheduler.get_request(request_id).output_token_ids
-        return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer is not None else ""
+        # One list of ids decodes to one str (transformers' return type covers a batch of lists too).
+        return cast(str, self.tokenizer.decode(tokens, skip_special_tokens=True)) if self.tokenizer is not None else ""
 
     def output(self, request_id: str) -> RequestOutput:
         request = self.scheduler.get_request(request_id)

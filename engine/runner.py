@@ -19,14 +19,15 @@ from engine.graphs import DecodeGraphs, Recorder
 from engine.kernels.metadata import build_attention_metadata
 from engine.kv_offload import ExternalKV, TierStore
 from engine.model.attention import allocate_kv_caches
-from engine.model.layers import lay_out_cpu_matmul_weights
+from engine.model.decoder import CausalLM
+from engine.model.layers import lay_out_cpu_matmul_weights, weight_of
 from engine.sampler import Sampler
 
 
 class ModelRunner:
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: CausalLM,
         config: ModelConfig,
         num_blocks: int,
         block_size: int,
@@ -53,7 +54,7 @@ class ModelRunner:
         """From now on, decode-only steps of <= max_batch_size requests replay captured graphs."""
         self.graphs = DecodeGraphs(
             lambda ids, positions, metadata: self.model(ids, positions, metadata, self.kv_caches),
-            self.config.hidden_size, self.model.model.embed_tokens.weight.dtype,
+            self.config.hidden_size, weight_of(self.model.model.embed_tokens).dtype,
             max_batch_size, max_model_len, self.block_size, self.device, record,
         )
 
@@ -122,14 +123,14 @@ class ModelRunner:
         if not sampling:
             return {}
         ends = list(itertools.accumulate(query_lens))
-        ids = [s.request_id for _, s in sampling]
+        request_ids = [s.request_id for _, s in sampling]
         if not any(s.num_draft_tokens for _, s in sampling):
             last_rows = torch.tensor([ends[i] - 1 for i, _ in sampling], device=self.device)
             logits = self.model.compute_logits(hidden[last_rows])
             if not self.samples:
                 return {}
-            tokens = self.sampler(logits, ids, [s.sampling_params for _, s in sampling])
-            return {request_id: [token] for request_id, token in zip(ids, tokens, strict=True)}
+            tokens = self.sampler(logits, request_ids, [s.sampling_params for _, s in sampling])
+            return {request_id: [token] for request_id, token in zip(request_ids, tokens, strict=True)}
         # Speculative step: a request with d drafts (the last d of its token_ids) is scored at
         # its last d+1 rows: the row before the first draft predicts it, each draft's row the
         # next, the last row the bonus token. Rejected drafts' KV stays in the cache past the

@@ -28,7 +28,7 @@ from engine.config import EngineConfig
 from engine.core import RequestUpdate, SamplingParams
 from engine.core.metrics import RequestMetrics
 from engine.disagg.transport import StagingLayout
-from engine.disagg.worker import Decoded, Prefilled, RequestSpec, Role, WorkerSpec, WorkerStats, run_worker
+from engine.disagg.worker import Decoded, Prefilled, RequestSpec, Role, WorkerReady, WorkerSpec, WorkerStats, run_worker
 from engine.errors import InputError, from_validation_error
 
 START_TIMEOUT_S = 900.0  # loading a model in each worker; a CPU reads a GGUF in ~10 s
@@ -70,7 +70,13 @@ class _Worker:
     process: multiprocessing.process.BaseProcess
     inbox: object
     outstanding_tokens: int = 0
-    ready: dict[str, object] | None = None
+    ready: WorkerReady | None = None
+
+    def report(self) -> WorkerReady:
+        """Its "ready" message: the router has every worker's before it does anything else."""
+        if self.ready is None:
+            raise RuntimeError(f"{self.role} worker {self.index} has not reported ready")
+        return self.ready
 
 
 @dataclass
@@ -102,9 +108,12 @@ class DisaggregatedLLM:
                     (("prefill", prefill), ("decode", decode))}
         for values in settings.values():
             try:
-                EngineConfig.model_validate(values)  # every bad setting is refused before a process starts
+                config = EngineConfig.model_validate(values)  # every bad setting is refused before a process starts
             except ValidationError as exc:
                 raise from_validation_error(exc) from None
+            if config.tensor_parallel > 1:  # the worker sends and receives KV from its runner's own caches
+                raise InputError("tensor_parallel", config.tensor_parallel,
+                                 "must be 1 with disaggregated prefill and decode: each worker runs in one process")
         self.model_config = resolve_model(model)
         self._t0 = time.perf_counter()
         self._ids = itertools.count()
@@ -155,15 +164,15 @@ class DisaggregatedLLM:
             self._role(role)[index].ready = info
             if role == "prefill":
                 self._staging_names.append(info["staging"][0])
-        stagings: list[tuple[str, StagingLayout]] = [w.ready["staging"] for w in self._role("prefill")]  # type: ignore[index, misc]
+        stagings: list[tuple[str, StagingLayout]] = [w.report()["staging"] for w in self._role("prefill")]
         for w in self._role("decode"):
             w.inbox.put(("attach", stagings))  # type: ignore[attr-defined]
         self._staging_slots = min(layout.num_slots for _, layout in stagings)
         # role -> (max_model_len, KV blocks) its smallest worker allows
-        self.limits = {role: (min(int(w.ready["max_model_len"]) for w in self._role(role)),  # type: ignore[index]
-                               min(int(w.ready["num_kv_blocks"]) for w in self._role(role)))  # type: ignore[index]
+        self.limits = {role: (min(w.report()["max_model_len"] for w in self._role(role)),
+                               min(w.report()["num_kv_blocks"] for w in self._role(role)))
                         for role in ("prefill", "decode")}
-        sizes = {int(w.ready["block_size"]) for w in self.workers}  # type: ignore[index]
+        sizes = {w.report()["block_size"] for w in self.workers}
         if len(sizes) != 1:
             raise InputError("block_size_tokens", sorted(sizes), "must be the same on prefill and decode workers")
         self.block_size = sizes.pop()
@@ -267,7 +276,7 @@ class DisaggregatedLLM:
         if kind == "prefilled":
             self._to_decode(message[1])
         elif kind == "release":
-            self._role("prefill")[message[1].sender].inbox.put(("release", message[1]))  # type: ignore[attr-defined]
+            self._role("prefill")[message[1].sender].inbox.put(("release", message[1]))
         elif kind == "tokens":
             return message[1]
         elif kind == "decoded":

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import math
 import queue
 import traceback
-from typing import Literal
+from typing import Literal, TypedDict
 
 from engine.core import Request, SamplingParams, SchedulerStats, StepSample
 from engine.core.metrics import RequestMetrics
@@ -42,6 +42,18 @@ class WorkerSpec:
     settings: dict[str, object]  # EngineConfig fields
     clock_origin: float  # time.perf_counter() value that every process measures from
     staging_gib: float = 0.0  # prefill: its staging segment's size
+
+
+class _EngineLimits(TypedDict):
+    max_model_len: int
+    block_size: int
+    num_kv_blocks: int
+
+
+class WorkerReady(_EngineLimits, total=False):
+    """A worker's "ready" message to the router: its engine's limits, and a prefill worker's staging."""
+
+    staging: tuple[str, StagingLayout]  # (shared memory segment's name, layout)
 
 
 @dataclass(frozen=True)
@@ -122,6 +134,9 @@ class _Worker:
 
         self.spec, self.inbox, self.outbox = spec, inbox, outbox
         self.llm = llm = LLM(spec.model, **spec.settings)
+        if llm.runner is None:  # DisaggregatedLLM refuses tensor_parallel > 1, whose KV lives in its ranks' processes
+            raise RuntimeError("a disaggregated worker needs its engine in its own process (tensor_parallel=1)")
+        self.runner = llm.runner
         llm.share_clock(spec.clock_origin)
         self.samples: list[StepSample] = []
         self.pending: list[tuple] = []  # messages put aside while a send waited for staging room
@@ -132,16 +147,16 @@ class _Worker:
         self.sender: SharedMemorySender | None = None
         self.external: ReceivedKV | None = None
         self.stagings: list[SharedMemoryStaging] = []
-        ready: dict[str, object] = {"max_model_len": llm.max_model_len, "block_size": llm.scheduler.config.block_size,
-                                    "num_kv_blocks": llm.num_blocks}
+        ready: WorkerReady = {"max_model_len": llm.max_model_len, "block_size": llm.scheduler.config.block_size,
+                              "num_kv_blocks": llm.num_blocks}
         if spec.role == "prefill":
-            layout = StagingLayout.of(llm.runner.kv_caches, spec.staging_gib)
+            layout = StagingLayout.of(self.runner.kv_caches, spec.staging_gib)
             shm = SharedMemoryStaging.create(layout)
             self.staging_shm = shm  # this process unlinks it at the end; the router does too if it died
             staging = SharedMemoryStaging(shm.name, layout)
             self.stagings.append(staging)
             self.sender = SharedMemorySender(spec.index, staging)
-            ready |= {"staging": (shm.name, layout)}
+            ready["staging"] = (shm.name, layout)
         outbox.put(("ready", spec.role, spec.index, ready))
 
     def serve(self) -> None:
@@ -185,7 +200,7 @@ class _Worker:
         elif kind == "attach":
             self.stagings = [SharedMemoryStaging(name, layout) for name, layout in message[1]]
             self.external = ReceivedKV(SharedMemoryReceiver(self.stagings), self.llm.clock)
-            self.llm.runner.external = self.external
+            self.runner.external = self.external
         elif kind == "stats":
             stats = self.llm.scheduler.stats()
             self.outbox.put(("stats", self.spec.role, self.spec.index,
@@ -237,11 +252,11 @@ class _Worker:
         llm, rid = self.llm, request.request_id
         bs = llm.scheduler.config.block_size
         num_blocks = math.ceil((request.num_prompt_tokens - 1) / bs)
-        table = llm.runner.block_tables[rid][:num_blocks]
+        table = self.runner.block_tables[rid][:num_blocks]
         start = llm.now()
         handle = None
         if num_blocks:
-            blocks = [cache[:, table] for cache in llm.runner.kv_caches]
+            blocks = [cache[:, table] for cache in self.runner.kv_caches]
             handle = self._send_when_room(blocks)
         sent = llm.now()
         assert request.first_scheduled_time is not None and request.finish_time is not None

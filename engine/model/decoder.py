@@ -12,10 +12,11 @@ import torch
 from torch import Tensor, nn
 
 from engine.config import ModelConfig
+from engine.dtypes import QuantWeightDtype
 from engine.errors import InputError
 from engine.kernels.metadata import AttentionMetadata
 from engine.model.attention import allocate_kv_caches, attend, native_decode_applies
-from engine.model.layers import Embedding, GatedMLP, Linear, RMSNorm
+from engine.model.layers import Embedding, GatedMLP, Linear, RMSNorm, weight_of
 from engine.model.moe import SparseMoE
 from engine.model.rotary import RotaryEmbedding, rotate_qk
 from engine.quant import native
@@ -54,7 +55,8 @@ class SelfAttention(nn.Module):
         self.window = window
         self.scale = self.head_dim**-0.5
         self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_proj_has_bias(config))
+        # Replaced by quantize_model (a quantised Linear) or shard_model (a RowParallelLinear).
+        self.o_proj: nn.Module = Linear(self.q_size, config.hidden_size, bias=o_proj_has_bias(config))
         # Qwen3 normalises each head's q and k before RoPE, which keeps attention logits bounded.
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
@@ -129,20 +131,22 @@ class DecoderLayer(nn.Module):
         if self._native is not None and self._native.source == linears:
             return self._native
         norms = (self.input_layernorm, self.post_attention_layernorm)
-        packed = [getattr(linear, "native_weight", lambda: None)() for linear in linears]
-        if any(p is None for p in packed) or any(n.weight.dtype != torch.float32 for n in norms):
+        qkv, o, gate_up, down = (getattr(linear, "native_weight", lambda: None)() for linear in linears)
+        if (qkv is None or o is None or gate_up is None or down is None
+                or any(n.weight.dtype != torch.float32 for n in norms)):
             return None
         self._native = native.DecodeLayer(
             source=linears, heads=attn.num_heads, kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
             window=attn.window, scale=attn.scale, norms=((norms[0].weight, norms[0].eps), (norms[1].weight, norms[1].eps)),
-            qkv=packed[0], o=packed[1], gate_up=packed[2], down=packed[3])
+            qkv=qkv, o=o, gate_up=gate_up, down=down)
         return self._native
 
 
 class DecoderModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = Embedding(config.vocab_size, config.hidden_size)
+        # Replaced by shard_model (a VocabParallelEmbedding, engine/parallel/layers.py).
+        self.embed_tokens: nn.Module = Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
@@ -158,14 +162,20 @@ class DecoderModel(nn.Module):
 
 
 class CausalLM(nn.Module):
+    # Set by engine.model.quantize.quantize_model, once it has quantised the layers (absent before).
+    weight_dtype: QuantWeightDtype
+
     def __init__(self, config: ModelConfig) -> None:
         check_supported(config)
         super().__init__()
         self.config = config
         self.model = DecoderModel(config)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size)
+        # Replaced by quantize_lm_head (an Int8Linear) or shard_model (a ParallelLMHead).
+        self.lm_head: nn.Module = Linear(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+            embedding = self.model.embed_tokens
+            assert isinstance(embedding, Embedding)  # as DecoderModel built it
+            self.lm_head.weight = embedding.weight
 
     def forward(
         self, input_ids: Tensor, positions: Tensor, attn_metadata: AttentionMetadata, kv_caches: list[Tensor]
@@ -181,5 +191,5 @@ class CausalLM(nn.Module):
         self, num_blocks: int, block_size: int, dtype: torch.dtype | None = None
     ) -> list[Tensor]:
         """One zeroed paged cache per layer, on the model's device and (by default) dtype."""
-        weight = self.lm_head.weight
+        weight = weight_of(self.lm_head)
         return allocate_kv_caches(self.config, num_blocks, block_size, dtype or weight.dtype, weight.device)

@@ -23,6 +23,15 @@ class Linear(nn.Module):
         return F.linear(x, self.weight, self.bias)
 
 
+def weight_of(module: nn.Module) -> Tensor:
+    """module.weight, typed, for a module slot declared nn.Module because another module replaces
+    its Linear or Embedding (a quantised Linear, a tensor-parallel shard): each keeps a weight."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, Tensor):
+        raise TypeError(f"{type(module).__name__} has no weight tensor")
+    return weight
+
+
 def lay_out_cpu_matmul_weights(model: nn.Module, embedding: nn.Module) -> None:
     """Store every fp32 matmul weight of `model` on the CPU column-major: the same [out, in] tensor
     and values, strides (1, out). F.linear(x, W) then reaches oneDNN as x times a contiguous

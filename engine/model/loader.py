@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import torch
 from torch import Tensor
@@ -24,9 +24,12 @@ from engine.errors import InputError
 from engine.files import load_json
 from engine.model import gguf_checkpoint
 from engine.model.decoder import CausalLM
+from engine.model.layers import weight_of
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
+
+    from engine.quant.linear import Int4Linear, Int8Linear
 
 # Mixtral checkpoints name the MoE block and its experts' matrices differently.
 _RENAMES = (
@@ -135,7 +138,7 @@ def build_model(config: ModelConfig, dtype: torch.dtype, device: torch.device | 
 @torch.no_grad()
 def init_random_weights(model: CausalLM, seed: int | None) -> None:
     std = float(model.config.hf_config.get("initializer_range", 0.02))
-    device = model.lm_head.weight.device
+    device = weight_of(model.lm_head).device
     generator = torch.Generator(device=device).manual_seed(seed or 0)
     for name, param in model.named_parameters():
         if name.endswith("norm.weight"):
@@ -217,7 +220,8 @@ def _load_gguf(
             fused = _fused_rows(model, gguf_checkpoint.gguf_quantized_groups(reader, config, keep_groups))
             kept = {name: groups for name, groups in fused.items() if name in linears}
             quantize_model(model, keep_groups, checkpoint_groups=kept)  # type: ignore[arg-type]  # int4 or int8
-            kernels = sorted({model.get_submodule(name).kernel for name in linears})
+            # quantize_model has just swapped each of them for one of these
+            kernels = sorted({cast("Int4Linear | Int8Linear", model.get_submodule(name)).kernel for name in linears})
             description += (f"; {keep_groups}: {len(kept)} of {len(linears)} layer matrices keep the file's groups of "
                             f"{gguf_checkpoint.GGUF_BLOCK}, the rest quantised from the dequantised weights "
                             f"(kernel {', '.join(kernels)})")

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from engine.dtypes import QuantWeightDtype
+from engine.model.decoder import CausalLM
 from engine.model.layers import Linear
 from engine.model.moe import SparseMoE
 from engine.quant.linear import Fp8Linear, Int4Linear, Int8Kernel, Int8Linear
@@ -33,7 +34,7 @@ from engine.quant.smooth import activation_amax, smoothing_factors
 WEIGHT_DTYPES: tuple[str, ...] = get_args(QuantWeightDtype)
 
 
-def quantizable_linears(model: nn.Module) -> dict[str, tuple[nn.Module, str, Linear]]:
+def quantizable_linears(model: CausalLM) -> dict[str, tuple[nn.Module, str, Linear]]:
     """{module name: (parent, attribute, Linear)} for every Linear quantize_model replaces."""
     found = {}
     for prefix, parent in model.model.layers.named_modules(prefix="model.layers"):
@@ -45,13 +46,13 @@ def quantizable_linears(model: nn.Module) -> dict[str, tuple[nn.Module, str, Lin
 
 @torch.no_grad()
 def quantize_model(
-    model: nn.Module,
+    model: CausalLM,
     weight_dtype: QuantWeightDtype,
     group_size: int = 128,
     int8_kernel: Int8Kernel = "auto",
     checkpoint_groups: Mapping[str, tuple[Tensor, ...]] | None = None,
     calibration_ids: Sequence[int] | None = None,
-) -> nn.Module:
+) -> CausalLM:
     """Quantise the transformer layers' Linear weights in place; returns the model.
 
     weight_dtype: "int8" (per-channel symmetric), "int4" (group-wise asymmetric, group_size
@@ -73,12 +74,17 @@ def quantize_model(
     for name, (parent, attr, linear) in linears.items():
         kept = (checkpoint_groups or {}).get(name)
         if weight_dtype == "int8" and kept:
-            new: nn.Module = Int8Linear.from_groups(linear, *kept)
+            q, scales = kept
+            new: nn.Module = Int8Linear.from_groups(linear, q, scales)
         elif weight_dtype == "int8":
             smooth = smoothing_factors(linear.weight, x_amax[name]) if name in x_amax else None
             new = Int8Linear.from_linear(linear, int8_kernel, smooth)
         elif weight_dtype == "int4":
-            new = Int4Linear.from_groups(linear, *kept) if kept else Int4Linear.from_linear(linear, group_size)
+            if kept:
+                q, scales, zeros = kept
+                new = Int4Linear.from_groups(linear, q, scales, zeros)
+            else:
+                new = Int4Linear.from_linear(linear, group_size)
         else:
             new = Fp8Linear.from_linear(linear)
         setattr(parent, attr, new)
@@ -87,7 +93,7 @@ def quantize_model(
 
 
 @torch.no_grad()
-def quantize_lm_head(model: nn.Module, calibration_ids: Sequence[int] | None = None) -> Int8Kernel:
+def quantize_lm_head(model: CausalLM, calibration_ids: Sequence[int] | None = None) -> Int8Kernel:
     """Replace the LM head by a per-channel Int8Linear (a tied embedding keeps its float weight for
     lookups); returns the kernel chosen. On a CPU that is the "dynamic" W8A8 matmul: the head is a small
     model's largest matmul (SmolLM2-135M: 28 M of its 134 M weights, read for every sampled row),

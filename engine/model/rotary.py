@@ -50,6 +50,8 @@ def _llama3_scaling(inv_freq: Tensor, scaling: dict[str, Any]) -> Tensor:
 
 
 class RotaryEmbedding(nn.Module):
+    inv_freq: Tensor  # a buffer (register_buffer), declared for the type checker
+
     def __init__(self, head_dim: int, theta: float, scaling: dict[str, Any] | None) -> None:
         super().__init__()
         # Not persistent: derived from the config, never part of a checkpoint.

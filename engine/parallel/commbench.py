@@ -16,6 +16,8 @@ a decode step pays the mean, one all-reduce per layer after another.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 import multiprocessing as mp
 from multiprocessing.queues import Queue
 from pathlib import Path
@@ -65,10 +67,12 @@ def _rank(rank: int, world: int, init: str, sizes: tuple[int, ...], repeats: int
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         group = TPGroup(rank, world)
-        calls = {
-            "all_reduce": lambda n: (lambda x=torch.ones(n // 4): group.all_reduce(x)),
-            "all_gather": lambda n: (lambda x=torch.ones(n // 4 // world): group.all_gather(x)),
-            "all_to_all": lambda n: (lambda x=torch.ones(n // 4), s=[n // 4 // world] * world: group.all_to_all(x, s, s)),
+        # message bytes -> a call of the collective on a message that size (its tensors made once, up front)
+        calls: dict[str, Callable[[int], Callable[[], torch.Tensor]]] = {
+            "all_reduce": lambda n: partial(group.all_reduce, torch.ones(n // 4)),
+            "all_gather": lambda n: partial(group.all_gather, torch.ones(n // 4 // world)),
+            "all_to_all": lambda n: partial(group.all_to_all, torch.ones(n // 4), [n // 4 // world] * world,
+                                            [n // 4 // world] * world),
         }
         curves: dict[str, list[tuple[int, float]]] = {}
         for kind in KINDS:

@@ -108,9 +108,9 @@ class WorkerPool:
             if not answered:  # a rank exited without answering
                 self._stop_for_a_dead_rank()
             for conn in answered:
-                rank = pending.pop(conn)  # type: ignore[call-overload]
+                rank = pending.pop(conn)
                 try:
-                    status, payload = conn.recv()  # type: ignore[union-attr]
+                    status, payload = conn.recv()
                 except (EOFError, OSError):
                     self._stop_for_a_dead_rank(rank)
                     raise

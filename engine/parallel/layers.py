@@ -23,8 +23,8 @@ import torch.nn.functional as F
 
 from engine.config import ModelConfig
 from engine.errors import InputError
-from engine.model.decoder import CausalLM, SelfAttention
-from engine.model.layers import GatedMLP, Linear
+from engine.model.decoder import CausalLM, DecoderLayer, SelfAttention
+from engine.model.layers import Embedding, GatedMLP, Linear
 from engine.model.moe import SparseMoE
 from engine.parallel.group import TPGroup
 from engine.parallel.moe import ExpertParallelMoE, shard_expert_width
@@ -62,11 +62,16 @@ def shard_model(model: CausalLM, group: TPGroup, expert_parallel: bool) -> None:
     config = model.config
     check_shardable(config, group.size, group.size if expert_parallel else 1)
     inner = model.model
-    inner.embed_tokens = VocabParallelEmbedding(inner.embed_tokens.weight, group)
+    embedding, lm_head = inner.embed_tokens, model.lm_head
+    # As built: a rank loads the model unquantised (engine/parallel/worker.py) and shards it once.
+    assert isinstance(embedding, Embedding) and isinstance(lm_head, Linear)
+    sharded = VocabParallelEmbedding(embedding.weight, group)
+    inner.embed_tokens = sharded
     for layer in inner.layers:
+        assert isinstance(layer, DecoderLayer)
         _shard_attention(layer.self_attn, config, group)
         layer.mlp = _shard_mlp(layer.mlp, group, expert_parallel)
-    head = inner.embed_tokens.weight if config.tie_word_embeddings else _rows(model.lm_head.weight, group)
+    head = sharded.weight if config.tie_word_embeddings else _rows(lm_head.weight, group)
     model.lm_head = ParallelLMHead(head, config.vocab_size, group)
 
 
@@ -131,6 +136,7 @@ def _shard_attention(attn: SelfAttention, config: ModelConfig, group: TPGroup) -
     qkv = attn.qkv_proj
     attn.qkv_proj = _linear(qkv.weight[rows], None if qkv.bias is None else qkv.bias[rows])
     o = attn.o_proj
+    assert isinstance(o, Linear)
     attn.o_proj = RowParallelLinear(o.weight[:, q_rows].contiguous(), None if o.bias is None else o.bias.detach().clone(), group)
     attn.num_heads, attn.num_kv_heads = heads, kv_heads
     attn.q_size, attn.kv_size = heads * d, kv_heads * d

@@ -55,8 +55,8 @@ def connect(rank: int, size: int, timeout_s: float, slot_bytes: int = SLOT_BYTES
     total = size * LINE + 2 * size * (HEADER_INTS * 8 + slot_bytes)
     path: list[str | None] = [None]
     if rank == 0 and supported() and size < HEADER_INTS and _room_in_dev_shm(total):
-        path[0] = f"/dev/shm/serveplan-tp-{secrets.token_hex(8)}"
-        fd = os.open(path[0], os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        path[0] = created = f"/dev/shm/serveplan-tp-{secrets.token_hex(8)}"
+        fd = os.open(created, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         os.ftruncate(fd, total)
     dist.broadcast_object_list(path, src=0)
     if path[0] is None:

@@ -42,8 +42,12 @@ Int4Kernel = Literal["auto", "w4a8", "int4pack", "dequant"]
 class FloatLinear(Protocol):
     """What the quantised drop-ins are built from: a float Linear (engine.model.layers.Linear)."""
 
-    weight: Tensor  # [out_features, in_features]
-    bias: Tensor | None
+    # Read-only (properties), so that a Linear's Parameters match: an attribute would be invariant.
+    @property
+    def weight(self) -> Tensor: ...  # [out_features, in_features]
+
+    @property
+    def bias(self) -> Tensor | None: ...
 
 
 # The activation dtype torch's packed CPU kernels are vectorised for (int4mm_kernel.cpp and
@@ -127,6 +131,11 @@ class Int8Linear(_QuantLinear):
     "auto" picks there when the library is built.
     """
 
+    # Buffers (register_buffer), declared for the type checker: nn.Module.__getattr__ is untyped.
+    weight: Tensor
+    scales: Tensor
+    smooth: Tensor | None
+
     def __init__(
         self,
         weight: Tensor,
@@ -165,7 +174,7 @@ class Int8Linear(_QuantLinear):
         # "dynamic": the native kernel's packing where this CPU runs it, else fbgemm's.
         native_w8a8 = kernel == "dynamic" and on_cpu and native.per_channel_is_fast()
         self._channels = native.pack_int8_channels(self.weight, self.scales) if native_w8a8 else None
-        self._inv_smooth = None if smooth is None or not native_w8a8 else (1 / self.smooth).contiguous()
+        self._inv_smooth = None if self.smooth is None or not native_w8a8 else self.smooth.reciprocal().contiguous()
         self._packed = self._fbgemm_pack() if kernel == "dynamic" and not native_w8a8 else None
 
     @classmethod
@@ -259,6 +268,13 @@ class Int4Linear(_QuantLinear):
     vectorised: cpu_packed_kernels_vectorised) and dequant that applies.
     Inputs are zero-padded from K to Kp when K is not a multiple of group_size.
     """
+
+    # Buffers (register_buffer), declared for the type checker: nn.Module.__getattr__ is untyped.
+    # block_scales and block_mins exist on "w4a8" only, scales_and_zeros on the other kernels.
+    weight: Tensor
+    block_scales: Tensor
+    block_mins: Tensor
+    scales_and_zeros: Tensor
 
     def __init__(
         self,
@@ -380,6 +396,10 @@ class Fp8Linear(_QuantLinear):
     fp8 GEMM, torch._scaled_mm(x_fp8, weight.t(), scale_a, scale_b) with activations
     quantised per token; that path is not implemented here.
     """
+
+    # Buffers (register_buffer), declared for the type checker: nn.Module.__getattr__ is untyped.
+    weight: Tensor
+    scales: Tensor
 
     def __init__(self, weight: Tensor, scales: Tensor, bias: Tensor | None) -> None:
         out_features, in_features = weight.shape

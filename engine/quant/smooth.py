@@ -10,10 +10,13 @@ max |x_j| come from one prefill of a fixed calibration text through the float mo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Protocol
+
 import torch
 from torch import Tensor, nn
 
-from engine.kernels.metadata import build_attention_metadata
+from engine.kernels.metadata import AttentionMetadata, build_attention_metadata
 
 # Prose, a question and a little code, so the statistics are not those of one register; it
 # shares no text with bench/quant_quality.py's evaluation text.
@@ -28,8 +31,22 @@ ALPHA = 0.5  # the paper's default: difficulty split evenly between weights and 
 _BLOCK = 16
 
 
+class CalibratedModel(Protocol):
+    """What activation_amax runs: engine.model.decoder.CausalLM's interface (engine.model builds on
+    engine.quant, so it is not imported here)."""
+
+    def parameters(self, recurse: bool = True) -> Iterator[nn.Parameter]: ...
+
+    def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[Tensor]: ...
+
+    def __call__(self, input_ids: Tensor, positions: Tensor, attn_metadata: AttentionMetadata,
+                 kv_caches: list[Tensor]) -> Tensor: ...
+
+    def compute_logits(self, hidden: Tensor) -> Tensor: ...
+
+
 @torch.no_grad()
-def activation_amax(model: nn.Module, linears: dict[str, nn.Module], token_ids: list[int]) -> dict[str, Tensor]:
+def activation_amax(model: CalibratedModel, linears: dict[str, nn.Module], token_ids: list[int]) -> dict[str, Tensor]:
     """max |x_j| per input channel of each named Linear, over one prefill of token_ids."""
     amax: dict[str, Tensor] = {}
 

@@ -14,7 +14,7 @@ from contextlib import asynccontextmanager
 import itertools
 import json
 import time
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypeVar, cast
 import uuid
 
 from fastapi import FastAPI, Request
@@ -197,7 +197,8 @@ class OpenAIServer:
 
     def _decode(self, tokens: list[int]) -> str:
         tokenizer = self.llm.tokenizer
-        return tokenizer.decode(tokens, skip_special_tokens=True) if tokenizer is not None else ""
+        # One list of ids decodes to one str (transformers' return type covers a batch of lists too).
+        return cast(str, tokenizer.decode(tokens, skip_special_tokens=True)) if tokenizer is not None else ""
 
     async def _deliveries(self, stream: RequestStream) -> AsyncIterator[tuple[Delivery, str, int]]:
         """Each delivery with its text and the output tokens so far; aborts the request if the

@@ -9,6 +9,7 @@ step's cost independent of the output's length: vLLM's prefix/read offsets.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import cast
 
 from transformers import PreTrainedTokenizerBase
 
@@ -28,8 +29,9 @@ class IncrementalDetokenizer:
         if self._tokenizer is None:
             return ""
         decode = self._tokenizer.decode
-        sent = decode(self._ids[self._prefix : self._read], skip_special_tokens=True)
-        text = decode(self._ids[self._prefix :], skip_special_tokens=True)
+        # One list of ids decodes to one str (transformers' return type covers a batch of lists too).
+        sent = cast(str, decode(self._ids[self._prefix : self._read], skip_special_tokens=True))
+        text = cast(str, decode(self._ids[self._prefix :], skip_special_tokens=True))
         if len(text) <= len(sent) or (text.endswith(REPLACEMENT) and not final):
             return ""
         self._prefix, self._read = self._read, len(self._ids)

@@ -27,16 +27,16 @@ class ServerMetrics:
 
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
-        label = {"labelnames": ["model_name"], "registry": self.registry}
+        registry, labelnames = self.registry, ["model_name"]
 
         def histogram(name: str, doc: str, buckets: tuple[float, ...]) -> Histogram:
-            return Histogram(name, doc, buckets=buckets, **label).labels(model_name)
+            return Histogram(name, doc, labelnames, buckets=buckets, registry=registry).labels(model_name)
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, **label).labels(model_name)
+            return Gauge(name, doc, labelnames, registry=registry).labels(model_name)
 
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, **label).labels(model_name)
+            return Counter(name, doc, labelnames, registry=registry).labels(model_name)
 
         self.ttft = histogram("serveplan:time_to_first_token_seconds", "Arrival to first output token", TTFT_BUCKETS_S)
         self.itl = histogram("serveplan:inter_token_latency_seconds", "Gap between deliveries of output tokens",

@@ -138,7 +138,7 @@ class CompletionRequest(_GenerationBody):
         if isinstance(p, list) and p and isinstance(p[0], (str, list)):
             if len(p) != 1:
                 raise ValueError(f"a batch of {len(p)} prompts is not supported by this server: send one per request")
-            return p[0]  # type: ignore[return-value]
+            return p[0]
         return p  # type: ignore[return-value]
 
 

@@ -16,8 +16,10 @@ if TYPE_CHECKING:
 
 def uvicorn_server(llm: LLM, settings: ServeSettings, log_level: str = "info") -> uvicorn.Server:
     app = build_app(OpenAIServer(llm, settings))
+    # uvicorn annotates timeout_graceful_shutdown as int but hands it to asyncio.timeout: seconds as a float work.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level, access_log=False,
-                            timeout_graceful_shutdown=settings.shutdown_timeout_s, lifespan="on")
+                            timeout_graceful_shutdown=settings.shutdown_timeout_s,  # type: ignore[arg-type]
+                            lifespan="on")
     return uvicorn.Server(config)
 
 

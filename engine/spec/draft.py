@@ -14,13 +14,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
+from torch import Tensor
 
 from engine.config import ModelConfig
 from engine.core import BlockPool, KVCacheBlock, Request
-from engine.kernels.metadata import build_attention_metadata
+from engine.kernels.metadata import AttentionMetadata, build_attention_metadata
 from engine.model.attention import allocate_kv_caches
+
+
+class DraftModel(Protocol):
+    """The CausalLM interface the proposer runs: a CausalLM, or EarlyExitDraft's view of one."""
+
+    def __call__(self, input_ids: Tensor, positions: Tensor, attn_metadata: AttentionMetadata,
+                 kv_caches: list[Tensor]) -> Tensor: ...
+
+    def compute_logits(self, hidden: Tensor) -> Tensor: ...
 
 
 @dataclass
@@ -33,7 +44,7 @@ class _State:
 class DraftModelProposer:
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: DraftModel,
         config: ModelConfig,
         num_blocks: int,
         block_size: int,

@@ -71,6 +71,8 @@ def test_bad_input_is_refused_before_a_worker_sees_it(model_dir: Path) -> None:
         DisaggregatedLLM(str(model_dir), prefill_workers=0, **KNOBS)
     with pytest.raises(InputError, match="max_num_seqs"):
         DisaggregatedLLM(str(model_dir), decode={"max_num_seqs": 0}, **KNOBS)
+    with pytest.raises(InputError, match="tensor_parallel"):  # a worker's KV moves from one process's caches
+        DisaggregatedLLM(str(model_dir), prefill={"tensor_parallel": 2}, **KNOBS)
     with DisaggregatedLLM(str(model_dir), kv_transfer_gib=4 * BLOCK_BYTES / 2**30, **KNOBS) as llm:
         with pytest.raises(InputError, match="staging"):
             llm.add_request(list(range(40)), PARAMS)  # 10 blocks to send, 4 staging slots
