@@ -8,13 +8,13 @@ raised call, so a corrected input is computed afresh.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 import math
 from pathlib import Path
 import tempfile
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pandas as pd
 from pydantic import BaseModel, ValidationError
@@ -34,7 +34,7 @@ from planner.public.report import PublicValidation
 from planner import search
 from planner.search import CandidatePlan, PlanResult
 from planner.search.cache import RunCache
-from planner.sim import simulate
+from planner.sim import RouterName, simulate
 from planner.tiers import kv_tiers
 from planner.specs import SLO, Deployment, HardwareProfile
 from planner.validate import ValidationReport
@@ -45,8 +45,9 @@ def _json(model: BaseModel) -> str:
     return model.model_dump_json()
 
 
-# Streamlit matches hash_funcs by exact type, so each spec type is listed.
-SPEC_HASH = {cls: _json for cls in (Deployment, EngineKnobs, Workload, SLO, HardwareProfile)}
+# Streamlit matches hash_funcs by exact type, so each spec type is listed (typed as st.cache_data takes them).
+SPEC_HASH: dict[str | type[Any], Callable[[Any], Any]] = {
+    cls: _json for cls in (Deployment, EngineKnobs, Workload, SLO, HardwareProfile)}
 
 
 def _catalog_model(name: str) -> ModelConfig:
@@ -113,7 +114,7 @@ class SimView:
 
 @st.cache_data(show_spinner="Simulating…", hash_funcs=SPEC_HASH, max_entries=64)
 def simulate_view(model_name: str, dep: Deployment, workload: Workload | None, trace_name: str | None,
-                  trace_bytes: bytes | None, slo_text: str, router: str) -> SimView:
+                  trace_bytes: bytes | None, slo_text: str, router: RouterName) -> SimView:
     model = _catalog_model(model_name)
     hw = _catalog_profile(dep.hardware)
     slo = _slo(slo_text)
@@ -121,9 +122,9 @@ def simulate_view(model_name: str, dep: Deployment, workload: Workload | None, t
     result = simulate(model, hw, dep, replay, slo=slo, router=router)
     reqs = pd.DataFrame([
         {"ttft_ms": r.ttft_s * 1e3, "tpot_ms": r.tpot_s * 1e3 if r.output_tokens > 1 else math.nan,
-         "e2e_ms": r.e2e_s * 1e3, "queueing_ms": r.queueing_s * 1e3, "prompt_tokens": r.prompt_tokens,
-         "cached_prompt_tokens": r.cached_prompt_tokens, "output_tokens": r.output_tokens,
-         "preemptions": r.num_preemptions}
+         "e2e_ms": r.e2e_s * 1e3, "queueing_ms": math.nan if r.queueing_s is None else r.queueing_s * 1e3,
+         "prompt_tokens": r.prompt_tokens, "cached_prompt_tokens": r.cached_prompt_tokens,
+         "output_tokens": r.output_tokens, "preemptions": r.num_preemptions}
         for r in result.record.requests
     ])
     samples = pd.DataFrame(result.record.samples, columns=["replica", "start_s", "end_s", "kv_cache_usage",

@@ -23,7 +23,7 @@ from engine.catalog import catalog
 from engine.errors import InputError, from_validation_error, unknown_name_error
 from engine.knobs import Knob, Setting, settings
 from planner.hardware import hardware_catalog
-from planner.sim.router import ROUTERS
+from planner.sim.router import ROUTERS, RouterName
 from planner.specs import Deployment, Disaggregation, EngineKnobs, WorkloadOverrides
 from planner.workload import PRESETS, Workload, get_workload
 
@@ -150,7 +150,7 @@ def deployment_inputs(state: PageState) -> Deployment:
                       disaggregation=Disaggregation(**disagg) if split else None)
 
 
-def router_input(state: PageState) -> str:
+def router_input(state: PageState) -> RouterName:
     return choice_input(state, "router", "Router", list(ROUTERS), "round_robin",
                         help="How requests are spread over replicas (see docs/simulate.md)")
 

@@ -57,7 +57,7 @@ def readable(value: Any) -> str:
         return ""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return str(value)
-    size = abs(value)
+    size = abs(float(value))
     if float(value).is_integer() or size >= 100:
         return f"{value:,.0f}"
     if size >= 10:

@@ -75,6 +75,12 @@ class BenchMeasurement:
         """Each run is its own source: it weighs alike in the fit and is held out alone."""
         return self.run_key
 
+    @property
+    def publisher(self) -> str:
+        """Each run is its own publisher too: one team measured them all, so a wider unit than the
+        run would hold out every run at once."""
+        return self.run_key
+
 
 class _Rec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -174,7 +180,7 @@ def prepare_bench(paths: Sequence[str | Path], model: ModelConfig, hw: HardwareP
             key = f"{Path(path).name}#{index}"
             replay = bench_replay(run, model.vocab_size, key)
             assert run.summary is not None  # bench_replay refused a run without finished requests
-            runs.append(ReplayRun(BenchMeasurement(key, measured_figures(run.summary, key)), model, hw, engine, dep,  # type: ignore[arg-type]
+            runs.append(ReplayRun(BenchMeasurement(key, measured_figures(run.summary, key)), model, hw, engine, dep,
                                   replay, max_model_len, None, ()))
     if len(runs) < 2:
         raise InputError("--from-bench", f"{len(runs)} run", "needs at least 2 runs: each is predicted by a fit on the "
@@ -187,7 +193,7 @@ def in_process_run(key: str, summary: RunSummary, replay: Replay, model: ModelCo
     """A run of the same engine measured in process (`engine bench`, no API server), to fit beside
     served runs: with both, the fit can tell the engine's own time from what its HTTP server adds."""
     dep = dep.model_copy(update={"hardware": hw.name, "engine": engine.name, "api_server": False})
-    return ReplayRun(BenchMeasurement(key, measured_figures(summary, key)), model, hw, engine, dep, replay,  # type: ignore[arg-type]
+    return ReplayRun(BenchMeasurement(key, measured_figures(summary, key)), model, hw, engine, dep, replay,
                      max_model_len, None, ())
 
 

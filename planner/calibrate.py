@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, fields
 import datetime as dt
+from functools import partial
 import hashlib
 import itertools
 import json
@@ -261,7 +262,7 @@ def micro_benchmarks(device_kind: str, dtype: str, quick: bool) -> MicroBenchmar
         shapes += [(4096, 4096, 4096)]
     for m, k, nn in shapes:
         a, b = torch.randn(m, k, device=dev, dtype=tdtype), torch.randn(k, nn, device=dev, dtype=tdtype)
-        seconds = _median_time(lambda a=a, b=b: a @ b, reps, sync)
+        seconds = _median_time(lambda: a @ b, reps, sync)  # timed at once: the loop's values need no binding
         matmul[f"{dtype} {m}x{k}x{nn}"] = 2 * m * k * nn / seconds / 1e12
 
     attention: dict[str, float] = {}
@@ -272,7 +273,7 @@ def micro_benchmarks(device_kind: str, dtype: str, quick: bool) -> MicroBenchmar
         tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch)]
         _, meta = build_attention_metadata([1] * batch, [ctx] * batch, tables, block, dev)
         q = torch.randn(batch, heads, head_dim, device=dev, dtype=tdtype)
-        seconds = _median_time(lambda q=q, cache=cache, meta=meta: paged_attention(q, cache, meta, 0.125, None), reps, sync)
+        seconds = _median_time(lambda: paged_attention(q, cache, meta, 0.125, None), reps, sync)  # timed at once
         kv_bytes = batch * ctx * 2 * kv_heads * head_dim * cache.element_size()
         attention[f"decode batch {batch} ctx {ctx}"] = kv_bytes / seconds / 1e9
     collectives: dict[Collective, list[tuple[int, float]]] = {}
@@ -326,6 +327,9 @@ def kv_copy_benchmarks(llm: LLM, reps: int) -> KVCopyBenchmarks:
     )
     from engine.kv_offload import TierStore, copy_blocks
 
+    if llm.runner is None:
+        raise ValueError("kv_copy_benchmarks needs a single-process LLM: a tensor-parallel one keeps its KV caches "
+                         "in its worker processes")
     caches = llm.runner.kv_caches
     sync = torch.cuda.synchronize if caches[0].device.type == "cuda" else (lambda: None)
     block_bytes = llm.kv_bytes_per_block(caches[0].dtype)
@@ -369,7 +373,7 @@ def _copy_rate(op: Callable[[int], None], counts: tuple[int, int], block_bytes: 
     """time = latency + blocks x block_bytes / rate through the two batch sizes. The large batch is
     big enough that a fixed cost should be a small share of it: when the fit puts more than half of
     it in the latency (noise in a short measurement), the large batch's own rate, with no latency."""
-    small, large = (_median_time(lambda n=n: op(n), reps, sync) for n in counts)
+    small, large = (_median_time(partial(op, n), reps, sync) for n in counts)
     per_block = (large - small) / (counts[1] - counts[0])
     if per_block <= 0 or per_block < large / counts[1] / 2:
         per_block = large / counts[1]

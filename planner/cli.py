@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 import sys
 import time
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from pydantic import BaseModel, ValidationError
 from rich.console import Console
@@ -73,8 +73,9 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="llama-3.1-8b", help="catalog name (see `serveplan models list`) or path to a config.json / checkpoint folder")
     p.add_argument("--hw", dest="hardware", default="h100-sxm", help="hardware profile name (see `serveplan hw list`) or a YAML file")
     add_flags(p, [*DEPLOYMENT, *KNOBS])
-    # Not given: every instance does both prefill and decode.
-    add_flags(p, DISAGGREGATION, **{s.name: None for s in DISAGGREGATION})
+    # Not given: every instance does both prefill and decode. (`required` spelled out: mypy would match
+    # the mapping's None values against it.)
+    add_flags(p, DISAGGREGATION, required=(), **{s.name: None for s in DISAGGREGATION})
 
 
 def deployment_from_args(args: argparse.Namespace) -> Deployment:
@@ -543,7 +544,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     if not args.timeout > 0:
         raise InputError("--timeout", args.timeout, "must be > 0 seconds")
     slo = SLO.parse(args.slo) if args.slo else None
-    sweep = "rate" if rates else "concurrency" if concurrencies else None
+    sweep: Literal["rate", "concurrency"] | None = "rate" if rates else "concurrency" if concurrencies else None
     points: list[float | None] = list(rates or concurrencies) or [None]
     runs = []
     for point in points:
@@ -1282,7 +1283,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, help="--from-bench: the endpoint's longest prompt + output "
                                                      "(default: the model's context)")
     add_flags(p, [*DEPLOYMENT, *KNOBS])
-    add_flags(p, DISAGGREGATION, **{s.name: None for s in DISAGGREGATION})
+    add_flags(p, DISAGGREGATION, required=(), **{s.name: None for s in DISAGGREGATION})  # as add_deployment_args
     p.add_argument("--checkpoint", metavar="FOLDER",
                    help="--public: keep the traced rounds and each held-out fold in this folder (yours only: it holds "
                         "pickles) as they complete, and resume from them; a full run takes hours on 2 cores")

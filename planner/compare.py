@@ -23,7 +23,7 @@ from planner.metrics import RunSummary
 from planner.playback import Replay
 from planner.search.cache import RunCache
 from planner.search.slo_capacity import SLOCapacity, slo_capacity
-from planner.sim import simulate
+from planner.sim import RouterName, simulate
 from planner.specs import MAX_RATE_PER_S, MIN_RATE_PER_S, SLO, Deployment, HardwareProfile
 from planner.workload import PoissonArrivals, Workload, get_workload
 
@@ -91,7 +91,7 @@ class Comparison(_Out):
 
 
 def load_side(path: str | Path, default_model: str, default_workload: str, overrides: dict[str, object],
-              slo: SLO | None, router: str = "round_robin", fit: FittedModel | None = None) -> Side:
+              slo: SLO | None, router: RouterName = "round_robin", fit: FittedModel | None = None) -> Side:
     """Simulate the deployment in `path`: Deployment fields, plus optional `model:` (a catalog name or
     config path) and `workload:` (a preset name, a workload file or an inline workload mapping).
     `overrides` (arrival, num_requests, seed) apply to the workload either way; `fit` stands in for
@@ -118,7 +118,7 @@ def load_side(path: str | Path, default_model: str, default_workload: str, overr
 
 
 def simulate_side(name: str, model: ModelConfig, hw: HardwareProfile, dep: Deployment, workload: Workload,
-                  replay: Replay, slo: SLO | None, router: str = "round_robin", *, capacity: bool = True,
+                  replay: Replay, slo: SLO | None, router: RouterName = "round_robin", *, capacity: bool = True,
                   runs: RunCache | None = None, fit: FittedModel | None = None) -> Side:
     """`dep` serving `replay` (drawn from `workload`), and with an SLO and `capacity` its capacity on
     `workload`'s requests, searched from the rate the run served (probes cached in `runs`): a search

@@ -22,6 +22,8 @@ from planner.playback import Playback, Replay, Submission, check_lengths
 from planner.specs import SLO
 
 if TYPE_CHECKING:
+    import torch
+
     from engine.disagg import DisaggregatedLLM
     from engine.disagg.worker import WorkerStats
     from engine.llm import LLM
@@ -154,10 +156,10 @@ def warm_up(llm: LLM) -> None:
     StepLoop(scheduler, llm.executor, llm.now).run_until_idle()
 
 
-def describe_device(device: object) -> str:
+def describe_device(device: torch.device) -> str:
     import torch
 
-    if getattr(device, "type", None) == "cuda":
+    if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     cpu = platform.processor() or platform.machine()
     return f"CPU {cpu}, {torch.get_num_threads()} threads"

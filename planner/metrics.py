@@ -595,7 +595,9 @@ def _timeseries(samples: list[StepSample], num_replicas: int, start: float, end:
             continue
         bins = np.clip(np.searchsorted(edges, rows[:, 0], side="right") - 1, 0, TIMESERIES_POINTS - 1)
         counts = np.bincount(bins, minlength=TIMESERIES_POINTS)
-        means = np.stack([np.bincount(bins, rows[:, j], minlength=TIMESERIES_POINTS) for j in range(1, 5)], axis=1)
+        # Floats: bincount with weights (numpy's stubs type every bincount as integers).
+        means: np.ndarray = np.stack([np.bincount(bins, rows[:, j], minlength=TIMESERIES_POINTS) for j in range(1, 5)],
+                                     axis=1)
         filled = counts > 0
         means[filled] /= counts[filled, None]
         # An idle replica keeps its last state (but runs no tokens) until its next step.

@@ -99,7 +99,8 @@ class Playback:
         self._prompts: dict[str, tuple[int, ...]] = {}  # of submitted requests whose follow-up is pending
         # Conversations in flight at once: closed-loop users, or an open-loop client's cap.
         self._concurrency = concurrency if concurrency is not None else replay.max_concurrency
-        self._queue = deque(sorted(roots, key=lambda r: r.arrival_s) if open_loop else roots)
+        # Open loop: every root has an arrival time (checked above).
+        self._queue = deque(sorted(roots, key=lambda r: r.arrival_s or 0.0) if open_loop else roots)
 
     def start(self) -> list[Submission]:
         """The submissions known before anything runs: every open-loop arrival (the first

@@ -100,7 +100,8 @@ def within_budget(weight_dtype: str, kv_dtype: str, max_loss_pct: float) -> bool
 
 def describe(weight_dtype: str, kv_dtype: str) -> str:
     """One line on what the deployment's formats cost in quality, with the figures' basis."""
-    parts = [(part, dtype, format_quality(part, dtype)) for part, dtype in (("weights", weight_dtype), ("kv", kv_dtype))]
+    formats: tuple[tuple[Part, str], ...] = (("weights", weight_dtype), ("kv", kv_dtype))
+    parts = [(part, dtype, format_quality(part, dtype)) for part, dtype in formats]
     lines = [record.describe(dtype, part) for part, dtype, record in parts if record is not None]
     if not lines:
         return f"{weight_dtype} weights, {kv_dtype} KV cache: the 16-bit reference, no quality loss"

@@ -497,7 +497,8 @@ class PlanSettings(Spec):
         if self.pd_ratios == "auto":
             tight = slo.tpot_p99_ms or slo.tpot_p50_ms or slo.itl_p99_ms
             return [(1, 1), (1, 2), (2, 1)] if tight and mean_prompt_tokens >= LONG_PROMPT_TOKENS else []
-        return list(dict.fromkeys(tuple(int(n) for n in pair.split(":")) for pair in self.pd_ratios.split(",")))
+        pairs = (pair.split(":") for pair in self.pd_ratios.split(","))  # "x:y" each, by the field's pattern
+        return list(dict.fromkeys((int(x), int(y)) for x, y in pairs))
 
 
 # --------------------------------------------------------------------------- SLO

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import bisect
 import csv
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 import functools
 import math
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypedDict
 
 import numpy as np
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -339,6 +339,7 @@ class SharedPrefix(_Spec):
     zipf_exponent: float = Field(1.0, gt=0, le=10, description="Zipf exponent s when popularity is 'zipf'")
 
     def weights(self) -> np.ndarray:
+        w: np.ndarray
         if self.popularity == "uniform":
             w = np.ones(self.num_prefixes)
         else:
@@ -442,8 +443,7 @@ class WorkloadRequest:
         return self.parent_id is not None
 
 
-def build_prompt(parent_prompt: list[int] | tuple[int, ...], parent_output: list[int] | tuple[int, ...],
-                 new_tokens: list[int] | tuple[int, ...]) -> list[int]:
+def build_prompt(parent_prompt: Sequence[int], parent_output: Sequence[int], new_tokens: Sequence[int]) -> list[int]:
     """The prompt of a follow-up turn: the whole previous exchange, then the new user message."""
     return [*parent_prompt, *parent_output, *new_tokens]
 
@@ -454,6 +454,16 @@ def follow_ups(requests: list[WorkloadRequest]) -> dict[str, WorkloadRequest]:
 
 
 _STREAMS = ("arrivals", "input", "output", "prefix_choice", "prefix_tokens", "turns", "tokens")
+
+
+class _RequestFields(TypedDict):
+    """The WorkloadRequest fields that `draw` sets alike for a conversation's first and later turns."""
+
+    request_id: str
+    output_tokens: int
+    prefix_id: int | None
+    conversation_id: int | None
+    turn: int
 
 
 def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int | None = None, *,
@@ -472,8 +482,8 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
         raise InputError("vocab_size", vocab_size, f"must exceed first_token_id={workload.first_token_id}")
     rngs = _streams(workload)
     if prefix_seed is not None:
-        own = np.random.SeedSequence(prefix_seed).spawn(len(_STREAMS))[_STREAMS.index("prefix_tokens")]
-        rngs["prefix_tokens"] = np.random.default_rng(own)
+        stream = np.random.SeedSequence(prefix_seed).spawn(len(_STREAMS))[_STREAMS.index("prefix_tokens")]
+        rngs["prefix_tokens"] = np.random.default_rng(stream)
     lo, n = workload.first_token_id, workload.num_requests
     if n > limits.MAX_REQUESTS:  # the field's own bound, for a Workload built without validation
         raise over_limit("num_requests", n, "MAX_REQUESTS", "the request count")
@@ -518,17 +528,19 @@ def draw(workload: Workload, vocab_size: int | None = None, max_model_len: int |
     k = 0  # request index, in the order lengths were drawn
     for c in range(num_roots):
         parent = None
+        prefix_id = prefix_of[c]
         for t in range(int(turns[c])):
             own = tuple(ids[bounds[k] : bounds[k + 1]])
             rid = f"{workload.name}-{k}"
-            common = dict(request_id=rid, output_tokens=int(outputs[k]), prefix_id=prefix_of[c],
-                          conversation_id=c if conv is not None else None, turn=t)
+            common: _RequestFields = dict(request_id=rid, output_tokens=int(outputs[k]), prefix_id=prefix_id,
+                                          conversation_id=c if conv is not None else None, turn=t)
             if t == 0:
-                prefix = prefixes[prefix_of[c]] if prefix_of[c] is not None else ()
+                prefix = prefixes[prefix_id] if prefix_id is not None else ()
                 arrival_s = None if times is None else float(times[c])
                 requests.append(WorkloadRequest(arrival_s=arrival_s, prompt_token_ids=prefix + own,
                                                 think_time_s=root_think_s, **common))
             else:
+                assert conv is not None  # only conversations have turns after the first
                 requests.append(WorkloadRequest(arrival_s=None, prompt_token_ids=(), parent_id=parent,
                                                 new_prompt_token_ids=own, think_time_s=conv.think_time_s, **common))
             parent = rid
@@ -837,7 +849,9 @@ def _histogram(lengths: np.ndarray) -> EmpiricalLength:
 def _read_trace(path: Path, max_model_len: int | None) -> Iterator[_TraceRow]:
     """The rows of a trace, checked one by one as the file streams in."""
     total_tokens = 0
-    for num_rows, (line, row) in enumerate(_csv_rows(path) if path.suffix.lower() == ".csv" else _jsonl_rows(path), 1):
+    rows: Iterator[tuple[int, Mapping[str, object]]] = (
+        _csv_rows(path) if path.suffix.lower() == ".csv" else _jsonl_rows(path))
+    for num_rows, (line, row) in enumerate(rows, 1):
         if num_rows > limits.MAX_REQUESTS:
             raise over_limit("trace", str(path), "MAX_REQUESTS", f"its row count (line {line:,})")
         parsed = _parse_row(path, line, row)
@@ -1057,10 +1071,10 @@ def get_workload(name_or_path: str, **overrides: object) -> Workload:
     if key in PRESETS:
         base, source = PRESETS[key].model_dump(), "workload"
     elif key.endswith((".yaml", ".yml", ".json")):
-        base = (load_json if key.endswith(".json") else load_yaml)(name_or_path, "workload")
-        if not isinstance(base, dict):
+        loaded = (load_json if key.endswith(".json") else load_yaml)(name_or_path, "workload")
+        if not isinstance(loaded, dict):
             raise InputError("workload", name_or_path, "a workload file must be a mapping of fields")
-        source = Path(name_or_path).name
+        base, source = loaded, Path(name_or_path).name
     else:
         raise unknown_name_error("workload", name_or_path, PRESETS)
     try:

@@ -174,8 +174,9 @@ def render() -> None:
     if len({r["name"] for r in records}) != len(records):
         ui.stop_with("variant names must be unique")
     variants = tuple((str(r["name"]), dep, hardware[dep.hardware])
-                     for r in records for dep in [state.attempt(lambda r=r: _deployment(r, hardware))])
+                     for r in records for dep in [state.attempt(lambda: _deployment(r, hardware))])  # called at once
     workload = state.attempt(work.workload)
+    assert workload is not None  # a preset: the page offers no trace
     results = state.attempt(lambda: compute.comparisons(model, workload, slo, variants, capacity))
 
     base = results[0].a

@@ -157,10 +157,12 @@ def render() -> None:
                                           help=f"Profile price: US${catalog[name].price_usd_per_hour:.2f}")
                       for name in hardware}
         max_gpus = setting_input(state, PLAN["max_gpus_per_replica"])
-        weights = choices_input(state, "weight_dtypes", "Weight dtypes", DEPLOYMENT["weight_dtype"].choices,
+        weight_dtypes, kv_dtypes = DEPLOYMENT["weight_dtype"].choices, DEPLOYMENT["kv_dtype"].choices
+        assert weight_dtypes is not None and kv_dtypes is not None  # Literal fields: their values are the choices
+        weights = choices_input(state, "weight_dtypes", "Weight dtypes", weight_dtypes,
                                 list(DEFAULT_WEIGHT_DTYPES), field="weight_dtypes",
                                 help="fp8 is tried only where the hardware has it natively")
-        kvs = choices_input(state, "kv_dtypes", "KV-cache dtypes", DEPLOYMENT["kv_dtype"].choices,
+        kvs = choices_input(state, "kv_dtypes", "KV-cache dtypes", kv_dtypes,
                             list(DEFAULT_KV_DTYPES), field="kv_dtypes")
         quality_loss = setting_input(state, PLAN["max_quality_loss_pct"], step=0.5)
         knob_labels = choices_input(state, "knobs", "Engine settings to try", list(KNOBS_OFFERED),
@@ -184,18 +186,23 @@ def render() -> None:
         return
     rate, requests = work.rate_per_s, work.requests
     if work.preset is None:  # a trace: planned as its lengths, shared prefixes and mean rate
-        if work.trace_bytes is None:
+        trace_name, trace_bytes = work.trace_name, work.trace_bytes
+        if trace_name is None or trace_bytes is None:  # an upload sets both
             st.info("Upload a trace in the sidebar to plan for it.")
             return
         workload = state.attempt(lambda: compute.trace_workload(
-            work.trace_name, work.trace_bytes, resolve_model(model).max_position_embeddings))
+            trace_name, trace_bytes, resolve_model(model).max_position_embeddings))
         rate, requests = workload.arrival.offered_rate_per_s, DEFAULT_REQUESTS_PER_PROBE
+        assert rate is not None  # workload_from_trace: Poisson arrivals at the trace's mean rate
         st.caption(f"Planned for the {workload.description}; {requests} requests per probe.")
     else:
-        for name, value in (("rate_per_s", rate), ("num_requests", requests)):
-            if value is None:
-                ui.stop_with(f"{WORKLOAD[name].label}: a plan needs a value")
-        workload = state.attempt(work.workload)
+        if rate is None:
+            ui.stop_with(f"{WORKLOAD['rate_per_s'].label}: a plan needs a value")
+        if requests is None:
+            ui.stop_with(f"{WORKLOAD['num_requests'].label}: a plan needs a value")
+        preset = state.attempt(work.workload)
+        assert preset is not None  # work.preset is set
+        workload = preset
     profiles = tuple(catalog[name].model_copy(update={"price_usd_per_hour": prices[name]}) for name in hardware)
     knobs = tuple(KNOBS_OFFERED[label] for label in knob_labels)
     if not knobs:

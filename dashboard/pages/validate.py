@@ -101,14 +101,17 @@ def render_engine(state: PageState) -> None:
         upload = state.attempt(lambda: upload_bytes("Or upload a report (JSON)", ["json"],
                                                     help="A ValidationReport from `serveplan validate --json`"))
     state.sync_url()
-    if upload is None and name is None:
+    if upload is not None:
+        source, data = upload
+    elif name is not None:
+        source, data = name, state.attempt(lambda: compute.project_report(name))
+    else:
         st.info("No validation report in docs/ yet. Produce one on the machine to validate "
                 "(it runs the real engine), then reload, or upload one in the sidebar:\n\n"
                 "```bash\n.venv/bin/serveplan calibrate --threads 1\n"
                 ".venv/bin/serveplan validate --calibration hwprofiles/calibrations/<device>__smollm2-135m__fp32.json "
                 "--json > docs/validation.json\n```")
         return
-    source, data = upload if upload is not None else (name, state.attempt(lambda: compute.project_report(name)))
     try:
         report = compute.validation_report(data)
     except InputError as exc:

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from functools import cache
-from typing import NamedTuple
+from typing import Generic, NamedTuple, overload
 
 import numpy as np
 from scipy.stats import binom
@@ -64,7 +64,7 @@ from planner.costmodel.operators import (
 from planner.costmodel.fitted import FittedModel
 from planner.costmodel.params import CostParams
 from planner.engines import EngineProfile, get_engine, resolve_deployment
-from planner.costmodel.shape import GraphPolicy, Number, ShapeReader, StepShape
+from planner.costmodel.shape import GraphPolicy, N_co, Number, ShapeReader, StepShape
 from planner.costmodel.transfer import KVCopyModel
 from planner.memory import SAMPLER_COPIES, WEIGHT_BYTES_PER_PARAM, check_parallelism
 from planner.specs import Deployment, HardwareProfile, Link
@@ -134,27 +134,28 @@ class _StepTerms(NamedTuple):
     comm_s: float  # the collectives and pipeline hand-offs, summed as _totals sums them
     wait_head: float  # their eager launch waits (_launch_wait), likewise split around attention's
     wait_tail: tuple[float, ...]
-    rows: _RowTerms
+    rows: _RowTerms[float]
 
 
-class _RowTerms(NamedTuple):
-    """A step's operators that depend on its row counts only (not on attention), and their work."""
+class _RowTerms(NamedTuple, Generic[N_co]):
+    """A step's operators that depend on its row counts only (not on attention), and their work:
+    floats for one step's row counts, arrays where either count is an array."""
 
-    qkv: Number
-    o: Number
-    mlp: Number
-    moe: Number
-    router: Number
-    norms: Number
-    lm_head: Number
-    sampling: Number
-    pp: Number
-    flops: Number  # of the draft and the matmuls before attention, in the order times() adds them
-    bytes: Number
-    lm_head_flops: Number
-    lm_head_bytes: Number
-    norm_sample_bytes: Number
-    graph_launch_s: Number  # the launch wait of a replayed graph: one launch, then LM head and sampling
+    qkv: N_co
+    o: N_co
+    mlp: N_co
+    moe: N_co
+    router: N_co
+    norms: N_co
+    lm_head: N_co
+    sampling: N_co
+    pp: N_co
+    flops: N_co  # of the draft and the matmuls before attention, in the order times() adds them
+    bytes: N_co
+    lm_head_flops: N_co
+    lm_head_bytes: N_co
+    norm_sample_bytes: N_co
+    graph_launch_s: N_co  # the launch wait of a replayed graph: one launch, then LM head and sampling
 
 
 def expected_distinct_experts(num_experts: int, top_k: int, tokens: Number) -> Number:
@@ -210,11 +211,19 @@ def gemm_compute_dtype(weight_dtype: str, hw: HardwareProfile) -> tuple[str, boo
     return hw.peak_flops("bf16")[1], True  # weight-only: bf16 math, dequantise each weight read
 
 
+@overload
+def _totals(times: tuple[float, ...]) -> tuple[float, float]: ...
+@overload
+def _totals(times: tuple[Number, ...]) -> tuple[Number, Number]: ...
 def _totals(times: tuple[Number, ...]) -> tuple[Number, Number]:
     """A step's seconds (every operator of `times`, in OPERATORS order) and those of its collectives."""
     return sum(times), sum(times[i] for i in _COMM_INDICES)
 
 
+@overload
+def _max(a: float, b: float) -> float: ...
+@overload
+def _max(a: Number, b: Number) -> Number: ...
 def _max(a: Number, b: Number) -> Number:
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return np.maximum(a, b)
@@ -300,7 +309,7 @@ class CostModel:
                                                                        else 1), _GROUP_FIELD[c.operator], peers), p))
             for c in self.ops.comms)
         self._draft = self._draft_model(model, hw, dep)
-        self._row_memo: dict[tuple[float, float], _RowTerms] = {}
+        self._row_memo: dict[tuple[float, float], _RowTerms[float]] = {}
         self._step_memo: dict[tuple[float, ...], _StepTerms] = {}
         # One KV block on one GPU: its KV heads, its pipeline stage's layers (the largest stage).
         stage_layers = -(-model.num_layers // dep.pipeline_parallel)
@@ -373,7 +382,15 @@ class CostModel:
         chunk before the prompt's last (no row reaches the LM head)."""
         return dict(zip(OPERATORS, self.times(self.reader.of([(tokens, cached, True, int(samples))]))[0], strict=True))
 
-    def times(self, s: StepShape, draft: StepCost = NO_COST, copy_s: Number = 0.0) -> tuple[tuple[Number, ...], Number, Number]:
+    # Floats for one step's shape; arrays (some terms may stay floats) for a shape of arrays.
+    @overload
+    def times(self, s: StepShape[float], draft: StepCost = ...,
+              copy_s: float = ...) -> tuple[tuple[float, ...], float, float]: ...
+    @overload
+    def times(self, s: StepShape[Number], draft: StepCost = ...,
+              copy_s: Number = ...) -> tuple[tuple[Number, ...], Number, Number]: ...
+    def times(self, s: StepShape[Number], draft: StepCost = NO_COST,
+              copy_s: Number = 0.0) -> tuple[tuple[Number, ...], Number, Number]:
         """(seconds per operator in OPERATORS order, FLOPs, bytes moved), per GPU, for one step or, with
         array fields, for many; `draft` is the step's draft-model cost and `copy_s` its KV copies
         (offload tiers, received prompt KV), each reported as its own operator."""
@@ -401,7 +418,7 @@ class CostModel:
             host = _max(host - busy, 0.0)
         return (*device, host, launch, draft.seconds, copy_s), work[0] + r.lm_head_flops, work[1] + r.lm_head_bytes + r.norm_sample_bytes
 
-    def _step_cost(self, s: StepShape, copy_s: float) -> StepCost:
+    def _step_cost(self, s: StepShape[float], copy_s: float) -> StepCost:
         """step() of one step without a draft model, a float at a time: the simulator's hot path.
         The same sums as times() and _totals(), term by term in their order, so that a step priced
         here and the same step priced in a bulk run (times() over arrays) agree to the bit; all but
@@ -449,7 +466,7 @@ class CostModel:
         nbytes = r.bytes + d_bytes + p_bytes + r.lm_head_bytes + r.norm_sample_bytes
         return StepCost(seconds, flops, nbytes, t.comm_s)
 
-    def _step_terms(self, s: StepShape, rows: float) -> _StepTerms:
+    def _step_terms(self, s: StepShape[float], rows: float) -> _StepTerms:
         r = self._rows(rows, s.sampled_rows, NO_COST)
         comms = self._communication(s, rows)
         tail = (r.mlp, r.moe, r.router, r.norms, r.lm_head, r.sampling, *comms, r.pp)
@@ -460,7 +477,11 @@ class CostModel:
         waits = [_max(k * launch_s - v, 0.0) for k, v in zip(self._kernels, (r.qkv, r.o, 0.0, *tail), strict=True)]
         return _StepTerms(0.0 + r.qkv + r.o, tail, comm_s, 0.0 + waits[0] + waits[1], tuple(waits[3:]), r)
 
-    def _rows(self, rows: Number, sampled_rows: Number, draft: StepCost) -> _RowTerms:
+    @overload
+    def _rows(self, rows: float, sampled_rows: float, draft: StepCost) -> _RowTerms[float]: ...
+    @overload
+    def _rows(self, rows: Number, sampled_rows: Number, draft: StepCost) -> _RowTerms[Number]: ...
+    def _rows(self, rows: Number, sampled_rows: Number, draft: StepCost) -> _RowTerms[Number]:
         """The row terms of a step, memoised for one step without a draft model."""
         if isinstance(rows, np.ndarray) or isinstance(sampled_rows, np.ndarray) or draft is not NO_COST:
             return self._row_terms(rows, sampled_rows, draft)
@@ -472,16 +493,20 @@ class CostModel:
             terms = self._row_memo[key] = self._row_terms(rows, sampled_rows, draft)
         return terms
 
-    def _row_terms(self, rows: Number, sampled_rows: Number, draft: StepCost) -> _RowTerms:
+    @overload
+    def _row_terms(self, rows: float, sampled_rows: float, draft: StepCost) -> _RowTerms[float]: ...
+    @overload
+    def _row_terms(self, rows: Number, sampled_rows: Number, draft: StepCost) -> _RowTerms[Number]: ...
+    def _row_terms(self, rows: Number, sampled_rows: Number, draft: StepCost) -> _RowTerms[Number]:
         p, ops = self.params, self.ops
-        work = [draft.flops, draft.bytes]
+        work: list[Number] = [draft.flops, draft.bytes]
         # `rows`: the dense operators' rows, as times() works them out.
         qkv = self._gemm(ops.qkv_proj, rows, work)
         o = self._gemm(ops.o_proj, rows, work)
         mlp = self._gemm(ops.mlp, rows, work)
         moe = self._experts(rows, work) + self._gemm(ops.shared_experts, rows, work)
         router = self._gemm(ops.router, rows, work)
-        lm_work = [0.0, 0.0]
+        lm_work: list[Number] = [0.0, 0.0]
         lm_head = self._gemm(ops.lm_head, sampled_rows, lm_work)
         norm_bytes, sample_bytes = rows * ops.norm_bytes_per_row, sampled_rows * ops.sample_bytes_per_row
         norms = norm_bytes * self._s_per_byte + ops.norm_kernels * p.kernel_latency_s
@@ -676,11 +701,15 @@ class CostModel:
         device = a.kernels * self.params.kernel_latency_s + _max(flops * self._s_per_attn_flop, nbytes * self._s_per_kv_byte)
         return device * _present(tokens)
 
-    def _communication(self, s: StepShape, dense_rows: Number) -> tuple[Number, ...]:
+    @overload
+    def _communication(self, s: StepShape[float], dense_rows: float) -> tuple[float, ...]: ...
+    @overload
+    def _communication(self, s: StepShape[Number], dense_rows: Number) -> tuple[Number, ...]: ...
+    def _communication(self, s: StepShape[Number], dense_rows: Number) -> tuple[Number, ...]:
         """Seconds per communication operator (COMM_OPERATORS order): each collective's calls x its
         time at this step's payload, on the link its group reaches."""
         rows = {"dense": dense_rows, "sampled": s.sampled_rows, "prefill": s.prefill_tokens, "decode": s.decode_tokens}
-        out = dict.fromkeys(COMM_OPERATORS, 0.0)
+        out: dict[str, Number] = dict.fromkeys(COMM_OPERATORS, 0.0)
         for comm, cost in self.comms:
             r = rows[comm.rows]
             out[comm.operator] = out[comm.operator] + comm.calls * cost.seconds(r * comm.bytes_per_row + comm.fixed_bytes) * _present(r)
@@ -717,6 +746,10 @@ class CostModel:
         waits = [_max(k * launch_s - t, 0.0) for k, t in zip(self._kernels, device, strict=True)]
         return graph * (after_graph + piecewise * self._pieces_wait(device[_ATTENTION])) + (1.0 - graph) * sum(waits)
 
+    @overload
+    def _pieces_wait(self, attention: float) -> float: ...
+    @overload
+    def _pieces_wait(self, attention: Number) -> Number: ...
     def _pieces_wait(self, attention: Number) -> Number:
         """What a piecewise graph waits beyond a whole one's: a launch per further piece (one a layer,
         each attention splitting the forward pass) and the eager attention kernels' launches."""

@@ -171,6 +171,7 @@ def build_operators(model: ModelConfig, dep: Deployment, hw: HardwareProfile) ->
         mo = model.moe
         # One expert's weights on one rank, as its kernel holds them: an engine's MXFP4 kernel pads them
         # (vLLM's Marlin and FlashInfer), and it streams and multiplies the padding too.
+        expert_params: float
         if experts_only:
             layout = mxfp4_layout(get_engine(dep.engine), hw)
             expert_params = sum(layout.expert_values(h, mo.expert_intermediate_size // tp, mo.expert_bias))

@@ -9,6 +9,7 @@ fits per GPU family and per engine profile, never per measurement.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Literal
 
@@ -195,10 +196,11 @@ class CostParams:
         values = {**model.families.get(hw.family, {}), **model.engines.get(engine.name, {})}
         return params.with_values(values) if values else params
 
-    def with_values(self, values: dict[str, object]) -> CostParams:
+    def with_values(self, values: Mapping[str, object]) -> CostParams:
         """A copy with some figures replaced (a fit's); unknown names are refused."""
         known = {f.name for f in fields(self)}
         for name in values:
             if name not in known:
                 raise InputError("cost parameter", name, f"known: {', '.join(sorted(known))}")
-        return replace(self, **values)
+        # Fields named at run time (checked above): mypy cannot match each value to its field's type.
+        return replace(self, **values)  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Generic, TypeVar
 
 import numpy as np
 
@@ -16,29 +17,32 @@ from engine.core.bulk_decodes import NO_BULK, BulkShape
 from engine.core.scheduler import SchedulerOutput
 
 Number = float | np.ndarray
+# A StepShape's field type: float for one step, np.ndarray (or, in a bulk run, some fields of each)
+# for many. Covariant: a shape is never changed after it is made (dataclasses.replace makes a new one).
+N_co = TypeVar("N_co", bound=Number, covariant=True)
 
 
 @dataclass
-class StepShape:
-    tokens: Number  # real rows of the step (known tokens + drafts)
-    dense_rows: Number  # rows the dense operators run: tokens, or the captured graph's padded size
-    requests: Number  # scheduled requests (what per-request host work scales with)
-    sampled_rows: Number  # rows that reach the LM head: 1 + drafts per sampling request
-    decode_tokens: Number
-    prefill_tokens: Number
+class StepShape(Generic[N_co]):
+    tokens: N_co  # real rows of the step (known tokens + drafts)
+    dense_rows: N_co  # rows the dense operators run: tokens, or the captured graph's padded size
+    requests: N_co  # scheduled requests (what per-request host work scales with)
+    sampled_rows: N_co  # rows that reach the LM head: 1 + drafts per sampling request
+    decode_tokens: N_co
+    prefill_tokens: N_co
     # Attention work summed over layers (windowed layers count their window only): causal
     # (query, key) pairs, and KV tokens read, of the decode and the prefill group.
-    decode_pairs: Number
-    decode_kv: Number
-    prefill_pairs: Number
-    prefill_kv: Number
-    graph: Number  # 1 when the step replays a captured graph, else 0
+    decode_pairs: N_co
+    decode_kv: N_co
+    prefill_pairs: N_co
+    prefill_kv: N_co
+    graph: N_co  # 1 when the step replays a captured graph, else 0
     # 1 when that graph stops at every layer's attention, which runs eagerly between its pieces (vLLM
     # V1's piecewise graphs, for steps that are not a plain decode), else 0
-    piecewise: Number
+    piecewise: N_co
 
     @staticmethod
-    def stack(shapes: Sequence[StepShape]) -> StepShape:
+    def stack(shapes: Sequence[StepShape[float]]) -> StepShape[np.ndarray]:
         """Many steps as one shape of arrays."""
         return StepShape(**{f.name: np.array([getattr(s, f.name) for s in shapes], dtype=float) for f in fields(StepShape)})
 
@@ -94,17 +98,17 @@ class ShapeReader:
         enough: not when sliding windows make each request's attention depend on its own context."""
         return self._full_only or self._dense
 
-    def read(self, output: SchedulerOutput) -> StepShape:
+    def read(self, output: SchedulerOutput) -> StepShape[float]:
         if not output.scheduled and self._full_only and not self._dense:
             return self._bulk_only(output.bulk_decodes)  # most steps of a busy replica
         return self.of(((len(s.token_ids), s.num_computed_tokens, s.is_prefill, 1 + s.num_draft_tokens if s.samples else 0)
                         for s in output.scheduled), output.bulk_decodes)
 
-    def of_requests(self, requests: Iterable[tuple[int, int, bool]]) -> StepShape:
+    def of_requests(self, requests: Iterable[tuple[int, int, bool]]) -> StepShape[float]:
         """A step of requests that all sample: (query tokens, cached tokens, is_prefill) each."""
         return self.of((q, c, prefill, 1) for q, c, prefill in requests)
 
-    def of(self, rows: Iterable[tuple[int, int, bool, int]], bulk: BulkShape = NO_BULK) -> StepShape:
+    def of(self, rows: Iterable[tuple[int, int, bool, int]], bulk: BulkShape = NO_BULK) -> StepShape[float]:
         """(query tokens, cached tokens, is_prefill, sampled rows) per request, and bulk decodes (one
         token each, sampling; their summed pairs and KV reads are exact integers, as one by one)."""
         if bulk.num_requests and not self.reads_bulk_decodes:
@@ -113,6 +117,8 @@ class ShapeReader:
             return self._dense_shape(rows, bulk)
         d_tok = p_tok = d_pairs = d_kv = p_pairs = p_kv = 0.0
         requests = sampled = longest = 0
+        pairs: float  # an int where every layer attends to the whole context
+        kv: float
         for q, c, prefill, samples in rows:
             requests += 1
             sampled += samples
@@ -135,16 +141,16 @@ class ShapeReader:
             d_tok, d_pairs, d_kv = d_tok + n, d_pairs + context, d_kv + context
         return self._shape(d_tok, p_tok, requests, sampled, d_pairs, d_kv, p_pairs, p_kv, longest)
 
-    def _bulk_only(self, bulk: BulkShape) -> StepShape:
+    def _bulk_only(self, bulk: BulkShape) -> StepShape[float]:
         """`of` for a step of bulk decodes alone, every layer attending to the whole context: the same floats."""
         n, context = bulk.num_requests, float(bulk.context_tokens * self._layers)
         return self._shape(float(n), 0.0, n, n, context, context, 0.0, 0.0, max(0, bulk.max_context_len))
 
-    def bulk_run(self, first: BulkShape, count: int) -> StepShape:
+    def bulk_run(self, first: BulkShape, count: int) -> StepShape[Number]:
         """Up to `count` steps of the bulk decodes `first`, each request a token longer a step
         (engine/core/scheduler.py: Scheduler.bulk_run), with array fields: what `of` gives each step.
         Fewer where a longest context past the captured graphs' would make later steps eager."""
-        s = self.of((), first)
+        s: StepShape[Number] = self.of((), first)
         limit = self._graphs.max_context
         if s.graph and limit is not None:
             count = min(count, limit - first.max_context_len + 1)
@@ -156,7 +162,7 @@ class ShapeReader:
             kv = (first.context_tokens + i * n) * self._layers
         return replace(s, decode_pairs=kv, decode_kv=kv)
 
-    def _dense_shape(self, rows: Iterable[tuple[int, int, bool, int]], bulk: BulkShape) -> StepShape:
+    def _dense_shape(self, rows: Iterable[tuple[int, int, bool, int]], bulk: BulkShape) -> StepShape[float]:
         """Pairs and KV reads of a kernel that neither skips masked pairs nor honours windows: each
         prefill chunk attends to its whole context, every decode to the batch's longest."""
         d_tok = p_tok = p_pairs = p_kv = 0.0
@@ -179,7 +185,7 @@ class ShapeReader:
                            d_max)
 
     def _shape(self, d_tok: float, p_tok: float, requests: int, sampled: int, d_pairs: float, d_kv: float,
-               p_pairs: float, p_kv: float, longest: float) -> StepShape:
+               p_pairs: float, p_kv: float, longest: float) -> StepShape[float]:
         tokens = d_tok + p_tok
         # A decode-only step of one token per request may replay a graph at its captured size; a step
         # with prompt chunks or drafts replays piecewise graphs where the engine captures them (vLLM V1)

@@ -18,10 +18,11 @@ Rules (all listed by `assumptions()`):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from engine.core import KVTransfers
 from engine.errors import InputError
-from planner.specs import Deployment, HardwareProfile, Link, MemoryTier
+from planner.specs import Deployment, HardwareProfile, KVLink, Link, MemoryTier
 
 GB = 1e9
 
@@ -42,7 +43,7 @@ class KVTransferLink:
 def transfer_link(hw: HardwareProfile, dep: Deployment, efficiency: float) -> KVTransferLink:
     """The link a disaggregated replica moves prompt KV over (Disaggregation.kv_link)."""
     assert dep.disaggregation is not None
-    wanted = dep.disaggregation.kv_link
+    wanted: KVLink | Literal["none"] = dep.disaggregation.kv_link  # "none": the profile lists no link at all
     links = {"scale_up": hw.scale_up, "scale_out": hw.scale_out, "pcie": hw.pcie}
     if wanted == "auto":
         if dep.peer_access and hw.scale_up is not None and dep.gpus_per_group <= hw.scale_up.domain_size:

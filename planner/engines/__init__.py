@@ -607,20 +607,19 @@ def engine_for_release(engine: EngineName, version: str) -> tuple[str, str | Non
     """The engine a deployment of `engine` `version` names (`get_engine`): its release line's profile
     as that release ran (`line@version`), or with a note where no line covers it, the nearest line
     (the newest for an unknown or newer version, the oldest for an older one)."""
-    lines = sorted((p for p in engine_catalog().values() if p.engine == engine and p.releases),
-                   key=lambda p: Version(p.releases[0]))  # type: ignore[index]
+    lines = sorted(((p.name, Version(p.releases[0]), Version(p.releases[1])) for p in engine_catalog().values()
+                    if p.engine == engine and p.releases is not None), key=lambda line: line[1])
     if not lines:
         raise InputError("engine", engine, f"no profile describes a release of {engine}")
     try:
         wanted = Version(version)
     except InvalidVersion:
-        return lines[-1].name, f"{engine} version {version!r} unknown: {lines[-1].name} (the newest line) assumed"
-    for profile in lines:
-        low, high = profile.releases  # type: ignore[misc]
-        if Version(low) <= wanted <= Version(high):
-            return f"{profile.name}@{version}", None
-    nearest = lines[0] if wanted < Version(lines[0].releases[0]) else lines[-1]  # type: ignore[index]
-    return nearest.name, f"{engine} {version} is outside every profile: {nearest.name} (the nearest line) assumed"
+        return lines[-1][0], f"{engine} version {version!r} unknown: {lines[-1][0]} (the newest line) assumed"
+    for name, low, high in lines:
+        if low <= wanted <= high:
+            return f"{name}@{version}", None
+    nearest = lines[0][0] if wanted < lines[0][1] else lines[-1][0]
+    return nearest, f"{engine} {version} is outside every profile: {nearest} (the nearest line) assumed"
 
 
 # Launch flags of vLLM, SGLang and TensorRT-LLM, by the engine's own names, that set an EngineKnobs field.

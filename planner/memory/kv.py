@@ -28,7 +28,7 @@ def kv_bytes_per_token_per_layer_per_gpu(model: ModelConfig, dep: Deployment) ->
     """KV bytes one GPU holds per token of the replica in one layer: its KV heads' share (the MLA latent
     whole), over the data-parallel attention groups (each holds only its own requests' tokens) and the
     context-parallel ranks (each holds 1/cp of every sequence's tokens)."""
-    whole = kv_bytes_per_token_per_layer(model, dep)
+    whole: float = kv_bytes_per_token_per_layer(model, dep)
     attn_tp = dep.tensor_parallel // dep.attention_data_parallel
     if model.mla is None:  # fewer KV heads than ranks: each keeps one, replicated
         whole = whole * max(1, model.num_kv_heads // attn_tp) / model.num_kv_heads

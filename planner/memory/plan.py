@@ -115,7 +115,7 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
     kv_per_token_per_layer = kv_bytes_per_token_per_layer_per_gpu(model, dep)
     captures = bool(engine.execution.cuda_graphs and hw.graph_capture and not knobs.enforce_eager)
     graphs = activations.graph_pool(model, dep, engine, captures)
-    runtime = device.runtime(hw, dep.tensor_parallel * dep.pipeline_parallel, dep.peer_access)
+    runtime_parts = device.runtime(hw, dep.tensor_parallel * dep.pipeline_parallel, dep.peer_access)
     groups, why_not_groups = kv_groups(model, dep)
 
     worst = None
@@ -124,7 +124,7 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
         stage_acts = activations.profiling_pass(model, dep, engine, sampler if last else None, samples=last)
         if engine.memory.activation_profile == "budget":
             stage_acts.extend(device.cublas_workspace(hw))
-        budget = engine_budget(engine, hw, dep, total, list(weights.parts), stage_acts, runtime, graphs)
+        budget = engine_budget(engine, hw, dep, total, list(weights.parts), stage_acts, runtime_parts, graphs)
         layers = groups.layers_per_group if groups is not None else weights.num_layers
         block_bytes = kv_per_token_per_layer * layers * knobs.block_size_tokens  # type: ignore[operator]
         blocks = max(0, math.floor(budget.kv_bytes / block_bytes))

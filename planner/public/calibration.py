@@ -39,7 +39,7 @@ from planner.metrics import MetricFamily
 from planner.public.data import MEASUREMENTS_FILE, PublicRun, public_runs
 from planner.public.fit import (ENGINE_PARAMS, HARDWARE_PARAMS, ROBUST_SCALE, Figures, Progress, Rounds, Space, fit_folds,
                                 fit_rounds, no_progress, simulate_runs)
-from planner.public.replay import ReplayRun, prepare
+from planner.public.replay import Measured, ReplayRun, prepare
 
 class _Rec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -53,7 +53,7 @@ Unit = Literal["source", "publisher"]
 UNITS: tuple[Unit, ...] = ("source", "publisher")
 
 
-def unit_of(run: PublicRun, unit: Unit) -> str:
+def unit_of(run: Measured, unit: Unit) -> str:
     return run.source_key if unit == "source" else run.publisher
 
 
@@ -256,7 +256,7 @@ def calibrate_public(*, command: str, rounds: int = PUBLIC_ROUNDS, workers: int 
     for unit in UNITS:
         names = {unit_of(t.run.run, unit) for t in traced}
         new_units[unit] = stage.new_units(unit, names) if stage is not None else []
-        folds[unit] = fit_folds(traced, lambda t, u=unit: unit_of(t.run.run, u), figs, workers=workers,
+        folds[unit] = fit_folds(traced, lambda t: unit_of(t.run.run, unit), figs, workers=workers,
                                 max_nfev=max_nfev, progress=progress(f"fitting with each {unit} left out", len(names)),
                                 done=store.folds(unit) if store is not None else None,
                                 on_fold=partial(store.save_fold, unit) if store is not None else None,
@@ -324,7 +324,7 @@ def predict_public(runs: Sequence[ReplayRun], figs: Figures, folds: dict[Unit, d
     fitted without its source, then without its publisher (held out); and the runs the simulator
     refused, with why."""
     in_sample = simulate_runs(runs, figs, workers=workers, catch=True, progress=progress("predicting in sample", len(runs)))
-    held = {unit: simulate_runs(runs, lambda r, u=unit: folds[u][unit_of(r.run, u)], workers=workers, catch=True,
+    held = {unit: simulate_runs(runs, lambda r: folds[unit][unit_of(r.run, unit)], workers=workers, catch=True,
                                 progress=progress(f"predicting each {unit} held out", len(runs)))
             for unit in UNITS}
     results, refused = [], []
@@ -371,7 +371,7 @@ def data_digest() -> str:
     return hashlib.sha256(MEASUREMENTS_FILE.read_bytes()).hexdigest()
 
 
-def _skipped(run: PublicRun, reason: str) -> SkippedRun:
+def _skipped(run: Measured, reason: str) -> SkippedRun:
     return SkippedRun(run_key=run.run_key, source_key=run.source_key, figures=len(run.figures), reason=reason)
 
 
@@ -581,6 +581,7 @@ def _carried_coverage(rows: Sequence[FigureResult], results: Sequence[FigureResu
         by_basis.setdefault(basis_of(r), []).append(r)
     inside = 0.0
     for key, mine in by_basis.items():
+        basis: Sequence[HeldOutFigure]
         if isinstance(key, tuple):
             axis, group = key
             basis = [r for r in results if r.family == family and groups[axis][r.run_key] == group]

@@ -28,6 +28,7 @@ from planner.specs import AttentionKernel, Deployment, HardwareProfile
 from planner.workload import (
     ClosedLoopArrivals,
     FixedLength,
+    LognormalLength,
     OfflineArrivals,
     PoissonArrivals,
     UniformLength,
@@ -70,6 +71,8 @@ class Measured(Protocol):
     def run_key(self) -> str: ...
     @property
     def source_key(self) -> str: ...  # the unit weighed alike and held out together
+    @property
+    def publisher(self) -> str: ...  # a wider unit held out together (the public fit's folds)
     @property
     def confidence(self) -> Literal["high", "medium", "low"]: ...
     @property
@@ -119,12 +122,13 @@ class ReplayRun:
         workload = self.workload
         served: list[list[int]] = []
         if self.served_runs or self.test_request:
-            assert isinstance(workload, Workload)
-            workload = Replay.of(workload, self.model.vocab_size, self.max_model_len)
+            drawn = workload
+            assert isinstance(drawn, Workload)  # only a published run's (drawn) workload has either
+            workload = Replay.of(drawn, self.model.vocab_size, self.max_model_len)
             for prior in self.served_runs:
                 served += [_served_tokens(r, k, prior) for k, r in enumerate(draw(prior, self.model.vocab_size))]
             if self.test_request:
-                served.append(_served_tokens(workload.requests[0], 0, self.workload))
+                served.append(_served_tokens(workload.requests[0], 0, drawn))
         return simulate(self.model, self.hw, self.dep, workload, calibration=self.params(params),
                         max_model_len=self.max_model_len, trace=trace, served_before=served,
                         client_times_every_event=self.times_every_event)
@@ -203,7 +207,8 @@ def prepare(run: PublicRun) -> ReplayRun | str:
     if served_runs:
         assumptions.append(f"the server served {len(served_runs)} published run(s) of these prompts before this one "
                            "(its prefix cache starts as they left it)")
-    set_aside, set_aside_reason = frozenset(), ""
+    set_aside: frozenset[str] = frozenset()
+    set_aside_reason = ""
     if run.client.served_unpublished:
         set_aside, set_aside_reason = frozenset({"ttft", "e2e"}), (
             "TTFT and E2E figures set aside: the server had served this run's prompts in unpublished runs, so its "
@@ -218,6 +223,8 @@ def prepare(run: PublicRun) -> ReplayRun | str:
 
 def _workload(run: PublicRun) -> Workload:
     client, lengths = run.client, run.lengths
+    inputs: LognormalLength | FixedLength | UniformLength
+    outputs: LognormalLength | FixedLength | UniformLength
     if lengths.dataset == "sharegpt":
         rules = lengths.sharegpt_rules or ("sglang" if client.tool == "sglang-bench-serving" else "vllm")
         inputs, outputs, max_total = sharegpt_lengths(lengths.mean_input_tokens, lengths.mean_output_tokens, rules)

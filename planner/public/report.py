@@ -389,8 +389,8 @@ def _bands_carried(v: PublicValidation, fit: PublicFit) -> str:
     which stay until a refit, and how far their P10 and P90 lie from these."""
     carried = {axis: group_bands(v.group_bands, axis) for axis in BAND_AXES}
     fitted: dict[BandAxis, dict[str, dict[MetricFamily, Band]]] = {
-        "architecture": {**fit.model.architecture_bands}, "lengths": {**fit.model.lengths_bands},
-        "regime": {**fit.model.regime_bands}}
+        "architecture": dict(fit.model.architecture_bands.items()), "lengths": dict(fit.model.lengths_bands.items()),
+        "regime": dict(fit.model.regime_bands.items())}
     if v.bands == fit.model.bands and v.engine_bands == fit.model.engine_bands and carried == fitted:
         return "Every `simulate`, `plan` and `compare` result carries these bands"
     pairs = [(b, fit.model.bands.get(name)) for name, b in v.bands.items()] + [

@@ -39,7 +39,9 @@ def probe_requests(requests_per_probe: int, dep: Deployment, workload: Workload)
     turns run one after another, so the batch fills with conversations: a multi-turn probe holds
     PROBE_SEQS_MULTIPLE x max_num_seqs of them (with fewer, any rate only replays the same few
     conversations at once, and no backlog forms however fast they start)."""
-    return max(requests_per_probe, math.ceil(PROBE_SEQS_MULTIPLE * dep.knobs.max_num_seqs * workload.requests_per_arrival))
+    max_num_seqs = dep.knobs.max_num_seqs
+    assert max_num_seqs is not None  # the search's deployments are resolved (space.py)
+    return max(requests_per_probe, math.ceil(PROBE_SEQS_MULTIPLE * max_num_seqs * workload.requests_per_arrival))
 
 
 def probe_workload(workload: Workload, rate_per_s: float, num_requests: int) -> Workload:
@@ -249,7 +251,7 @@ def branch_and_bound(q: Question, found: list[Searched], runner: Runner, advance
         outcomes |= zip(todo, runner.run([tasks[i] for i in todo], advance), strict=True)
         for i in batch:
             found[i] = replace(found[i], outcome=outcomes[i])
-            if outcomes[i].replicas is not None:
-                cost = found[i].candidate.usd_per_hour(outcomes[i].replicas)
+            if (replicas := outcomes[i].replicas) is not None:
+                cost = found[i].candidate.usd_per_hour(replicas)
                 best[hardware(i)] = min(cost, best.get(hardware(i), cost))
     return found

@@ -393,14 +393,15 @@ def _pd_reason(colocated: CandidatePlan | None, split: CandidatePlan | None,
                 f"TPOT P99 {p.tpot_p99_ms:,.1f} ms there")
 
     prompts = f"prompts average {shape.mean_prompt_tokens:,.0f} tokens for {shape.mean_output_tokens:,.0f} output tokens"
-    best = {"colocated": colocated, "disaggregated": split}
+    best: dict[Literal["colocated", "disaggregated"], CandidatePlan | None] = {"colocated": colocated,
+                                                                              "disaggregated": split}
     meets = {kind: p for kind, p in best.items() if p is not None and p.usd_per_hour is not None}
     if not meets:
         return "neither", "neither meets the SLO; " + "; ".join(
             f"{kind}: {p.reason if p else 'no candidate'}" for kind, p in best.items())
-    winner: Literal["colocated", "disaggregated"] = min(
-        meets, key=lambda kind: (meets[kind].usd_per_hour, kind != "colocated"))  # type: ignore[arg-type, return-value]
-    loser = "disaggregated" if winner == "colocated" else "colocated"
+    cost = {kind: p.usd_per_hour for kind, p in meets.items() if p.usd_per_hour is not None}  # all of `meets`
+    winner = min(cost, key=lambda kind: (cost[kind], kind != "colocated"))
+    loser: Literal["colocated", "disaggregated"] = "disaggregated" if winner == "colocated" else "colocated"
     win, lose = meets[winner], best[loser]
     head = "disaggregation wins" if winner == "disaggregated" else "colocated wins"
     if loser not in meets:
@@ -417,9 +418,9 @@ def _pd_reason(colocated: CandidatePlan | None, split: CandidatePlan | None,
 
 def _nearest_miss(ranked: list[CandidatePlan], rejected: list[CandidatePlan], budget: float | None) -> str:
     if ranked:  # feasible, but none within the budget
-        p = ranked[0]
+        cheapest = ranked[0]
         return (f"no deployment meets the SLO within US${budget:,.2f}/h; the cheapest that does is "
-                f"{p.replicas} x {p.label}: {p.gpus} GPUs, US${p.usd_per_hour:,.2f}/h")
+                f"{cheapest.replicas} x {cheapest.label}: {cheapest.gpus} GPUs, US${cheapest.usd_per_hour:,.2f}/h")
     p = rejected[0] if rejected else None  # nothing feasible: SLO misses by ratio, then memory by shortfall
     if p is not None and p.slo_miss_ratio is not None:
         return (f"no candidate meets the SLO; the closest is {p.label}, {p.slo_miss_ratio:.2f}x the limit: "

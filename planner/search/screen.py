@@ -100,7 +100,8 @@ def screen_candidate(c: Candidate, model: ModelConfig, shape: Shape, slo: SLO, s
     except InputError as exc:  # e.g. pipeline stages beyond any interconnect of the profile
         return Screen(memory_problem=f"fits only as tp={c.dep.tensor_parallel} x pp={c.dep.pipeline_parallel}, but {exc}",
                       memory_shortfall_gib=0.0)
-    chunk = c.dep.knobs.max_num_batched_tokens
+    chunk, max_num_seqs = c.dep.knobs.max_num_batched_tokens, c.dep.knobs.max_num_seqs
+    assert chunk is not None and max_num_seqs is not None  # a candidate's deployment is resolved (space.py)
     limits = slo_limits_ms(slo)
 
     # Unloaded latency is a floor: queueing and batching only add to it. Quantiles use the lower
@@ -130,7 +131,7 @@ def screen_candidate(c: Candidate, model: ModelConfig, shape: Shape, slo: SLO, s
     # steps at the largest batch that the KV cache, max_num_seqs and the TPOT limit allow.
     prefill_s_per_token = cm.prefill_time_s(chunk) / chunk
     context = max(1, int(shape.mean_prompt_tokens + shape.mean_output_tokens / 2))
-    batch = max(1, min(c.dep.knobs.max_num_seqs,
+    batch = max(1, min(max_num_seqs,
                        m.kv_cache_tokens // max(1, int(shape.mean_prompt_tokens + shape.mean_output_tokens))))
     if "tpot" in limits:
         limit_s = limits["tpot"][0] / 1e3

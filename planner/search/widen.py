@@ -5,6 +5,7 @@ the question's space, in words and as the settings a front end can apply."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypedDict
 
 from engine.config import EngineKnobs
 from planner.hardware import hardware_catalog
@@ -33,13 +34,23 @@ def narrower_than_default(profiles: Sequence[HardwareProfile], max_gpus: int, we
         out.append(f"weight formats: not {', '.join(missing)}")
     if missing := [d for d in DEFAULT_KV_DTYPES if d not in kv_dtypes]:
         out.append(f"KV-cache formats: not {', '.join(missing)}")
-    if missing := [k for k in DEFAULT_KNOBS_GRID if k not in knobs_grid]:
-        out.append(f"engine settings: not {'; '.join(knobs_label(k) for k in missing)}")
+    if missing_knobs := [k for k in DEFAULT_KNOBS_GRID if k not in knobs_grid]:
+        out.append(f"engine settings: not {'; '.join(knobs_label(k) for k in missing_knobs)}")
     return out
 
 
+class WiderSpace(TypedDict):
+    """The plan(...) arguments that set the search space."""
+
+    hardware: list[str | HardwareProfile]
+    max_gpus_per_replica: int
+    weight_dtypes: list[str] | None
+    kv_dtypes: list[str]
+    knobs_grid: list[EngineKnobs]
+
+
 def wider_space(profiles: Sequence[HardwareProfile], max_gpus: int, weight_dtypes: Sequence[str] | None,
-                kv_dtypes: Sequence[str], knobs_grid: Sequence[EngineKnobs]) -> dict[str, object]:
+                kv_dtypes: Sequence[str], knobs_grid: Sequence[EngineKnobs]) -> WiderSpace:
     """plan(...) arguments for the default space joined with the question's own choices."""
     names = {hw.name for hw in profiles}
     weights = None if weight_dtypes is None or set(weight_dtypes) <= set(DEFAULT_WEIGHT_DTYPES) else \

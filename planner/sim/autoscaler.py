@@ -21,6 +21,7 @@ import math
 from typing import Protocol
 
 import simpy
+from simpy.events import ProcessGenerator
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from engine.errors import InputError
@@ -121,7 +122,7 @@ class Autoscaler:
             want = max(want, fleet.num_active + 1)
         return min(max(want, rule.min_replicas), rule.max_replicas)
 
-    def _run(self):  # noqa: ANN202 (a SimPy process generator)
+    def _run(self) -> ProcessGenerator:
         env, rule, fleet = self.env, self.rule, self.fleet
         samples: deque[tuple[float, float, float]] = deque()  # (time, in flight, waiting)
         wanted: deque[tuple[float, int]] = deque()  # (time, desired) over the scale-down window

@@ -12,6 +12,7 @@ Prices come from the cost model's KVCopyModel (planner/costmodel/transfer.py).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 import math
 
 import simpy
@@ -36,7 +37,7 @@ class Disaggregated:
         self._requests: dict[str, tuple[Request, Request, int]] = {}  # id -> (asked, prefill's, its instance)
         self._link_free_at = [0.0] * len(self.prefill)  # each prefill instance's outbound link
         for index, replica in enumerate(self.prefill):
-            replica.on_finished = lambda request, index=index: self._prefilled(request, index)
+            replica.on_finished = partial(self._prefilled, index=index)
         for replica in self.decode:
             replica.on_finished = self._decoded
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import TypeVar
 
 import simpy
@@ -34,11 +35,11 @@ def play(env: simpy.Environment, items: Iterable[T], due_s: Callable[[T], float]
         for item in pending:
             t = due_s(item)
             if t > env.now:
-                env.timeout(t - env.now).callbacks.append(lambda _event, item=item: arrive(item))
+                env.timeout(t - env.now).callbacks.append(partial(arrive, item))
                 return
             handle(item)
 
-    def arrive(item: T) -> None:
+    def arrive(item: T, _event: simpy.Event) -> None:
         handle(item)
         next_due()
 

@@ -30,6 +30,7 @@ class CostModelExecutor:
         self.flops += cost.flops
         self.bytes += cost.bytes
         self.comm_s += cost.comm_seconds
+        sampled: dict[str, tuple[int, ...]]
         if self.drafts is None:
             sampled = {s.request_id: (SYNTHETIC_TOKEN_ID,) for s in output.scheduled if s.samples}
         else:

@@ -67,7 +67,7 @@ class PrefixAffinity:
         return home
 
 
-ROUTERS: dict[str, type[RoundRobin] | type[LeastOutstandingTokens] | type[PrefixAffinity]] = {
+ROUTERS: dict[RouterName, type[RoundRobin] | type[LeastOutstandingTokens] | type[PrefixAffinity]] = {
     "round_robin": RoundRobin,
     "least_outstanding_tokens": LeastOutstandingTokens,
     "prefix_affinity": PrefixAffinity,

@@ -23,7 +23,7 @@ from planner.metrics import ClientStream, streamed_deliveries
 
 @dataclass(frozen=True)
 class RunTrace:
-    shapes: StepShape  # arrays over every step of every replica, in the order they completed
+    shapes: StepShape[np.ndarray]  # arrays over every step of every replica, in the order they completed
     step_replica: np.ndarray  # int, per step
     step_start_s: np.ndarray  # per step, when it ran in the traced run
     step_end_s: np.ndarray
@@ -114,7 +114,7 @@ class TraceRecorder:
     api_hold_s: float = 0.0  # the replicas' API time per request that arrives while they run
     api_rounds: bool = False  # the API server's release ("round": RunTrace.api_rounds)
     stream: ClientStream = field(default_factory=ClientStream)  # RunTrace.stream
-    _shapes: list[StepShape] = field(default_factory=list)
+    _shapes: list[StepShape[float]] = field(default_factory=list)
     _replica: list[int] = field(default_factory=list)
     _times: list[tuple[float, float, float]] = field(default_factory=list)  # (start, end, hold after)
     _api_holds: list[int] = field(default_factory=list)
