@@ -32,7 +32,7 @@ from pathlib import Path
 import statistics
 import tempfile
 
-from serve_overhead import ENGINE, TINY, free_port, start_server  # type: ignore[import-not-found]
+from serve_overhead import ENGINE, TINY, TINY_VOCAB, free_port, start_server
 
 from engine.catalog import resolve_model
 from engine.config import ModelConfig
@@ -78,7 +78,7 @@ def main() -> None:
                 "poisson-20": PoissonArrivals(rate_per_s=20.0), "poisson-60": PoissonArrivals(rate_per_s=60.0)}
     workloads = {name: Workload(name=name, arrival=a, input_tokens=FixedLength(tokens=64),
                                 output_tokens=FixedLength(tokens=32), num_requests=args.requests, first_token_id=10,
-                                vocab_size_tokens=TINY["vocab_size"], seed=i) for i, (name, a) in enumerate(arrivals.items())}
+                                vocab_size_tokens=TINY_VOCAB, seed=i) for i, (name, a) in enumerate(arrivals.items())}
     llm = LLM(str(folder), random_weights=True, **ENGINE)
     port = free_port()
     server = start_server(str(folder), True, port)
@@ -88,18 +88,20 @@ def main() -> None:
     fitted, checked = range(0, args.repeats, 2), range(1, args.repeats, 2)
     files: dict[int, list[Path]] = {repeat: [] for repeat in fitted}
     try:
-        bench_endpoint(url, "bench", Replay.of(workloads["closed-1"], TINY["vocab_size"]))  # warm-up, untimed
+        bench_endpoint(url, "bench", Replay.of(workloads["closed-1"], TINY_VOCAB))  # warm-up, untimed
         for repeat in range(args.repeats):
             for name, w in workloads.items():
                 def in_process(w: Workload = w) -> RunSummary:
-                    return bench_engine(llm, Replay.of(w, TINY["vocab_size"]), model_name="bench")[0]
+                    return bench_engine(llm, Replay.of(w, TINY_VOCAB), model_name="bench")[0]
 
                 def served(w: Workload = w) -> RunSummary:
-                    run = bench_endpoint(url, "bench", Replay.of(w, TINY["vocab_size"]), arrival=w.arrival.kind,
+                    run = bench_endpoint(url, "bench", Replay.of(w, TINY_VOCAB), arrival=w.arrival.kind,
                                          rate_per_s=getattr(w.arrival, "rate_per_s", None))
                     if repeat in files:
                         files[repeat].append(folder / f"{name}.r{repeat + 1}.json")
                         files[repeat][-1].write_text(report([run], None, [None], None).model_dump_json())
+                    if run.summary is None:
+                        raise SystemExit(f"{name}, repeat {repeat + 1}: no request to the server finished")
                     return run.summary
 
                 if repeat % 2 == 0:
@@ -127,7 +129,7 @@ def main() -> None:
     # fit separates the engine's step time from the server's streaming cost. Only the figures are
     # wanted here, not leave-one-run-out folds: the check is on the repeats the fit never saw.
     paired = [r for repeat in fitted for r in runs[repeat]] + [
-        in_process_run(f"{name}.in-process.r{repeat + 1}", local[name][repeat], Replay.of(w, TINY["vocab_size"]), model,
+        in_process_run(f"{name}.in-process.r{repeat + 1}", local[name][repeat], Replay.of(w, TINY_VOCAB), model,
                        hw, engine, dep, model.max_position_embeddings)
         for repeat in fitted for name, w in workloads.items()]
     done = fit_rounds(paired, Space.of(paired, fitted_engine_params(paired)), rounds=BENCH_ROUNDS)

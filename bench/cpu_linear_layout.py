@@ -27,6 +27,7 @@ VALIDATION_MODEL = "planner/validation_models/qwen3-wide-52m"
 
 def row_major(llm: LLM) -> None:
     """Undo the engine's layout: every column-major weight back to a contiguous [out, in]."""
+    assert llm.runner is not None, "an engine in this process (tensor_parallel 1)"
     for weight in llm.runner.model.parameters():
         if weight.dim() == 2 and not weight.is_contiguous():
             weight.data = weight.data.contiguous()

@@ -43,6 +43,7 @@ PROMPTS = [
 def hf_peer(model_name: str) -> LlamaForCausalLM:
     """transformers' Llama on the fp32 weights our loader reads for model_name."""
     loaded = LLM(model_name, num_kv_blocks=1)
+    assert loaded.model is not None, "an engine in this process (tensor_parallel 1)"
     config = LlamaConfig.from_dict(loaded.config.hf_config)
     model = LlamaForCausalLM(config).eval()
     missing, unexpected = model.load_state_dict(hf_state_dict(loaded.model), strict=False)
@@ -95,6 +96,8 @@ def main() -> None:
     settings = engine_settings(args) | {"max_num_seqs": max(args.batch_sizes), "max_num_batched_tokens": 2048,
                                         "enable_prefix_caching": False}
     llm = LLM(args.model, **settings)
+    if llm.tokenizer is None:
+        raise SystemExit(f"{args.model} has no tokenizer: the bench encodes chat prompts")
     peer = hf_peer(args.model)
     pad_id = llm.tokenizer.pad_token_id if llm.tokenizer.pad_token_id is not None else 0
     rows = []

@@ -26,7 +26,6 @@ import os
 from pathlib import Path
 import statistics
 import subprocess
-import sys
 
 import torch
 
@@ -136,4 +135,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

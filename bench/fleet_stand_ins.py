@@ -13,6 +13,7 @@ import argparse
 import json
 import time
 from dataclasses import dataclass
+from typing import TypedDict
 
 from engine.catalog import resolve_model
 from planner.hardware import get_hardware
@@ -29,7 +30,7 @@ SHORT = {"name": "short", "input_tokens": 200, "output_tokens": {"kind": "unifor
 class Case:
     name: str
     segments: list[tuple[float, float]]  # (duration_s, fleet rate_per_s)
-    workload: object
+    workload: str | dict[str, object]  # a preset name or a workload spec, as TrafficDay reads it
     rule: ScalingRule
     slo: str
     stand_ins: int
@@ -43,6 +44,14 @@ CASES = [
     Case("autoscaled 1-20, 8 -> 60 -> 8 req/s", [(120.0, 8.0), (240.0, 60.0), (240.0, 8.0)], SHORT,
          ScalingRule(1, 20, 2, 8.0, 4.0, 5.0, 10.0, 30.0, 10.0, 30.0), "ttft_p99_ms<=40", 2),
 ]
+
+
+class Row(TypedDict):
+    case: str
+    slo: str
+    stand_ins: int
+    whole: dict[str, float]
+    stand_ins_run: dict[str, float]
 
 
 def _summary(run: FleetRun, cpu_s: float) -> dict[str, float]:
@@ -60,7 +69,7 @@ def main() -> None:
     args = ap.parse_args()
     model, hw = resolve_model("llama-3.1-8b"), get_hardware("h100-sxm")
     template = ReplicaTemplate.resolve(model, hw, Deployment(hardware=hw.name))
-    rows = []
+    rows: list[Row] = []
     for case in CASES:
         day = TrafficDay.model_validate({"rate": {"kind": "time_varying", "segments": [
             {"duration_s": d, "rate_per_s": r} for d, r in case.segments]}, "workload": case.workload})

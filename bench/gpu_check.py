@@ -22,24 +22,37 @@ import json
 from pathlib import Path
 import tempfile
 import time
+from typing import TypedDict
 
 import torch
 
 from engine.core import SamplingParams
+from engine.dtypes import QuantWeightDtype
 from engine.llm import LLM
 from engine.kernels.metadata import build_attention_metadata
 from engine.model.loader import load_model
 from engine.model.quantize import quantize_model
 from planner.hardware import get_hardware
 
+TINY_VOCAB = 1024
 TINY = {
     "model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 256, "intermediate_size": 512,
-    "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1024,
+    "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": TINY_VOCAB,
     "max_position_embeddings": 1024, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False,
 }
+KERNEL_WEIGHTS: tuple[QuantWeightDtype | None, ...] = (None, "int8")  # None: the checkpoint's fp32
 
 
-def kernels_vs_torch(folder: Path, weight_dtype: str | None) -> dict[str, float]:
+class DecodeRow(TypedDict):
+    batch: int
+    eager: bool
+    step_ms: float
+    host_step_ms: float
+    bandwidth_gb_s: float
+    share_of_peak: float
+
+
+def kernels_vs_torch(folder: Path, weight_dtype: QuantWeightDtype | None) -> dict[str, float]:
     """Largest |difference| of the final hidden states and of the KV caches, CUDA (Triton) vs CPU (torch)."""
     models = {}
     for device in ("cpu", "cuda"):
@@ -48,7 +61,7 @@ def kernels_vs_torch(folder: Path, weight_dtype: str | None) -> dict[str, float]
             quantize_model(model, weight_dtype)
         models[device] = model
     gen = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, TINY["vocab_size"], (67,), generator=gen)
+    ids = torch.randint(0, TINY_VOCAB, (67,), generator=gen)
     # A 64-token prefill chunk after 200 cached tokens, then three decodes of 700, 33 and 1 tokens.
     tables = [list(range(0, 17)), list(range(17, 61)), list(range(61, 64)), [64]]
     query_lens, seq_lens = [64, 1, 1, 1], [264, 700, 33, 1]
@@ -67,13 +80,14 @@ def kernels_vs_torch(folder: Path, weight_dtype: str | None) -> dict[str, float]
     }
 
 
-def decode_bandwidth(model: str, batch_sizes: list[int], eager: bool, peak_gb_s: float, steps: int) -> list[dict]:
+def decode_bandwidth(model: str, batch_sizes: list[int], eager: bool, peak_gb_s: float, steps: int) -> list[DecodeRow]:
     llm = LLM(model, device="cuda", dtype="bfloat16", random_weights=True, max_model_len=1024, kv_cache_gib=8,
               max_num_seqs=max(batch_sizes), enable_prefix_caching=False, enforce_eager=eager)
+    assert llm.model is not None, "an engine in this process (tensor_parallel 1)"
     c = llm.config
     weight_bytes = (sum(p.numel() for p in llm.model.parameters()) - c.vocab_size * c.hidden_size * (not c.tie_word_embeddings)) * 2
     kv_bytes_per_token = c.num_layers * c.kv_elements_per_token_per_layer() * 2
-    rows = []
+    rows: list[DecodeRow] = []
     for batch in batch_sizes:
         gen = torch.Generator().manual_seed(batch)
         ids = [llm.add_request(torch.randint(0, c.vocab_size, (512,), generator=gen).tolist(),
@@ -117,11 +131,12 @@ def main() -> None:
     report: dict[str, object] = {"device": torch.cuda.get_device_name(), "hardware_profile": args.hw, "peak_gb_s": peak}
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "config.json").write_text(json.dumps(TINY))
-        report["kernels"] = {str(w or "fp32"): kernels_vs_torch(Path(tmp), w) for w in (None, "int8")}
+        report["kernels"] = {str(w or "fp32"): kernels_vs_torch(Path(tmp), w) for w in KERNEL_WEIGHTS}
     print(json.dumps(report["kernels"], indent=2), flush=True)
-    report["decode"] = [row for eager in (False, True) for row in
-                        decode_bandwidth(args.model, args.batch_sizes, eager, peak, args.steps)]
-    for row in report["decode"]:
+    decode = [row for eager in (False, True) for row in
+              decode_bandwidth(args.model, args.batch_sizes, eager, peak, args.steps)]
+    report["decode"] = decode
+    for row in decode:
         print(f"batch {row['batch']:>3} {'eager' if row['eager'] else 'graph'}: {row['step_ms']:.2f} ms/step, "
               f"{row['bandwidth_gb_s']:,.0f} GB/s = {row['share_of_peak']:.0%} of {peak:,.0f}", flush=True)
     args.out.write_text(json.dumps(report, indent=2))

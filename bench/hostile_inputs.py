@@ -36,6 +36,7 @@ import argparse
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from functools import partial
 import json
 import math
 import os
@@ -222,7 +223,9 @@ class Record:
 
 def run_all(cases: list[Case], jobs: int, time_cap_s: float, memory_cap: int, work: Path,
             on_done: Callable[[Record], None]) -> list[Record]:
-    pending, running, records = list(reversed(cases)), [], []
+    pending = list(reversed(cases))
+    running: list[Running] = []
+    records: list[Record] = []
     sys.stdout.flush()
     sys.stderr.flush()
     while pending or running:
@@ -356,7 +359,7 @@ def cli_cases(bench_model: Path) -> Iterator[Case]:
         for value in spec.values():
             # --confidence reads the public fit's bands: without the fit, every value is refused.
             usable = spec.flag != "--confidence" or PUBLIC_FIT.exists()
-            expect = "valid" if spec.allows(value) and usable else "bad"
+            expect: Expect = "valid" if spec.allows(value) and usable else "bad"
             if expect == "valid" and (value != spec.valid or spec.flag not in ("--rate", "--headroom")):
                 continue  # each valid plan is a search of a minute on a busy machine: two are enough here
             yield Case("cli.plan", f"{spec.flag}={value!r}", expect, cli([*PLAN, spec.flag, value]))
@@ -393,8 +396,7 @@ def cli_cases(bench_model: Path) -> Iterator[Case]:
                  ["simulate", "--requests", "10000000"], ["simulate", "--rate", "1e-30"],
                  ["memory", "--tp", "3"], ["memory", "--pp", "200"], ["memory", "--ep", "2"],
                  ["memory", "--model", "llama-3.1-405b", "--hw", "l4", "--tp", "1024"]):
-        expect: Expect = "bad"
-        yield Case("cli.argv", " ".join(argv)[:80] or "(empty)", expect, cli(argv))
+        yield Case("cli.argv", " ".join(argv)[:80] or "(empty)", "bad", cli(argv))
     valid = [
         MEMORY, [*MEMORY[:-1], "--tp", "4", "--weight-dtype", "fp8", "--kv-dtype", "fp8", "--context", "8192"],
         ["memory", "--model", "llama-3.1-405b", "--hw", "l4"],  # does not fit: exit 1 with the answer
@@ -497,7 +499,7 @@ def workload_cases(root: Path, files: dict[str, Path]) -> Iterator[Case]:
     yield spec("valid-time-varying", "valid", {"arrival": {"kind": "time_varying", "segments": [
         {"duration_s": 1, "rate_per_s": 0}, {"duration_s": 10, "rate_per_s": 5}]}})
     yield spec("valid-empirical", "valid", {"input_tokens": {"kind": "empirical", "tokens": [10, 100], "weights": [1, 3]}})
-    bad = {
+    bad: dict[str, dict[str, object]] = {
         "input_tokens-1e7": {"input_tokens": 10_000_000}, "num_requests-1e7": {"num_requests": 10_000_000},
         "input_tokens-1e6": {"input_tokens": 1_000_000}, "output_tokens-1e6": {"output_tokens": 1_000_000},
         "tokens-over-total": {"input_tokens": 100_000, "num_requests": 1000},
@@ -560,7 +562,7 @@ def trace_cases(root: Path, files: dict[str, Path]) -> Iterator[Case]:
     yield trace("valid-bom", "\ufeffarrival_s,input_tokens,output_tokens\n0.5,100,20\n", "valid", "csv")
     yield trace("valid-crlf", "arrival_s,input_tokens,output_tokens\r\n0.5,100,20\r\n", "valid", "csv")
     yield trace("valid-prefix", rows({**ok, "prefix_id": "p"}, {**ok, "prefix_id": "p", "arrival_s": 2}), "valid")
-    bad_rows = {
+    bad_rows: dict[str, dict[str, object]] = {
         "input-1e9": {"input_tokens": 1e9}, "input-1e9-int": {"input_tokens": 10**9}, "input-0": {"input_tokens": 0},
         "input-neg": {"input_tokens": -1}, "input-float": {"input_tokens": 10.5}, "input-str": {"input_tokens": "x"},
         "input-null": {"input_tokens": None}, "input-inf": {"input_tokens": "Infinity"},
@@ -579,7 +581,7 @@ def trace_cases(root: Path, files: dict[str, Path]) -> Iterator[Case]:
     yield trace("big-int", '{"arrival_s": 1, "input_tokens": ' + "9" * 5000 + ', "output_tokens": 1}\n', "bad")
     yield trace("tokens-over-total", rows(*[{**ok, "input_tokens": 100_000, "arrival_s": i} for i in range(300)]), "bad")
     yield trace("empty", "", "bad")
-    csv_bad = {
+    csv_bad: dict[str, str | bytes] = {
         "extra-values": "arrival_s,input_tokens,output_tokens\n0.5,100,20,7\n",
         "missing-values": "arrival_s,input_tokens,output_tokens\n0.5,100\n",
         "duplicate-column": "arrival_s,input_tokens,input_tokens,output_tokens\n0.5,100,200,20\n",
@@ -650,7 +652,7 @@ def config_cases(root: Path, files: dict[str, Path]) -> Iterator[Case]:
 
     yield config("valid-llama", "valid", "llama-3.2-1b")
     yield config("valid-mixtral", "valid", "mixtral-8x7b")
-    bad = {
+    bad: dict[str, tuple[str, dict[str, object]]] = {
         "heads-0": ("llama-3.2-1b", {"num_attention_heads": 0}), "kv-heads-0": ("llama-3.2-1b", {"num_key_value_heads": 0}),
         "kv-heads-3": ("llama-3.2-1b", {"num_key_value_heads": 3}), "layers-0": ("llama-3.2-1b", {"num_hidden_layers": 0}),
         "layers-1e9": ("llama-3.2-1b", {"num_hidden_layers": 10**9}),
@@ -824,7 +826,7 @@ def upload_cases(files: dict[str, Path]) -> Iterator[Case]:
     uploads["bandwidth-tiny"] = profile.replace(b"memory_bandwidth_gb_s: ", b"memory_bandwidth_gb_s: 1e-300 #")
     yield Case("upload.profile", "valid", "valid", call(lambda: compute.uploaded_profile("my-gpu.yaml", profile)))
     for name, data in uploads.items():
-        yield Case("upload.profile", name, "bad", call(lambda data=data: compute.uploaded_profile("x.yaml", data)))
+        yield Case("upload.profile", name, "bad", call(partial(compute.uploaded_profile, "x.yaml", data)))
     ok = b'{"arrival_s": 0.5, "input_tokens": 100, "output_tokens": 20}\n'
     traces = {"secret.jsonl": f"{SECRET}\n".encode(), "binary.jsonl": files["binary.jsonl"].read_bytes(),
               "huge.jsonl": b'{"arrival_s": 0.5, "input_tokens": 1000000000, "output_tokens": 20}\n',
@@ -835,13 +837,13 @@ def upload_cases(files: dict[str, Path]) -> Iterator[Case]:
     for name, data in traces.items():
         expect: Expect = "valid" if name.startswith("../") else "bad"  # the name is reduced to its last part
         yield Case("upload.trace", name, expect,
-                   call(lambda name=name, data=data: compute._replay(None, name, data, 128_256, 131_072)))
+                   call(partial(compute._replay, None, name, data, 128_256, 131_072)))
     reports = {"secret.json": files["secret.json"].read_bytes(), "binary": files["binary.json"].read_bytes(),
                "deep": b"[" * 100_000, "passwd": files["passwd.json"].read_bytes()}
     yield Case("upload.report", "validation.json", "valid",
                call(lambda: compute.validation_report((REPO / "docs/validation.json").read_bytes())))
     for name, data in reports.items():
-        yield Case("upload.report", name, "bad", call(lambda data=data: compute.validation_report(data)))
+        yield Case("upload.report", name, "bad", call(partial(compute.validation_report, data)))
 
 
 # --------------------------------------------------------------------------- main

@@ -21,36 +21,72 @@ repeats), their ratio, and the simulations each ran with how many of their reque
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import time
+from typing import Literal, ParamSpec, TypedDict
 
 from planner.search import PlanResult, cache, plan
-from planner.sim import replica, simulate
+from planner.sim import SimulationResult, replica, simulate
 
-QUESTION = dict(model="llama-3.1-70b", workload="chat", rate_per_s=20.0, slo="ttft_p99_ms<=1000")
+P = ParamSpec("P")
+
+
+class Question(TypedDict):
+    model: str
+    workload: str
+    rate_per_s: float
+    slo: str
+
+
+QUESTION = Question(model="llama-3.1-70b", workload="chat", rate_per_s=20.0, slo="ttft_p99_ms<=1000")
+
+
+class SavingOptions(TypedDict, total=False):
+    """The plan options a saving switches."""
+
+    stop_missed_probes: bool
+    ttft_queue_bound: bool
+    every_hardware: bool
+
+
+# One of SavingOptions, or bulk_runs: not a plan option (timed_plan sets it).
+Flag = Literal["stop_missed_probes", "ttft_queue_bound", "every_hardware", "bulk_runs"]
 # saving -> the plan flag and its value with the saving (the peer runs the other value)
-SAVINGS = {"stopped-probes": ("stop_missed_probes", True), "ttft-bound": ("ttft_queue_bound", True),
-           "bulk-runs": ("bulk_runs", True), "answer-only": ("every_hardware", False)}
+SAVINGS: dict[str, tuple[Flag, bool]] = {
+    "stopped-probes": ("stop_missed_probes", True), "ttft-bound": ("ttft_queue_bound", True),
+    "bulk-runs": ("bulk_runs", True), "answer-only": ("every_hardware", False)}
 EXACT = ("stopped-probes", "bulk-runs")  # savings whose plans must be identical
 ANSWER_ONLY = ("answer-only",)  # savings that keep the recommendation only
 
 
-def timed_plan(hardware: list[str], flags: dict[str, bool]) -> tuple[PlanResult, float, list[tuple[int, int]]]:
-    """The plan, its CPU seconds, and (requests, finished) of each simulation it ran."""
-    runs: list[tuple[int, int]] = []
-    # Not a plan option: the peer raises the shortest run priced at once past the longest.
-    min_run = replica.MIN_RUN_STEPS
-    if not flags.pop("bulk_runs", True):
-        replica.MIN_RUN_STEPS = replica.MAX_RUN_STEPS + 1
+def counting(fn: Callable[P, SimulationResult],
+             runs: list[tuple[int, int]]) -> Callable[P, SimulationResult]:
+    """`fn`, appending (requests, finished) of each simulation it runs to `runs`."""
 
-    def counted(*args: object, **kwargs: object):  # noqa: ANN202
-        out = simulate(*args, **kwargs)
+    def counted(*args: P.args, **kwargs: P.kwargs) -> SimulationResult:
+        out = fn(*args, **kwargs)
         runs.append((out.summary.num_requests, out.summary.num_finished))
         return out
 
-    cache.simulate = counted
+    return counted
+
+
+def timed_plan(hardware: list[str], flag: Flag, value: bool) -> tuple[PlanResult, float, list[tuple[int, int]]]:
+    """The plan with `flag` at `value`, its CPU seconds, and (requests, finished) of each simulation it ran."""
+    runs: list[tuple[int, int]] = []
+    options: SavingOptions = {}
+    # Not a plan option: the peer raises the shortest run priced at once past the longest.
+    min_run = replica.MIN_RUN_STEPS
+    if flag == "bulk_runs":
+        if not value:
+            replica.MIN_RUN_STEPS = replica.MAX_RUN_STEPS + 1
+    else:
+        options[flag] = value
+
+    cache.simulate = counting(simulate, runs)
     try:
         start = time.process_time()
-        result = plan(**QUESTION, hardware=hardware, cache_dir=None, executor="serial", progress=False, **flags)
+        result = plan(**QUESTION, hardware=hardware, cache_dir=None, executor="serial", progress=False, **options)
         return result, time.process_time() - start, runs
     finally:
         cache.simulate = simulate
@@ -73,7 +109,7 @@ def main() -> None:
     best: dict[bool, tuple[PlanResult, float, list[tuple[int, int]]]] = {}
     for _ in range(args.repeats):
         for on in (False, True):
-            got = timed_plan(args.hw, {flag: value if on else not value})
+            got = timed_plan(args.hw, flag, value if on else not value)
             if on not in best or got[1] < best[on][1]:
                 best[on] = got
     every = args.saving not in ANSWER_ONLY

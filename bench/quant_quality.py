@@ -53,13 +53,15 @@ def prompts(n: int) -> list[str]:
 @torch.inference_mode()
 def text_nll(llm: LLM, text: str) -> float:
     """Mean NLL (nats per token) of `text` under teacher forcing, through the paged KV cache."""
+    runner, model = llm.runner, llm.model
+    assert runner is not None and model is not None, "an engine in this process (tensor_parallel 1)"
     ids = llm.encode(text)
     n = len(ids)
     block = llm.scheduler.config.block_size
     table = list(range(-(-n // block)))
-    positions, meta = build_attention_metadata([n], [n], [table], block, llm.runner.device)
-    hidden = llm.model(torch.tensor(ids, device=llm.runner.device), positions, meta, llm.runner.kv_caches)
-    logits = llm.model.compute_logits(hidden[:-1]).float()
+    positions, meta = build_attention_metadata([n], [n], [table], block, runner.device)
+    hidden = model(torch.tensor(ids, device=runner.device), positions, meta, runner.kv_caches)
+    logits = model.compute_logits(hidden[:-1]).float()
     return float(torch.nn.functional.cross_entropy(logits, torch.tensor(ids[1:], device=logits.device)))
 
 

@@ -24,8 +24,9 @@ from engine.errors import InputError
 from planner.costmodel import CostModel
 from planner.public import retime as rt
 from planner.public.calibration import prepare_all
-from planner.public.data import public_runs
+from planner.public.data import PublicRun, public_runs
 from planner.public.fit import Figures, Traced, trace_run
+from planner.public.replay import ReplayRun
 from planner.public.report import load_fit
 from planner.sim.trace import DeliveryGaps, RunTrace
 
@@ -38,6 +39,13 @@ def _materialised(trace: RunTrace, timeline: rt.Timeline, metrics: list[rt.Metri
     return rt.figures(expanded, timeline, metrics)
 
 
+def _num_prompts(prepared: ReplayRun) -> int:
+    """The run's requests as its client sent them (prepare_all prepares published runs only)."""
+    run = prepared.run
+    assert isinstance(run, PublicRun)
+    return run.client.num_prompts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=8)
@@ -47,7 +55,7 @@ def main() -> None:
     figs = Figures(fit.model.families, fit.model.engines)
     prepared, _ = prepare_all(public_runs())
     traced: list[Traced] = []
-    for run in sorted(prepared, key=lambda r: r.run.client.num_prompts, reverse=True):
+    for run in sorted(prepared, key=_num_prompts, reverse=True):
         try:
             traced.append(trace_run(run, figs))
         except InputError:  # a run the simulator refuses

@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import TypedDict
 
 import httpx
 import torch
@@ -39,14 +40,25 @@ from planner.engine_bench import bench_engine
 from planner.playback import Replay
 from planner.workload import ClosedLoopArrivals, FixedLength, Workload
 
+TINY_VOCAB = 256
 TINY = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": TINY_VOCAB,
         "max_position_embeddings": 2048, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "tie_word_embeddings": False}
 ENGINE = {"num_kv_blocks": 1024, "block_size_tokens": 16, "max_num_seqs": 16, "max_num_batched_tokens": 2048}
 STARTUP_TIMEOUT_S = 300
 
 
-def start_server(model: str, random_weights: bool, port: int) -> subprocess.Popen:
+class Point(TypedDict):
+    """One concurrency's medians, per side, and what the HTTP path adds."""
+
+    engine: dict[str, float]
+    endpoint: dict[str, float]
+    per_request_overhead_ms: float
+    per_token_overhead_ms: float
+    throughput_ratio: float
+
+
+def start_server(model: str, random_weights: bool, port: int) -> subprocess.Popen[str]:
     cmd = [sys.executable, "-m", "planner.cli", "engine", "serve", "--model", model, "--served-model-name", "bench",
            "--port", str(port), "--num-kv-blocks", str(ENGINE["num_kv_blocks"]), "--block-size",
            str(ENGINE["block_size_tokens"]), "--max-num-seqs", str(ENGINE["max_num_seqs"]),
@@ -58,6 +70,7 @@ def start_server(model: str, random_weights: bool, port: int) -> subprocess.Pope
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if server.poll() is not None:
+            assert server.stderr is not None  # stderr=PIPE
             raise SystemExit(f"the server exited: {server.stderr.read()[-2000:]}")
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
@@ -94,8 +107,9 @@ def main() -> None:
     port = free_port()
     server = start_server(model, random_weights, port)
     url = f"http://127.0.0.1:{port}/v1"
+    points: dict[str, Point] = {}
     results = {"model": args.model or "tiny random-weight Llama (2 layers, hidden 64)", "engine": ENGINE,
-               "torch_threads_client": torch.get_num_threads(), "points": {}}
+               "torch_threads_client": torch.get_num_threads(), "points": points}
     try:
         for users in (int(c) for c in args.concurrency.split(",")):
             def replay(seed: int, users: int = users) -> Replay:
@@ -112,12 +126,15 @@ def main() -> None:
             for seed in range(args.repeats):
                 local, _ = bench_engine(llm, replay(seed), model_name="bench")
                 remote = bench_endpoint(url, "bench", replay(seed), arrival="closed_loop").summary
+                if remote is None:
+                    raise SystemExit(f"concurrency {users}, seed {seed}: no request to the endpoint finished")
                 for side, s in (("engine", local), ("endpoint", remote)):
                     rows[side].append({"ttft_ms": s.ttft_ms.p50, "tpot_ms": s.tpot_ms.p50, "e2e_ms": s.e2e_ms.p50,
                                        "output_tokens_per_s": s.throughput.output_tokens_per_s})
             med = {side: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for side, runs in rows.items()}
-            results["points"][f"concurrency_{users}"] = {
-                **med,
+            points[f"concurrency_{users}"] = {
+                "engine": med["engine"],
+                "endpoint": med["endpoint"],
                 "per_request_overhead_ms": med["endpoint"]["ttft_ms"] - med["engine"]["ttft_ms"],
                 "per_token_overhead_ms": med["endpoint"]["tpot_ms"] - med["engine"]["tpot_ms"],
                 "throughput_ratio": med["endpoint"]["output_tokens_per_s"] / med["engine"]["output_tokens_per_s"],
@@ -131,9 +148,8 @@ def main() -> None:
     print(f"{results['model']}; {args.requests} requests of {args.input_tokens} + {args.output_tokens} tokens per run, "
           f"median of {args.repeats} alternating runs (P50 latencies, ms)")
     print(f"{'users':>5} {'side':>9} {'TTFT':>8} {'TPOT':>8} {'E2E':>9} {'out tok/s':>10}")
-    for point, row in results["points"].items():
-        for side in ("engine", "endpoint"):
-            r = row[side]
+    for point, row in points.items():
+        for side, r in (("engine", row["engine"]), ("endpoint", row["endpoint"])):
             print(f"{point.split('_')[1]:>5} {side:>9} {r['ttft_ms']:8.2f} {r['tpot_ms']:8.3f} {r['e2e_ms']:9.1f} "
                   f"{r['output_tokens_per_s']:10.1f}")
         print(f"      HTTP adds {row['per_request_overhead_ms']:.2f} ms per request (TTFT), "

@@ -16,19 +16,36 @@ import argparse
 import json
 import platform
 import time
+from typing import Literal, TypedDict
 
 from engine.catalog import resolve_model
+from engine.config import ModelConfig
 from engine.core.compiled import is_compiled
 from planner.hardware import get_hardware
+from planner.metrics import RunSummary
 from planner.sim import simulate
-from planner.specs import Deployment
-from planner.workload import get_workload
+from planner.specs import Deployment, HardwareProfile
+from planner.workload import Workload, get_workload
 
-MODES = {"bulk": True, "one_by_one": False}
+Mode = Literal["bulk", "one_by_one"]
+MODES: dict[Mode, bool] = {"bulk": True, "one_by_one": False}
 CORE = "compiled (mypyc)" if is_compiled() else "pure Python"  # `make core` compiles it
 
 
-def _measure(model, hw, dep, workload, bulk: bool) -> tuple[dict[str, float], object]:
+class Row(TypedDict):
+    rate_per_s: float
+    core: str
+    requests: int
+    steps: int
+    simulated_s: float
+    mean_running: float
+    bulk: dict[str, float]
+    one_by_one: dict[str, float]
+    speedup_bulk_vs_one_by_one: float
+
+
+def _measure(model: ModelConfig, hw: HardwareProfile, dep: Deployment, workload: Workload,
+             bulk: bool) -> tuple[dict[str, float], RunSummary]:
     wall0, cpu0 = time.perf_counter(), time.process_time()
     summary = simulate(model, hw, dep, workload, bulk_decodes=bulk).summary
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
@@ -53,10 +70,11 @@ def main() -> None:
 
     model, hw = resolve_model(args.model), get_hardware(args.hw)
     dep = Deployment(hardware=args.hw)
-    rows = []
+    rows: list[Row] = []
     for rate in args.rates:
         workload = get_workload(args.workload, num_requests=args.requests, arrival={"kind": "poisson", "rate_per_s": rate})
-        runs, summaries = {}, {}
+        runs: dict[Mode, dict[str, float]] = {}
+        summaries: dict[Mode, RunSummary] = {}
         for mode, bulk in MODES.items():
             runs[mode], summaries[mode] = _measure(model, hw, dep, workload, bulk)
         if summaries["bulk"].model_dump() != summaries["one_by_one"].model_dump():
@@ -69,7 +87,8 @@ def main() -> None:
             "steps": summary.num_steps,
             "simulated_s": round(summary.duration_s, 1),
             "mean_running": round(sum(summary.timeseries.num_running) / len(summary.timeseries.num_running), 1),
-            **runs,
+            "bulk": runs["bulk"],
+            "one_by_one": runs["one_by_one"],
             "speedup_bulk_vs_one_by_one": round(runs["one_by_one"]["wall_s"] / runs["bulk"]["wall_s"], 2),
         })
     if args.json:

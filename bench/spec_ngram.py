@@ -18,6 +18,7 @@ import argparse
 import json
 from pathlib import Path
 import time
+from typing import TypedDict
 
 import torch
 
@@ -42,6 +43,14 @@ PROMPTS = [
     "for index in range(10):\n    total_value = total_value + values[index]\n    print(index, total_value)\n"
     "for index in range(20):\n    total_value = total_value + values[index]\n",
 ]
+
+
+class Prediction(TypedDict):
+    calibration: str
+    plain_tokens_per_s: float
+    ngram_tokens_per_s: float
+    predicted_speedup: float
+    error_pct: float
 
 
 def run(llm: LLM, prompt: list[int], params: SamplingParams) -> tuple[float, list[int]]:
@@ -113,19 +122,21 @@ def main() -> None:
         "greedy_outputs_identical": identical, "spec": stats.as_dict(),
     }
     cal_path = find_calibration(args.model, plain.engine_config.dtype)
+    pred: Prediction | str
     if cal_path is None:
-        result["prediction"] = f"no calibration for {args.model} under {CALIBRATION_DIR}: prediction skipped"
+        pred = f"no calibration for {args.model} under {CALIBRATION_DIR}: prediction skipped"
     else:
         lengths = [len(p) for p in prompts] * args.repeats
         profiled = {**spec, "acceptance_profile": list(stats.acceptance_profile), "proposal_rate": stats.proposal_rate}
         sim_plain = predicted_seconds(plain, cal_path, lengths, args.max_tokens, None)
         sim_fast = predicted_seconds(plain, cal_path, lengths, args.max_tokens, profiled)
         predicted = sim_plain / sim_fast
-        result["prediction"] = {
+        pred = {
             "calibration": str(cal_path.relative_to(CALIBRATION_DIR.parent.parent)),
             "plain_tokens_per_s": generated / sim_plain, "ngram_tokens_per_s": generated / sim_fast,
             "predicted_speedup": predicted, "error_pct": 100 * (predicted / measured - 1),
         }
+    result["prediction"] = pred
     if args.json:
         print(json.dumps(result, indent=2))
         return
@@ -137,7 +148,6 @@ def main() -> None:
           f"{stats.proposal_rate:.3f}   acceptance rate "
           f"{stats.acceptance_rate:.3f}   mean accepted length {stats.mean_accepted_length:.2f}   "
           f"draft {stats.draft_s:.2f} s, verify {stats.verify_s:.2f} s")
-    pred = result["prediction"]
     if isinstance(pred, str):
         print(pred)
     else:

@@ -104,35 +104,39 @@ def main() -> None:
 
     path = gguf_checkpoint.packaged_gguf_path("smollm2-135m")
     tokenizer = gguf_checkpoint.gguf_tokenizer(gguf.GGUFReader(str(path)), path)
+    if tokenizer is None:
+        raise SystemExit(f"{path} carries no tokenizer: the masks are built from its vocabulary")
     compiler = GrammarCompiler(tokenizer, VOCAB, tokenizer.eos_token_id)
-    result: dict[str, object] = {"torch_threads": torch.get_num_threads(), "vocab_tokens": VOCAB,
-                                 "xgrammar": version("xgrammar"), "mask": {}}
+    threads, xgrammar_version = torch.get_num_threads(), version("xgrammar")
+    compile_ms: dict[str, float] = {}
+    costs: dict[str, dict[str, dict[str, float]]] = {}  # constraint -> batch_<b> -> phase -> us per token
     for name, constraint in CONSTRAINTS.items():
         compile_start = time.perf_counter()
         compiler.compile(constraint)
-        compile_ms = (time.perf_counter() - compile_start) * 1e3
-        result["mask"][name] = {"compile_ms": compile_ms, **{
-            f"batch_{b}": mask_cost(compiler, constraint, b, args.tokens, seed=b, eos=tokenizer.eos_token_id)
-            for b in (1, 8, 32)}}
+        compile_ms[name] = (time.perf_counter() - compile_start) * 1e3
+        costs[name] = {f"batch_{b}": mask_cost(compiler, constraint, b, args.tokens, seed=b, eos=tokenizer.eos_token_id)
+                       for b in (1, 8, 32)}
 
     llm = LLM("smollm2-135m", num_kv_blocks=256, max_num_seqs=8)
-    result["end_to_end"] = {f"batch_{b}": end_to_end(llm, args.max_tokens, b, args.repeats) for b in (1, 8)}
+    end_to_end_rows = {f"batch_{b}": end_to_end(llm, args.max_tokens, b, args.repeats) for b in (1, 8)}
     if args.json:
-        print(json.dumps(result, indent=2))
+        print(json.dumps({"torch_threads": threads, "vocab_tokens": VOCAB, "xgrammar": xgrammar_version,
+                          "mask": {name: {"compile_ms": compile_ms[name], **costs[name]} for name in costs},
+                          "end_to_end": end_to_end_rows}, indent=2))
         return
-    print(f"xgrammar {result['xgrammar']}, vocabulary {VOCAB:,} tokens, torch threads {result['torch_threads']}")
+    print(f"xgrammar {xgrammar_version}, vocabulary {VOCAB:,} tokens, torch threads {threads}")
     print("us per constrained token: mask = fill (host) + apply (where the logits are) + accept (host); "
           "argmax = the sampler's own greedy pick over the same logits (peer)")
     print(f"{'constraint':32} {'compile ms':>10} " + " ".join(
         f"{f'b={b} mask':>10} {'fill':>6} {'apply':>6} {'accept':>6} {'argmax':>6}" for b in (1, 8, 32)))
-    for name, row in result["mask"].items():
+    for name, row in costs.items():
         cells = " ".join(" ".join([f"{row[f'batch_{b}']['mask_us']:10.1f}"] + [
             f"{row[f'batch_{b}'][k]:6.1f}" for k in ("fill_us", "apply_us", "accept_us", "argmax_us")])
             for b in (1, 8, 32))
-        print(f"{name:32} {row['compile_ms']:10.1f} {cells}")
-    for key, row in result["end_to_end"].items():
-        print(f"SmolLM2-135M {key}: median TPOT {row['free_tpot_ms']:.2f} ms free, "
-              f"{row['constrained_tpot_ms']:.2f} ms with the JSON schema (x{row['ratio']:.3f})")
+        print(f"{name:32} {compile_ms[name]:10.1f} {cells}")
+    for key, e2e in end_to_end_rows.items():
+        print(f"SmolLM2-135M {key}: median TPOT {e2e['free_tpot_ms']:.2f} ms free, "
+              f"{e2e['constrained_tpot_ms']:.2f} ms with the JSON schema (x{e2e['ratio']:.3f})")
 
 
 if __name__ == "__main__":
