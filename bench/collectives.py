@@ -14,6 +14,7 @@ Two kinds of timing, each alternating the two transports round by round so machi
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import json
 import multiprocessing as mp
 from multiprocessing.queues import Queue
@@ -54,7 +55,7 @@ def _rank(rank: int, world: int, init: str, compute_us: float, results: Queue) -
         for _ in range(work):
             a @ a
 
-    def call(group: TPGroup, kind: str, nbytes: int):  # noqa: ANN202
+    def call(group: TPGroup, kind: str, nbytes: int) -> Callable[[], object]:
         if kind == "all_reduce":
             x = torch.ones(nbytes // 4)
             return lambda: group.all_reduce(x)
@@ -65,7 +66,7 @@ def _rank(rank: int, world: int, init: str, compute_us: float, results: Queue) -
         counts = [nbytes // 4 // world] * world
         return lambda: group.all_to_all(x, counts, counts)
 
-    def timed(fn, n: int) -> float:  # noqa: ANN001
+    def timed(fn: Callable[[], object], n: int) -> float:
         dist.barrier()
         start = time.perf_counter()
         for _ in range(n):
@@ -84,7 +85,7 @@ def _rank(rank: int, world: int, init: str, compute_us: float, results: Queue) -
                     fn()
                     back_to_back[name].append(timed(fn, 50 if nbytes <= 65536 else 10))
 
-                    def step(fn=fn) -> None:  # noqa: ANN001
+                    def step(fn: Callable[[], object] = fn) -> None:
                         compute()
                         fn()
 

@@ -25,11 +25,16 @@ import os
 import platform
 import resource
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # for annotations only: the functions import what they run, as _fleet does
+    from planner.specs import Deployment
 
 DIURNAL_MEAN_SHARE = 0.6  # (trough 0.2 + peak 1.0) / 2: a cosine's mean over a day
 
 
-def _deployment(hw_name: str, prefix_caching: bool):  # noqa: ANN202
+def _deployment(hw_name: str, prefix_caching: bool) -> Deployment:
     from planner.specs import Deployment, EngineKnobs
 
     return Deployment(hardware=hw_name, knobs=EngineKnobs(enable_prefix_caching=prefix_caching))
@@ -116,7 +121,7 @@ def _sampled_day(model_name: str, hw_name: str, workload: str, replicas: int, ra
              "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)})
 
 
-def _in_process(target, *args) -> dict:  # noqa: ANN001
+def _in_process(target: Callable[..., None], *args: object) -> dict:
     out: mp.Queue = mp.get_context("fork").Queue()
     p = mp.get_context("fork").Process(target=target, args=(*args, out))
     p.start()

@@ -11,7 +11,9 @@ the native per-channel kernel on AVX-512 VNNI and on AMX tiles.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 import contextlib
+from functools import partial
 import time
 import warnings
 
@@ -26,7 +28,7 @@ SHAPES = {"qkv 576->960": (576, 960), "o 576->576": (576, 576), "gate_up 576->30
           "down 1536->576": (1536, 576), "576->1536": (576, 1536)}
 
 
-def best_us(fn, budget_s: float = 0.05, reps: int = 5) -> float:
+def best_us(fn: Callable[[], object], budget_s: float = 0.05, reps: int = 5) -> float:
     fn()
     t = time.perf_counter()
     fn()
@@ -77,7 +79,7 @@ def main() -> None:
                 times = []
                 for m, lvl in mods:
                     with at(lvl):
-                        times.append(best_us(lambda m=m: m(x)))
+                        times.append(best_us(partial(m, x)))
                 print(f"{name:20s} {rows:4d} " + " ".join(f"{t:13.0f}us" for t in times))
 
 

@@ -18,8 +18,10 @@ import itertools
 import math
 import multiprocessing
 from multiprocessing import shared_memory
+from multiprocessing.queues import Queue
 import queue
 import time
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -68,7 +70,7 @@ class _Worker:
     role: Role
     index: int
     process: multiprocessing.process.BaseProcess
-    inbox: object
+    inbox: Queue[Any]
     outstanding_tokens: int = 0
     ready: WorkerReady | None = None
 
@@ -166,7 +168,7 @@ class DisaggregatedLLM:
                 self._staging_names.append(info["staging"][0])
         stagings: list[tuple[str, StagingLayout]] = [w.report()["staging"] for w in self._role("prefill")]
         for w in self._role("decode"):
-            w.inbox.put(("attach", stagings))  # type: ignore[attr-defined]
+            w.inbox.put(("attach", stagings))
         self._staging_slots = min(layout.num_slots for _, layout in stagings)
         # role -> (max_model_len, KV blocks) its smallest worker allows
         self.limits = {role: (min(w.report()["max_model_len"] for w in self._role(role)),
@@ -184,7 +186,7 @@ class DisaggregatedLLM:
         self._closed = True
         for w in self.workers:
             if w.process.is_alive():
-                w.inbox.put(("stop",))  # type: ignore[attr-defined]
+                w.inbox.put(("stop",))
         for w in self.workers:
             w.process.join(timeout=30)
             if w.process.is_alive():
@@ -212,7 +214,7 @@ class DisaggregatedLLM:
         worker.outstanding_tokens += len(prompt)
         self._flights[rid] = _Flight(spec, worker.index)
         # The prefill worker computes the prompt and one token, which the decode worker computes again.
-        worker.inbox.put(("add", replace(spec, params=replace(params, max_tokens=1))))  # type: ignore[attr-defined]
+        worker.inbox.put(("add", replace(spec, params=replace(params, max_tokens=1))))
         return rid
 
     def _check(self, rid: str, prompt: list[int], params: SamplingParams) -> None:
@@ -259,7 +261,7 @@ class DisaggregatedLLM:
     def stats(self) -> list[WorkerStats]:
         """Each worker's scheduler statistics and step samples, prefill workers first."""
         for w in self.workers:
-            w.inbox.put(("stats",))  # type: ignore[attr-defined]
+            w.inbox.put(("stats",))
         got: dict[tuple[str, int], WorkerStats] = {}
         while len(got) < len(self.workers):
             message = self._next(1.0)
@@ -292,7 +294,7 @@ class DisaggregatedLLM:
         worker.outstanding_tokens += flight.decode_tokens
         flight.prefilled, flight.decode = report, worker.index
         spec = replace(flight.spec, num_external_computed_tokens=len(flight.spec.prompt_token_ids) - 1, handle=report.handle)
-        worker.inbox.put(("add", spec))  # type: ignore[attr-defined]
+        worker.inbox.put(("add", spec))
 
     def _finish(self, done: Decoded) -> None:
         flight = self._flights.pop(done.request_id)

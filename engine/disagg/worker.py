@@ -19,9 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 import math
+from multiprocessing.queues import Queue
 import queue
 import traceback
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from engine.core import Request, SamplingParams, SchedulerStats, StepSample
 from engine.core.metrics import RequestMetrics
@@ -120,7 +121,7 @@ class ReceivedKV:
         self.finished[request_id] = self.clock()  # type: ignore[operator]
 
 
-def run_worker(spec: WorkerSpec, inbox, outbox) -> None:  # noqa: ANN001 (multiprocessing queues)
+def run_worker(spec: WorkerSpec, inbox: Queue[Any], outbox: Queue[Any]) -> None:
     """The worker process's main: report errors to the router instead of dying silently."""
     try:
         _Worker(spec, inbox, outbox).serve()
@@ -129,7 +130,7 @@ def run_worker(spec: WorkerSpec, inbox, outbox) -> None:  # noqa: ANN001 (multip
 
 
 class _Worker:
-    def __init__(self, spec: WorkerSpec, inbox, outbox) -> None:  # noqa: ANN001
+    def __init__(self, spec: WorkerSpec, inbox: Queue[Any], outbox: Queue[Any]) -> None:
         from engine.llm import LLM  # torch, in the worker process only
 
         self.spec, self.inbox, self.outbox = spec, inbox, outbox

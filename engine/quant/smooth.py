@@ -10,7 +10,7 @@ max |x_j| come from one prefill of a fixed calibration text through the float mo
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Protocol
 
 import torch
@@ -50,7 +50,7 @@ def activation_amax(model: CalibratedModel, linears: dict[str, nn.Module], token
     """max |x_j| per input channel of each named Linear, over one prefill of token_ids."""
     amax: dict[str, Tensor] = {}
 
-    def record(name: str):
+    def record(name: str) -> Callable[[nn.Module, tuple[Tensor, ...]], None]:
         def hook(_: nn.Module, args: tuple[Tensor, ...]) -> None:
             seen = args[0].reshape(-1, args[0].shape[-1]).abs().amax(dim=0).float()
             amax[name] = seen if name not in amax else torch.maximum(amax[name], seen)

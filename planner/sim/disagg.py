@@ -16,6 +16,7 @@ from functools import partial
 import math
 
 import simpy
+from simpy.events import ProcessGenerator
 
 from engine.core import Request, SamplingParams
 from planner.costmodel.transfer import KVCopyModel
@@ -64,7 +65,7 @@ class Disaggregated:
                                  request.arrival_time, num_external_computed_tokens=request.num_prompt_tokens - 1)
         self.env.process(self._deliver(arrive, decode_request))
 
-    def _deliver(self, when: float, request: Request):  # noqa: ANN202 (a SimPy process generator)
+    def _deliver(self, when: float, request: Request) -> ProcessGenerator:
         yield self.env.timeout(when - self.env.now)
         self.decode[self.decode_router.choose(request, self.decode)].submit(request)
 

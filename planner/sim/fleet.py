@@ -16,6 +16,7 @@ from typing import Protocol
 
 import numpy as np
 import simpy
+from simpy.events import ProcessGenerator
 
 from engine.core import Request, RequestMetrics, SamplingParams
 from planner.sim.autoscaler import Autoscaler, ScalingRule
@@ -192,15 +193,17 @@ class Fleet:
         if not self.timeline or self.timeline[-1][1] != ready:
             self.timeline.append((self.env.now, ready))
 
-    def _load(self):  # noqa: ANN202 (a SimPy process generator)
+    def _load(self) -> ProcessGenerator:
         try:
             yield self.env.timeout(self.rule.load_s)
         except simpy.Interrupt:
             return  # cancelled while loading: it never accepted a request
-        self._loading.remove(self.env.active_process)
+        loaded = self.env.active_process
+        assert loaded is not None  # this generator runs as a SimPy process
+        self._loading.remove(loaded)
         self._ready_one()
 
-    def _drain(self, member: _Member):  # noqa: ANN202 (a SimPy process generator)
+    def _drain(self, member: _Member) -> ProcessGenerator:
         """Serve everything accepted, then stop billing: a retired replica drops nothing."""
         while True:
             if member.in_api:
@@ -402,7 +405,7 @@ def _play(env: simpy.Environment, fleet: Fleet, rule: ScalingRule, tallies: _Tal
     fleet.start(rule.initial_replicas)
     autoscaler = Autoscaler(env, fleet, rule, duration_s)  # pinned (min = max): it decides, and never acts
 
-    def hourly():  # noqa: ANN202 (a SimPy process generator)
+    def hourly() -> ProcessGenerator:
         for h, tally in enumerate(hours):  # the replicas an hour starts with; more ready later are counted as they come
             tally.most_ready = max(tally.most_ready, fleet.num_ready)
             yield env.timeout(min(HOUR_S, duration_s - h * HOUR_S))

@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 
 import simpy
+from simpy.events import ProcessGenerator
 
 from engine.config import ModelConfig, SpeculativeSettings
 from engine.core import (
@@ -219,7 +220,7 @@ def simulate(
                                request.num_prompt_tokens, wr.output_tokens)
         api.forward(request, cluster.submit if cluster is not None else lambda r: replicas[route.choose(r, replicas)].submit(r))
 
-    def send_later(sub: Submission, gate: str | None):  # noqa: ANN202 (a SimPy process generator)
+    def send_later(sub: Submission, gate: str | None) -> ProcessGenerator:
         yield env.timeout(sub.due_s - env.now)
         send(sub, gate)
 
