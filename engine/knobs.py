@@ -14,7 +14,7 @@ dataclasses generate its CLI).
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 import types
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -149,8 +149,7 @@ def settings(model: type[BaseModel], *names: str) -> list[Setting]:
 # --------------------------------------------------------------------------- the CLI
 
 
-def add_flags(parser: argparse.ArgumentParser, declared: Iterable[Setting], *, required: Collection[str] = (),
-              **defaults: object) -> None:
+def add_flags(parser: argparse.ArgumentParser, declared: Iterable[Setting], **defaults: object) -> None:
     """One flag per setting, `dest` the field's name. Values stay as typed until `read_flags`
     checks them all through their fields, so every bad value is one InputError naming its field.
     `defaults` replaces a field's default for this command (a CPU engine runs 16 sequences);
@@ -164,7 +163,7 @@ def add_flags(parser: argparse.ArgumentParser, declared: Iterable[Setting], *, r
             parser.add_argument(s.knob.flag, action=argparse.BooleanOptionalAction, **common)
         else:
             metavar = "{" + ",".join(map(str, s.choices)) + "}" if s.choices else {int: "N", float: "X"}.get(s.kind, "TEXT")
-            parser.add_argument(s.knob.flag, metavar=metavar, required=s.name in required, **common)
+            parser.add_argument(s.knob.flag, metavar=metavar, **common)
     parser.set_defaults(declared_settings=(*(parser.get_default("declared_settings") or ()), *declared))
 
 

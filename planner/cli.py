@@ -73,9 +73,8 @@ def add_deployment_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="llama-3.1-8b", help="catalog name (see `serveplan models list`) or path to a config.json / checkpoint folder")
     p.add_argument("--hw", dest="hardware", default="h100-sxm", help="hardware profile name (see `serveplan hw list`) or a YAML file")
     add_flags(p, [*DEPLOYMENT, *KNOBS])
-    # Not given: every instance does both prefill and decode. (`required` spelled out: mypy would match
-    # the mapping's None values against it.)
-    add_flags(p, DISAGGREGATION, required=(), **{s.name: None for s in DISAGGREGATION})
+    # Not given: every instance does both prefill and decode.
+    add_flags(p, DISAGGREGATION, **{s.name: None for s in DISAGGREGATION})
 
 
 def deployment_from_args(args: argparse.Namespace) -> Deployment:
@@ -1283,7 +1282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-model-len", type=int, help="--from-bench: the endpoint's longest prompt + output "
                                                      "(default: the model's context)")
     add_flags(p, [*DEPLOYMENT, *KNOBS])
-    add_flags(p, DISAGGREGATION, required=(), **{s.name: None for s in DISAGGREGATION})  # as add_deployment_args
+    add_flags(p, DISAGGREGATION, **{s.name: None for s in DISAGGREGATION})
     p.add_argument("--checkpoint", metavar="FOLDER",
                    help="--public: keep the traced rounds and each held-out fold in this folder (yours only: it holds "
                         "pickles) as they complete, and resume from them; a full run takes hours on 2 cores")

@@ -9,19 +9,17 @@ cost per day.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 import math
-from pathlib import Path
-from typing import TypedDict, Unpack
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from engine.catalog import resolve_model
-from engine.config import EngineKnobs
 from engine.errors import InputError
 from planner.costmodel.fitted import FittedModel
 from planner.metrics import RunSummary
-from planner.search import CandidatePlan, Executor, PlanResult, plan
+from planner.search import PlanResult, plan
 from planner.search.space import priced_profiles
 from planner.sim.autoscaler import DEFAULT_STORAGE_READ_GB_S, AutoscalePolicy, ScalingRule
 from planner.sim.fleet import HOUR_S, FleetRun, simulate_fleet, simulate_sampled_fleet
@@ -75,36 +73,9 @@ class DayPlan(_Out):
     assumptions: dict[str, str]
 
 
-class PlanOptions(TypedDict, total=False):
-    """The keywords of `plan` that plan_day hands on as they are (it sets hardware, pd_ratios and fit)."""
-
-    max_gpus_per_replica: int
-    budget_usd_per_hour: float | None
-    weight_dtypes: Sequence[str] | None
-    kv_dtypes: Sequence[str] | None
-    knobs_grid: Sequence[EngineKnobs] | None
-    engine: str
-    headroom: float
-    offload: str
-    confidence: float | None
-    max_quality_loss_pct: float
-    prefix_caching: bool | None
-    widen: bool
-    requests_per_probe: int
-    executor: Executor
-    workers: int | None
-    cache_dir: str | Path | None
-    progress: bool
-    on_progress: Callable[[int, int], None] | None
-    stop_missed_probes: bool
-    ttft_queue_bound: bool
-    every_hardware: bool
-    on_answer: Callable[[CandidatePlan | None], None] | None
-
-
 def plan_day(model: str, day: TrafficDay, slo: str | SLO, *, hardware: list[str] | None = None,
              fit: FittedModel | None = None, on_hour: Callable[[str, float], None] | None = None,
-             **plan_kwargs: Unpack[PlanOptions]) -> tuple[PlanResult, DayPlan | None]:
+             **plan_kwargs: Any) -> tuple[PlanResult, DayPlan | None]:
     """The search's answer at the day's peak, and the day planned with it (None when nothing is
     recommended). `fit` prices the search and the day alike (None: the public fit, as `plan`).
     `plan_kwargs` go to `plan` as they are (engine, headroom, executor, ...); the search
