@@ -6,8 +6,7 @@ parameter counts, KV-cache bytes and FLOPs from the very same object.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 import math
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -527,48 +526,74 @@ class EngineKnobs(BaseModel):
             raise InputError("preemption_mode", "swap", "needs kv_offload_host_gib > 0: swapped blocks live in the host tier")
         return self
 
-    def with_defaults(self, defaults: Mapping[str, object]) -> EngineKnobs:
+    def with_defaults(self, defaults: EngineChoices) -> EngineKnobs:
         """These knobs with every setting left None taken from `defaults` (an engine's)."""
-        missing = {name: defaults[name] for name in ENGINE_DEFAULTS if getattr(self, name) is None}
+        missing = {name: getattr(defaults, name) for name in ENGINE_CHOSEN if getattr(self, name) is None}
         return self.model_copy(update=missing) if missing else self
 
     @property
     def resolved(self) -> bool:
-        return all(getattr(self, name) is not None for name in ENGINE_DEFAULTS)
+        return all(getattr(self, name) is not None for name in ENGINE_CHOSEN)
 
-    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
-        if not self.resolved:
-            unset = [name for name in ENGINE_DEFAULTS if getattr(self, name) is None]
+    @property
+    def choices(self) -> EngineChoices:
+        """The settings left to the engine, now that every one is set (with_defaults)."""
+        unset = [name for name in ENGINE_CHOSEN if getattr(self, name) is None]
+        if unset:
             raise InputError("engine knobs", ", ".join(unset), "need the serving engine's defaults first "
                              "(EngineKnobs.with_defaults, or planner.engines.resolve_deployment)")
+        return EngineChoices(**{name: getattr(self, name) for name in ENGINE_CHOSEN})
+
+    def scheduler_config(self, max_model_len: int) -> SchedulerConfig:
+        c = self.choices
         return SchedulerConfig(
-            max_num_batched_tokens=self.max_num_batched_tokens,  # type: ignore[arg-type]
-            max_num_seqs=self.max_num_seqs,  # type: ignore[arg-type]
+            max_num_batched_tokens=c.max_num_batched_tokens,
+            max_num_seqs=c.max_num_seqs,
             max_model_len=max_model_len,
-            block_size=self.block_size_tokens,  # type: ignore[arg-type]
-            enable_chunked_prefill=self.enable_chunked_prefill,  # type: ignore[arg-type]
-            enable_prefix_caching=self.enable_prefix_caching,  # type: ignore[arg-type]
+            block_size=c.block_size_tokens,
+            enable_chunked_prefill=c.enable_chunked_prefill,
+            enable_prefix_caching=c.enable_prefix_caching,
             policy=self.policy,
             num_speculative_tokens=self.speculative.num_speculative_tokens if self.speculative else 0,
-            batching=self.batching,  # type: ignore[arg-type]
-            num_scheduler_steps=self.num_scheduler_steps,  # type: ignore[arg-type]
+            batching=c.batching,
+            num_scheduler_steps=c.num_scheduler_steps,
             preemption_mode=self.preemption_mode,
         )
 
 
+@dataclass(frozen=True)
+class EngineChoices:
+    """The EngineKnobs an engine chooses itself when they are left None, each one decided: an
+    engine's defaults (ENGINE_DEFAULTS, an engine profile's knob_defaults), and what the engine and
+    the cost model read of a resolved configuration (EngineKnobs.choices), so none of them checks for None."""
+
+    block_size_tokens: int
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    enable_chunked_prefill: bool
+    enable_prefix_caching: bool
+    batching: Batching
+    num_scheduler_steps: int
+    gpu_memory_utilization: float
+    max_graph_batch_size: int
+
+
+ENGINE_CHOSEN = tuple(f.name for f in fields(EngineChoices))
+
+
 # ServePlan's own engine's defaults for every knob an engine chooses (planner/engines/serveplan.yaml
 # states the same, and a test keeps them equal).
-ENGINE_DEFAULTS: dict[str, object] = {
-    "block_size_tokens": 16,
-    "max_num_batched_tokens": 8192,
-    "max_num_seqs": 256,
-    "enable_chunked_prefill": True,
-    "enable_prefix_caching": True,
-    "batching": "mixed",
-    "num_scheduler_steps": 1,
-    "gpu_memory_utilization": 0.9,
-    "max_graph_batch_size": 512,
-}
+ENGINE_DEFAULTS = EngineChoices(
+    block_size_tokens=16,
+    max_num_batched_tokens=8192,
+    max_num_seqs=256,
+    enable_chunked_prefill=True,
+    enable_prefix_caching=True,
+    batching="mixed",
+    num_scheduler_steps=1,
+    gpu_memory_utilization=0.9,
+    max_graph_batch_size=512,
+)
 
 
 def tier_blocks(gib: float, block_bytes: float) -> int:
@@ -635,7 +660,7 @@ class EngineConfig(EngineKnobs):
         """ServePlan's engine is the engine here: what is left unset takes its defaults. Expert
         parallelism needs as many processes as it places experts on: --ep N alone runs N."""
         if isinstance(data, dict):
-            data = {**data, **{k: v for k, v in ENGINE_DEFAULTS.items() if data.get(k) is None}}
+            data = {**data, **{k: v for k, v in asdict(ENGINE_DEFAULTS).items() if data.get(k) is None}}
             if data.get("tensor_parallel") in (None, 1) and isinstance(data.get("expert_parallel"), int):
                 data["tensor_parallel"] = data["expert_parallel"]
         return data

@@ -171,11 +171,10 @@ class LLM:
                              f"must not exceed the model's max_position_embeddings={self.config.max_position_embeddings}")
         self.num_blocks = cfg.num_kv_blocks or self._blocks_that_fit(device, kv_dtype)
         self.host_blocks, self.disk_blocks = self._tier_blocks(kv_dtype)
-        # EngineConfig fills in every ENGINE_DEFAULTS knob: none of these is None.
-        assert cfg.block_size_tokens is not None and cfg.enable_prefix_caching is not None and cfg.max_num_seqs is not None
+        choices = cfg.choices  # EngineConfig fills in every knob left to the engine (ENGINE_DEFAULTS)
         self.scheduler = Scheduler(
             cfg.scheduler_config(self.max_model_len),
-            KVCacheManager(self.num_blocks, cfg.block_size_tokens, cfg.enable_prefix_caching,
+            KVCacheManager(self.num_blocks, choices.block_size_tokens, choices.enable_prefix_caching,
                            self.host_blocks, self.disk_blocks),
         )
         self.runner: ModelRunner | None = None
@@ -183,14 +182,14 @@ class LLM:
         # object, not now(), so that none of them holds the engine (EngineClock).
         self.clock = EngineClock(time.perf_counter())
         if isinstance(loaded, WorkerPool):
-            self.executor: Executor = loaded.executor(self.num_blocks, cfg.block_size_tokens, kv_dtype, cfg.seed)
+            self.executor: Executor = loaded.executor(self.num_blocks, choices.block_size_tokens, kv_dtype, cfg.seed)
             self.loop = StepLoop(self.scheduler, self.executor, self.clock)
         else:
             self.executor = self.runner = self._runner(loaded, cfg, kv_dtype, device)
             spec = cfg.speculative
             proposer = None if spec is None else build_proposer(spec, TargetInfo(
-                loaded.model, self.config, self.tokenizer, self.max_model_len, self.num_blocks, cfg.block_size_tokens,
-                cfg.max_num_seqs, kv_dtype, dtype, device, cfg.seed, cfg.random_weights))
+                loaded.model, self.config, self.tokenizer, self.max_model_len, self.num_blocks, choices.block_size_tokens,
+                choices.max_num_seqs, kv_dtype, dtype, device, cfg.seed, cfg.random_weights))
             self.loop = StepLoop(self.scheduler, self.runner, self.clock, proposer=proposer)
         self._ids = itertools.count()
         self.clock.origin = time.perf_counter()  # time runs from the end of start-up
@@ -200,8 +199,8 @@ class LLM:
         self._grammar_lock = threading.Lock()  # a server's front end checks constraints on its own thread
 
     def _runner(self, loaded: LoadedModel, cfg: EngineConfig, kv_dtype: torch.dtype, device: torch.device) -> ModelRunner:
-        assert cfg.block_size_tokens is not None  # set by EngineConfig (ENGINE_DEFAULTS)
-        runner = ModelRunner(loaded.model, self.config, self.num_blocks, cfg.block_size_tokens, kv_dtype, device, cfg.seed)
+        choices = cfg.choices
+        runner = ModelRunner(loaded.model, self.config, self.num_blocks, choices.block_size_tokens, kv_dtype, device, cfg.seed)
         if self.host_blocks:
             runner.tiers = TierStore(runner.kv_caches, self.host_blocks, self.disk_blocks, cfg.kv_offload_disk_path)
         # Only the Triton kernels are capturable: the torch reference path (quantised KV caches, no
@@ -213,8 +212,7 @@ class LLM:
         if cfg.compile_model:
             record = compile_recorder(then=record)
         if record is not None:
-            assert cfg.max_graph_batch_size is not None and cfg.max_num_seqs is not None  # set by EngineConfig (ENGINE_DEFAULTS)
-            max_graph_batch = min(cfg.max_graph_batch_size, cfg.max_num_seqs)
+            max_graph_batch = min(choices.max_graph_batch_size, choices.max_num_seqs)
             runner.capture_decode_graphs(max_graph_batch, self.max_model_len, record)
         return runner
 
@@ -238,8 +236,7 @@ class LLM:
             # A tensor-parallel engine's weights live in its ranks: the fullest rank decides.
             free, total = (min(self._loaded.call("memory_info")) if isinstance(self._loaded, WorkerPool)
                            else torch.cuda.mem_get_info(device))
-            assert cfg.gpu_memory_utilization is not None  # set by EngineConfig (ENGINE_DEFAULTS)
-            budget = free - total * (1 - cfg.gpu_memory_utilization)
+            budget = free - total * (1 - cfg.choices.gpu_memory_utilization)
         else:
             budget = 1.0 * GIB
         blocks = int(budget // self.kv_bytes_per_block(kv_dtype))
@@ -267,8 +264,7 @@ class LLM:
         scales): ModelConfig's count, the same the planner's memory plan uses; a tensor-parallel
         rank holds its own KV heads only."""
         cfg = self.engine_config
-        assert cfg.block_size_tokens is not None  # set by EngineConfig (ENGINE_DEFAULTS)
-        whole = self.config.kv_bytes_per_token(kv_dtype_name(kv_dtype)) * cfg.block_size_tokens
+        whole = self.config.kv_bytes_per_token(kv_dtype_name(kv_dtype)) * cfg.choices.block_size_tokens
         heads = self.config.num_kv_heads
         return whole * max(1, heads // cfg.tensor_parallel) // heads
 

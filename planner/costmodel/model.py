@@ -313,8 +313,7 @@ class CostModel:
         self._step_memo: dict[tuple[float, ...], _StepTerms] = {}
         # One KV block on one GPU: its KV heads, its pipeline stage's layers (the largest stage).
         stage_layers = -(-model.num_layers // dep.pipeline_parallel)
-        assert dep.knobs.block_size_tokens is not None  # resolved above
-        self.copies = KVCopyModel(hw, dep, self.ops.attention.kv_bytes_per_token * stage_layers * dep.knobs.block_size_tokens,
+        self.copies = KVCopyModel(hw, dep, self.ops.attention.kv_bytes_per_token * stage_layers * dep.knobs.choices.block_size_tokens,
                                   p.interconnect_efficiency)
 
     # ------------------------------------------------------------------ public API
@@ -801,10 +800,10 @@ class CostModel:
 
 
 def _graph_policy(hw: HardwareProfile, dep: Deployment, engine: EngineProfile) -> GraphPolicy:
-    knobs, execution = dep.knobs, engine.execution
-    if not (hw.graph_capture and execution.cuda_graphs) or knobs.enforce_eager:
+    execution = engine.execution
+    if not (hw.graph_capture and execution.cuda_graphs) or dep.knobs.enforce_eager:
         return GraphPolicy()
-    assert knobs.max_graph_batch_size is not None and knobs.max_num_seqs is not None  # resolved above
+    knobs = dep.knobs.choices
     return GraphPolicy(min(knobs.max_graph_batch_size, knobs.max_num_seqs), execution.graph_batch_sizes,
                        execution.graph_padding, execution.graph_max_context_len,
                        knobs.max_graph_batch_size if execution.graphs_cover_mixed_steps else 0,

@@ -61,8 +61,7 @@ class KVCopyModel:
     """Seconds of the KV copies of one instance of `dep` on `hw`."""
 
     def __init__(self, hw: HardwareProfile, dep: Deployment, block_bytes_per_gpu: float, interconnect_efficiency: float) -> None:
-        assert dep.knobs.block_size_tokens is not None  # a resolved deployment
-        self.hw, self.block_bytes, self.block_size_tokens = hw, block_bytes_per_gpu, dep.knobs.block_size_tokens
+        self.hw, self.block_bytes, self.block_size_tokens = hw, block_bytes_per_gpu, dep.knobs.choices.block_size_tokens
         self.host, self.disk = hw.host_memory, hw.local_disk
         self.link = transfer_link(hw, dep, interconnect_efficiency) if dep.disaggregation is not None else None
 

@@ -12,6 +12,7 @@ each engine's behaviour; its tables are generated from these files (planner/engi
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Literal
@@ -20,6 +21,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 import yaml
 
+from engine.config import EngineChoices
 from engine.core.scheduler import Batching, OutputReservation
 from engine.errors import InputError, unknown_name_error
 from engine.files import profile_folder
@@ -552,23 +554,23 @@ class EngineProfile(_Spec):
 
     def knob_defaults(self, family: str, memory_gib: float, *, tp: int = 1, pp: int = 1,
                       max_model_len: int | None = None, offline: bool = False,
-                      chunked_prefill: bool | None = None) -> dict[str, object]:
+                      chunked_prefill: bool | None = None) -> EngineChoices:
         """Every EngineKnobs setting this engine chooses itself, on a device of `family` with `memory_gib`,
         given the deployment's chunked-prefill flag (None: unset), which the budget and batching follow."""
         seqs, tokens = self.scheduling_defaults(family, memory_gib, tp=tp, offline=offline, max_model_len=max_model_len,
                                                 chunked_prefill=chunked_prefill)
         s = self.scheduling
-        return {
-            "block_size_tokens": s.block_size_tokens,
-            "max_num_batched_tokens": tokens,
-            "max_num_seqs": seqs,
-            "enable_chunked_prefill": self.chunked_prefill_default(max_model_len),
-            "enable_prefix_caching": s.enable_prefix_caching,
-            "batching": self.batching_default(max_model_len, chunked_prefill),
-            "num_scheduler_steps": s.num_scheduler_steps,
-            "gpu_memory_utilization": self.memory_utilization(family, memory_gib, tp=tp, pp=pp),
-            "max_graph_batch_size": self.max_graph_batch_size(family, memory_gib, tp=tp),
-        }
+        return EngineChoices(
+            block_size_tokens=s.block_size_tokens,
+            max_num_batched_tokens=tokens,
+            max_num_seqs=seqs,
+            enable_chunked_prefill=self.chunked_prefill_default(max_model_len),
+            enable_prefix_caching=s.enable_prefix_caching,
+            batching=self.batching_default(max_model_len, chunked_prefill),
+            num_scheduler_steps=s.num_scheduler_steps,
+            gpu_memory_utilization=self.memory_utilization(family, memory_gib, tp=tp, pp=pp),
+            max_graph_batch_size=self.max_graph_batch_size(family, memory_gib, tp=tp),
+        )
 
 
 def resolve_deployment(dep: Deployment, hw: HardwareProfile, *, max_model_len: int | None = None, offline: bool = False,
@@ -583,7 +585,7 @@ def resolve_deployment(dep: Deployment, hw: HardwareProfile, *, max_model_len: i
                                     chunked_prefill=dep.knobs.enable_chunked_prefill)
     rule = engine.scheduling.running_from_kv
     if kv_tokens is not None and rule is not None and dep.knobs.max_num_seqs is None and max_model_len is not None:
-        defaults["max_num_seqs"] = min(int(defaults["max_num_seqs"]), max(1, rule.cap(kv_tokens, max_model_len)))  # type: ignore[call-overload]
+        defaults = replace(defaults, max_num_seqs=min(defaults.max_num_seqs, max(1, rule.cap(kv_tokens, max_model_len))))
     return dep.model_copy(update={"knobs": dep.knobs.with_defaults(defaults)})
 
 

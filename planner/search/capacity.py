@@ -39,8 +39,7 @@ def probe_requests(requests_per_probe: int, dep: Deployment, workload: Workload)
     turns run one after another, so the batch fills with conversations: a multi-turn probe holds
     PROBE_SEQS_MULTIPLE x max_num_seqs of them (with fewer, any rate only replays the same few
     conversations at once, and no backlog forms however fast they start)."""
-    max_num_seqs = dep.knobs.max_num_seqs
-    assert max_num_seqs is not None  # the search's deployments are resolved (space.py)
+    max_num_seqs = dep.knobs.choices.max_num_seqs  # the search's deployments are resolved (space.py)
     return max(requests_per_probe, math.ceil(PROBE_SEQS_MULTIPLE * max_num_seqs * workload.requests_per_arrival))
 
 

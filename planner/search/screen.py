@@ -100,8 +100,8 @@ def screen_candidate(c: Candidate, model: ModelConfig, shape: Shape, slo: SLO, s
     except InputError as exc:  # e.g. pipeline stages beyond any interconnect of the profile
         return Screen(memory_problem=f"fits only as tp={c.dep.tensor_parallel} x pp={c.dep.pipeline_parallel}, but {exc}",
                       memory_shortfall_gib=0.0)
-    chunk, max_num_seqs = c.dep.knobs.max_num_batched_tokens, c.dep.knobs.max_num_seqs
-    assert chunk is not None and max_num_seqs is not None  # a candidate's deployment is resolved (space.py)
+    choices = c.dep.knobs.choices  # a candidate's deployment is resolved (space.py)
+    chunk, max_num_seqs = choices.max_num_batched_tokens, choices.max_num_seqs
     limits = slo_limits_ms(slo)
 
     # Unloaded latency is a floor: queueing and batching only add to it. Quantiles use the lower

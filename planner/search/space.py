@@ -179,7 +179,7 @@ def variants(candidates: Sequence[Candidate], knobs: EngineKnobs, ratios: Sequen
     few times per knob). A host tier holds half the host memory the profile lists per GPU."""
     out: list[Candidate] = []
     for c in candidates:
-        if not c.memory.fits or c.dep.knobs != knobs.with_defaults(c.dep.knobs.model_dump()):
+        if not c.memory.fits or c.dep.knobs != knobs.with_defaults(c.dep.knobs.choices):
             continue
         for prefill, decode in ratios:
             dep = c.dep.model_copy(update={"disaggregation": Disaggregation(prefill_instances=prefill, decode_instances=decode)})

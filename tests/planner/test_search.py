@@ -19,6 +19,7 @@ from engine.errors import InputError
 from planner import search
 from planner.cli import main, render_plan
 from planner.costmodel.fitted import FittedModel
+from planner.engines import resolve_deployment
 from planner.hardware import get_hardware
 from planner.memory import plan_memory
 from planner.search import PlanResult, plan, probe_requests, probe_workload
@@ -91,7 +92,8 @@ def test_no_cheaper_candidate_meets_the_slo_by_brute_force(result: PlanResult) -
         hw = get_hardware(name)
         for tp in (1, 2):
             for weight in ("bf16", "fp8"):
-                dep = Deployment(hardware=name, tensor_parallel=tp, weight_dtype=weight, kv_dtype="bf16", knobs=KNOBS)
+                dep = resolve_deployment(Deployment(hardware=name, tensor_parallel=tp, weight_dtype=weight, kv_dtype="bf16",
+                                                    knobs=KNOBS), hw)
                 if not plan_memory(model, hw, dep, longest).fits:
                     continue
                 price = dep.gpus_per_replica * hw.price_usd_per_hour
