@@ -202,6 +202,14 @@ def test_serveplan_profile_matches_the_engine_knobs() -> None:
     assert p.execution.max_graph_batch_size == largest == graph_capture_sizes(largest)[-1]
 
 
+def test_knobs_hand_out_the_engines_choices_only_once_all_are_set() -> None:
+    """A knob set by the deployment wins over the engine's default; one left unset is named, not read as None."""
+    knobs = EngineKnobs(max_num_seqs=4).with_defaults(get_engine("vllm-0.11").knob_defaults(*H100))
+    assert knobs.choices.max_num_seqs == 4 and knobs.choices.max_num_batched_tokens == 8192
+    with pytest.raises(InputError, match="block_size_tokens.*max_graph_batch_size.*defaults first"):
+        EngineKnobs(max_num_seqs=4).choices
+
+
 def _write(tmp_path: Path, name: str, change) -> Path:
     data = yaml.safe_load((PROFILE_DIR / f"{name}.yaml").read_text())
     change(data)
