@@ -75,12 +75,12 @@ def profiling_pass(model: ModelConfig, dep: Deployment, engine: EngineProfile, s
                    *, samples: bool = True) -> list[Part]:
     """The activation peak of the engine's profiling pass at its token budget (engines without one: the peak
     of a step at the budget, which must fit outside the KV cache). Only the last pipeline stage samples."""
-    knobs, tp = dep.knobs, dep.tensor_parallel
-    tokens = knobs.max_num_batched_tokens or 1
+    knobs, tp = dep.knobs.choices, dep.tensor_parallel
+    tokens = knobs.max_num_batched_tokens
     act = _act_bytes(dep)
     in_budget = engine.memory.activation_profile == "budget"
     if engine.engine == "serveplan":
-        rows = min(knobs.max_num_seqs or 1, tokens)
+        rows = min(knobs.max_num_seqs, tokens)
         return [_serveplan_step(model, tokens, rows, act)]
     forward, forward_rule = fused_forward_bytes(model, tp, tokens, act)
     label = "activation peak: forward pass" if in_budget else "activations of a step"
@@ -91,7 +91,7 @@ def profiling_pass(model: ModelConfig, dep: Deployment, engine: EngineProfile, s
         return [forward_part]
     kind = sampler or engine.memory.sampler
     assert kind is not None  # the profile schema sets a sampler exactly when the pass samples
-    rows = min(knobs.max_num_seqs or 1, tokens)
+    rows = min(knobs.max_num_seqs, tokens)
     sampling, sampling_rule = sampler_phase_bytes(model, tokens, rows, act, SAMPLERS[kind])
     if sampling <= forward:
         return [forward_part]
@@ -177,7 +177,7 @@ def graph_pool(model: ModelConfig, dep: Deployment, engine: EngineProfile, captu
     captures after sizing the KV cache unless its profile says it takes graphs from the budget."""
     if not captures:
         return []
-    batch = dep.knobs.max_graph_batch_size or 1
+    batch = dep.knobs.choices.max_graph_batch_size
     pool, rule = fused_forward_bytes(model, dep.tensor_parallel, batch, _act_bytes(dep))
     return [Part("graphs.pool", "CUDA graphs", pool, f"estimate: the pool of the largest captured batch ({batch}): {rule}",
                  "estimate: captured graphs share one memory pool; the per-graph executable memory is not "

@@ -60,7 +60,7 @@ def engine_budget(engine: EngineProfile, hw: HardwareProfile, dep: Deployment, t
 def _rule_budget(engine: EngineProfile, hw: HardwareProfile, dep: Deployment, total: Part, weights: list[Part],
                  activations: list[Part], runtime: list[Part], graphs: list[Part]) -> Budget:
     rule = engine.memory.utilization_of
-    share = dep.knobs.gpu_memory_utilization or engine.memory.utilization_default
+    share = dep.knobs.choices.gpu_memory_utilization
     source = engine.memory.field_sources.get("utilization_of", engine.memory.sources[0])
     if engine.memory.reserve_gib:
         weights = [*weights, Part("runtime.reserve", "fixed reserve of the engine", engine.memory.reserve_gib * GIB,

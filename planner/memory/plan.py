@@ -109,11 +109,11 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
     sampler = dep.profile_sampler
     if sampler is not None and not engine.memory.sampler_in_profile:
         raise InputError("profile_sampler", sampler, f"{engine.name} does not sample in a profiling pass")
-    knobs = dep.knobs
+    knobs = dep.knobs.choices
     total = device.reported_total(hw)
     stages = stage_weights(model, dep, hw, engine)
     kv_per_token_per_layer = kv_bytes_per_token_per_layer_per_gpu(model, dep)
-    captures = bool(engine.execution.cuda_graphs and hw.graph_capture and not knobs.enforce_eager)
+    captures = bool(engine.execution.cuda_graphs and hw.graph_capture and not dep.knobs.enforce_eager)
     graphs = activations.graph_pool(model, dep, engine, captures)
     runtime_parts = device.runtime(hw, dep.tensor_parallel * dep.pipeline_parallel, dep.peer_access)
     groups, why_not_groups = kv_groups(model, dep)
@@ -126,7 +126,7 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
             stage_acts.extend(device.cublas_workspace(hw))
         budget = engine_budget(engine, hw, dep, total, list(weights.parts), stage_acts, runtime_parts, graphs)
         layers = groups.layers_per_group if groups is not None else weights.num_layers
-        block_bytes = kv_per_token_per_layer * layers * knobs.block_size_tokens  # type: ignore[operator]
+        block_bytes = kv_per_token_per_layer * layers * knobs.block_size_tokens
         blocks = max(0, math.floor(budget.kv_bytes / block_bytes))
         if worst is None or blocks < worst[0]:
             worst = (blocks, budget, weights, block_bytes)
@@ -134,7 +134,6 @@ def plan_memory(model: ModelConfig, hw: HardwareProfile, dep: Deployment, contex
     blocks, budget, weights, block_bytes = worst
     kv_budget = budget.kv_bytes
     block_size = knobs.block_size_tokens
-    assert block_size is not None and knobs.max_num_seqs is not None
     max_seqs = blocks // _blocks_per_sequence(context_tokens, block_size, groups)
     in_budget = [p for p in budget.parts if p.in_budget]
     activation = sum(p.bytes for p in in_budget if p.key.startswith("activation."))

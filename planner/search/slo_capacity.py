@@ -156,5 +156,5 @@ def _probe_requests(model: ModelConfig, hw: HardwareProfile, dep: Deployment, sa
     mean_tokens = sum(total for _, total in lengths.values()) / len(lengths)
     resolved = resolve_deployment(dep, hw, max_model_len=model.max_position_embeddings)
     kv_tokens = plan_memory(model, hw, resolved, model.max_position_embeddings).kv_cache_tokens
-    batch = min(resolved.knobs.max_num_seqs or 1, max(1, int(kv_tokens / mean_tokens)))
+    batch = min(resolved.knobs.choices.max_num_seqs, max(1, int(kv_tokens / mean_tokens)))
     return max(sample.num_requests, math.ceil(PROBE_SEQS_MULTIPLE * batch * sample.requests_per_arrival))

@@ -98,9 +98,8 @@ class ReplicaTemplate:
         if kv_cache_blocks is not None:
             if kv_cache_blocks < 1:
                 raise InputError("kv_cache_blocks", kv_cache_blocks, "must be >= 1")
-            assert dep.knobs.block_size_tokens is not None  # resolved above
             memory = memory.model_copy(update={"kv_cache_blocks": kv_cache_blocks,
-                                               "kv_cache_tokens": kv_cache_blocks * dep.knobs.block_size_tokens})
+                                               "kv_cache_tokens": kv_cache_blocks * dep.knobs.choices.block_size_tokens})
         if memory.kv_cache_blocks < 1:
             raise InputError("deployment", f"{memory.model} on {dep.replicas} x {dep.gpus_per_replica} {hw.name}",
                              memory.reason)

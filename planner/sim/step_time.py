@@ -22,15 +22,15 @@ def representative_steps(cost_model: CostModel, record: RunRecord) -> list[Price
     prompt = sum(r.prompt_tokens for r in requests) / len(requests) if requests else 1.0
     output = sum(r.output_tokens for r in requests) / len(requests) if requests else 0.0
     context = max(1, round(prompt + output / 2))
-    budget = cost_model.dep.knobs.max_num_batched_tokens
-    chunk = max(1, round(prompt) if budget is None else min(budget, round(prompt)))
+    budget = cost_model.dep.knobs.choices.max_num_batched_tokens
+    chunk = max(1, min(budget, round(prompt)))
     return [
         _priced("decode", batch, context, cost_model.decode_breakdown(batch, context),
                 f"{batch} requests a step (the run's mean batch over its busy steps), each with {context} tokens of "
                 "context (the mean prompt and half the mean output)"),
         _priced("prefill", 1, chunk, cost_model.prefill_breakdown(chunk),
                 f"one chunk of {chunk} prompt tokens (the mean prompt"
-                + ("" if budget is None or chunk < budget else f", capped by the {budget}-token step budget")
+                + ("" if chunk < budget else f", capped by the {budget}-token step budget")
                 + "), nothing cached"),
     ]
 

@@ -9,7 +9,7 @@ import pytest
 from engine.catalog import resolve_model
 from engine.config import ModelConfig
 from engine.errors import InputError
-from planner.engines import engine_catalog, get_engine
+from planner.engines import engine_catalog, get_engine, resolve_deployment
 from planner.hardware import get_hardware
 from planner.memory import GIB, SAMPLERS, WEIGHT_BYTES_PER_PARAM, plan_memory
 from planner.memory.activations import fused_forward_bytes, profiling_pass
@@ -38,7 +38,8 @@ def test_vllm_rule_reproduces_a_logged_kv_cache_from_the_logged_parts() -> None:
     logged = {key: Part(key, key, gib * GIB, "", "") for key, gib in (
         ("device.reported", 79.18), ("weights.all", 14.99), ("activation.peak", 4.76), ("runtime.modules", 0.13),
         ("runtime.context", 0.61))}  # the context is before vLLM's start-up snapshot: not counted
-    dep = Deployment(hardware="h100-sxm", engine="vllm-0.11", knobs=EngineKnobs(gpu_memory_utilization=0.9))
+    dep = resolve_deployment(Deployment(hardware="h100-sxm", engine="vllm-0.11",
+                                        knobs=EngineKnobs(gpu_memory_utilization=0.9)), H100)
     budget = engine_budget(get_engine("vllm-0.11"), H100, dep, logged["device.reported"], [logged["weights.all"]],
                            [logged["activation.peak"]], [logged["runtime.context"], logged["runtime.modules"]], [])
     assert budget.kv_bytes / GIB == pytest.approx(51.382, abs=1e-9)
@@ -200,7 +201,8 @@ def test_fewer_kv_heads_than_ranks_replicates_one_head_per_rank() -> None:
 
 
 def test_only_the_last_pipeline_stage_samples() -> None:
-    dep = Deployment(hardware="h100-sxm", knobs=EngineKnobs(max_num_batched_tokens=8192, max_num_seqs=1024))
+    dep = resolve_deployment(Deployment(hardware="h100-sxm", knobs=EngineKnobs(max_num_batched_tokens=8192, max_num_seqs=1024)),
+                             H100)
     engine = get_engine("vllm-0.11")
     first = profiling_pass(LLAMA_8B, dep, engine, None, samples=False)
     last = profiling_pass(LLAMA_8B, dep, engine, None, samples=True)
