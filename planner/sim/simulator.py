@@ -128,6 +128,61 @@ class ReplicaTemplate:
         one_by_one = self.host_blocks or self.memory.kv_window_groups or not self.cost_model.reader.reads_bulk_decodes
         return SYNTHETIC_TOKEN_ID if bulk_decodes and not one_by_one else None
 
+    def pricing(self, hw: HardwareProfile) -> PricingBasis:
+        """What a run's cost and MFU figures are taken against: every GPU of the deployment at the profile's price."""
+        dep = self.dep
+        peak, peak_dtype = hw.peak_flops(self.cost_model.gemm_dtype)
+        return PricingBasis(
+            gpus=dep.total_gpus,
+            price_usd_per_gpu_hour=hw.price_usd_per_hour,
+            peak_flops_per_gpu=peak,
+            bandwidth_bytes_per_s_per_gpu=hw.memory_bandwidth_gb_s * 1e9,
+            description=(
+                f"{dep.total_gpus} x {hw.name} at "
+                + (f"US${hw.price_usd_per_hour:.2f} per GPU-hour (profile price)" if hw.price_usd_per_hour else "no listed price")
+                + f"; MFU against the {peak_dtype} peak; rates at this run's measured throughput"
+            ),
+        )
+
+    def assumptions(self, router: RouterName, replay: Replay, *, engine_instances: int, seed: int) -> dict[str, object]:
+        """What a run of these replicas assumed, for its summary: the cost model's figures, then the
+        engine's settings as resolved, the workload and the simulator's own draws."""
+        dep, sched_config, spec, disagg = self.dep, self.sched_config, self.spec, self.dep.disaggregation
+        return {
+            **self.cost_model.assumptions(),
+            "engine": f"{self.engine.display_name} ({self.engine.name})",
+            "replicas": dep.replicas,
+            "disaggregation": None if disagg is None else {
+                "instances": disagg.label, "prefill_instances": disagg.prefill_instances * dep.replicas,
+                "decode_instances": disagg.decode_instances * dep.replicas,
+                "rule": "a prefill instance runs each request for one token; its prompt's KV but the last token moves to a "
+                        "decode instance, which computes that token again (vLLM's disaggregated prefill); prefix-cache "
+                        "figures are the prefill instances'"},
+            "kv_offload": None if not self.host_blocks else {
+                "host_blocks_per_replica": self.host_blocks, "disk_blocks_per_replica": self.disk_blocks,
+                "preemption_mode": sched_config.preemption_mode},
+            "router": router,
+            "kv_cache_blocks_per_replica": self.memory.kv_cache_blocks,
+            "engine_instances": engine_instances,
+            "block_size_tokens": sched_config.block_size,
+            "max_model_len": self.max_len,
+            "max_num_batched_tokens": sched_config.max_num_batched_tokens,
+            "max_num_seqs": sched_config.max_num_seqs,
+            "enable_chunked_prefill": sched_config.enable_chunked_prefill,
+            "enable_prefix_caching": sched_config.enable_prefix_caching,
+            "policy": sched_config.policy,
+            "batching": sched_config.batching,
+            "num_scheduler_steps": sched_config.num_scheduler_steps,
+            "output_reservation": None if sched_config.output_reservation is None else dataclasses.asdict(
+                sched_config.output_reservation),
+            "gpu_memory_utilization": dep.knobs.choices.gpu_memory_utilization,
+            "workload": replay.description,
+            "output_lengths": "drawn by the workload and generated exactly (ignore_eos)",
+            "speculative": None if spec is None else {
+                "method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
+                "acceptance_profile": list(self.acceptance or ()), "proposal_rate": spec.proposal_rate, "seed": seed},
+        }
+
     def replica(self, env: simpy.Environment, index: int, on_finished: Callable[[Request], None],
                 samples: list[StepSample] | None, recorder: TraceRecorder | None, decode_token: int | None,
                 seed: int) -> tuple[Replica, CostModelExecutor]:
@@ -190,8 +245,7 @@ def simulate(
     build = ReplicaTemplate.resolve(model, hw, dep, calibration, max_model_len, kv_cache_blocks, fit)
     engine, dep, memory, cost_model = build.engine, build.dep, build.memory, build.cost_model
     stream = _client_stream(engine, dep, model) if client_times_every_event else ClientStream()
-    max_len, sched_config, spec, acceptance = build.max_len, build.sched_config, build.spec, build.acceptance
-    host_blocks, disk_blocks = build.host_blocks, build.disk_blocks
+    max_len, sched_config = build.max_len, build.sched_config
     replay = workload if isinstance(workload, Replay) else Replay.of(workload, model.vocab_size, max_len)
     check_lengths(replay, max_len, memory.kv_cache_blocks, sched_config.block_size, where="a replica",
                   window=build.kv_window, max_step_tokens=sched_config.max_num_batched_tokens)
@@ -300,52 +354,8 @@ def simulate(
     finished.clear()
     samples.clear()
     del playback
-    peak, peak_dtype = hw.peak_flops(cost_model.gemm_dtype)
-    pricing = PricingBasis(
-        gpus=dep.total_gpus,
-        price_usd_per_gpu_hour=hw.price_usd_per_hour,
-        peak_flops_per_gpu=peak,
-        bandwidth_bytes_per_s_per_gpu=hw.memory_bandwidth_gb_s * 1e9,
-        description=(
-            f"{dep.total_gpus} x {hw.name} at "
-            + (f"US${hw.price_usd_per_hour:.2f} per GPU-hour (profile price)" if hw.price_usd_per_hour else "no listed price")
-            + f"; MFU against the {peak_dtype} peak; rates at this run's measured throughput"
-        ),
-    )
-    assumptions = {
-        **cost_model.assumptions(),
-        "engine": f"{engine.display_name} ({engine.name})",
-        "replicas": dep.replicas,
-        "disaggregation": None if disagg is None else {
-            "instances": disagg.label, "prefill_instances": disagg.prefill_instances * dep.replicas,
-            "decode_instances": disagg.decode_instances * dep.replicas,
-            "rule": "a prefill instance runs each request for one token; its prompt's KV but the last token moves to a "
-                    "decode instance, which computes that token again (vLLM's disaggregated prefill); prefix-cache "
-                    "figures are the prefill instances'"},
-        "kv_offload": None if not host_blocks else {
-            "host_blocks_per_replica": host_blocks, "disk_blocks_per_replica": disk_blocks,
-            "preemption_mode": sched_config.preemption_mode},
-        "router": router,
-        "kv_cache_blocks_per_replica": memory.kv_cache_blocks,
-        "engine_instances": len(replicas),
-        "block_size_tokens": sched_config.block_size,
-        "max_model_len": max_len,
-        "max_num_batched_tokens": sched_config.max_num_batched_tokens,
-        "max_num_seqs": sched_config.max_num_seqs,
-        "enable_chunked_prefill": sched_config.enable_chunked_prefill,
-        "enable_prefix_caching": sched_config.enable_prefix_caching,
-        "policy": sched_config.policy,
-        "batching": sched_config.batching,
-        "num_scheduler_steps": sched_config.num_scheduler_steps,
-        "output_reservation": None if sched_config.output_reservation is None else dataclasses.asdict(
-            sched_config.output_reservation),
-        "gpu_memory_utilization": dep.knobs.gpu_memory_utilization,
-        "workload": replay.description,
-        "output_lengths": "drawn by the workload and generated exactly (ignore_eos)",
-        "speculative": None if spec is None else {
-            "method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens,
-            "acceptance_profile": list(acceptance or ()), "proposal_rate": spec.proposal_rate, "seed": seed},
-    }
+    pricing = build.pricing(hw)
+    assumptions = build.assumptions(router, replay, engine_instances=len(replicas), seed=seed)
     summary = summarize(record, source="simulator", model=memory.model, hardware=hw.name, workload=replay.name,
                         slo=slo, pricing=pricing, assumptions=assumptions)
     kind = RunKind.of(engine, replay.regime, replay.lengths, model)
