@@ -92,8 +92,9 @@ def test_no_cheaper_candidate_meets_the_slo_by_brute_force(result: PlanResult) -
         hw = get_hardware(name)
         for tp in (1, 2):
             for weight in ("bf16", "fp8"):
+                # Filled in as the planner fills in its candidates (space.make_deployment).
                 dep = resolve_deployment(Deployment(hardware=name, tensor_parallel=tp, weight_dtype=weight, kv_dtype="bf16",
-                                                    knobs=KNOBS), hw)
+                                                    knobs=KNOBS), hw, max_model_len=model.max_position_embeddings)
                 if not plan_memory(model, hw, dep, longest).fits:
                     continue
                 price = dep.gpus_per_replica * hw.price_usd_per_hour
