@@ -62,8 +62,9 @@ def render_public() -> None:
         ui.table(floors, "Where the error lies", key="validate.public.scatter",
                  caption="The median |error| left once each figure's prediction is divided by its group's median "
                          "held-out ratio, taken from the very figures scored: a floor for any term constant over the "
-                         "group. The fit's figures are per GPU family and engine; a run leaves only the spread of the "
-                         "metrics within one benchmark run.")
+                         "group. The fit's figures are per GPU family and engine; a kind of run is how the client offered "
+                         "the requests, the model's architecture and whether the lengths varied; a run leaves only "
+                         "the spread of the metrics within one benchmark run.")
     bands = pd.DataFrame([{"band of": engine, "metric family": name, "P10 measured/predicted": b.interval()[0],
                            "P90 measured/predicted": b.interval()[1], "held-out coverage": b.held_out_coverage,
                            "figures": b.figures}

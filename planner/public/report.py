@@ -110,18 +110,29 @@ def group_errors(results: Sequence[FigureResult], key: Callable[[FigureResult], 
     return out
 
 
-# The groupings a constant correction could follow: the finest a fitted figure takes (one per GPU
-# family and engine), one publication (its machines and harness), one benchmark run.
-SCATTER_GROUPS: dict[str, Callable[[FigureResult], str]] = {
-    "GPU family x engine": lambda r: f"{r.gpu_family} x {r.engine}",
-    "source": lambda r: r.source_key,
-    "run": lambda r: r.run_key,
+# The groupings a constant correction could follow, each given a figure and its run's kind (run_kinds):
+# the finest a fitted figure takes (one per GPU family and engine); that per kind of run, the finest a
+# term of the model could key on without knowing the publication; one publication (its machines and
+# harness); one benchmark run.
+SCATTER_GROUPS: dict[str, Callable[[FigureResult, str], str]] = {
+    "GPU family x engine": lambda r, kind: f"{r.gpu_family} x {r.engine}",
+    "GPU family x engine x kind of run": lambda r, kind: f"{r.gpu_family} x {r.engine} x {kind}",
+    "source": lambda r, kind: r.source_key,
+    "run": lambda r, kind: r.run_key,
 }
 
 
-def scatter_floors(results: Sequence[FigureResult]) -> list[ScatterFloor]:
+def run_kinds(clients: Mapping[str, str], groups: RunGroups) -> dict[str, str]:
+    """run key -> its kind: how its client offered the requests (client_setups), its model's architecture
+    and whether its requests' lengths varied (run_groups' lengths), e.g. "offline (every request at
+    once), moe-varied"."""
+    return {key: f"{clients[key]}, {lengths}" for key, lengths in groups["lengths"].items()}
+
+
+def scatter_floors(results: Sequence[FigureResult], kinds: Mapping[str, str]) -> list[ScatterFloor]:
     """Per metric family, the held-out median |error| left after taking out each group's own median
-    error (in log space, so a group's correction is one factor), for every SCATTER_GROUPS grouping."""
+    error (in log space, so a group's correction is one factor), for every SCATTER_GROUPS grouping;
+    `kinds` (run_kinds) gives each figure's run its kind."""
     families: dict[str, list[FigureResult]] = defaultdict(list)
     for r in results:
         families[r.family].append(r)
@@ -133,7 +144,7 @@ def scatter_floors(results: Sequence[FigureResult]) -> list[ScatterFloor]:
         for name, key in SCATTER_GROUPS.items():
             groups: dict[str, list[int]] = defaultdict(list)
             for i, r in enumerate(rows):
-                groups[key(r)].append(i)
+                groups[key(r, kinds[r.run_key])].append(i)
             residual = log_ratio.copy()
             for members in groups.values():
                 residual[members] -= np.median(log_ratio[members])
@@ -207,7 +218,7 @@ def validation_of(results: Sequence[FigureResult], skipped: Sequence[SkippedRun]
         by_gpu=group_errors(results, lambda r: r.hardware), by_source=group_errors(results, lambda r: r.source_key),
         bands=bands(results), engine_bands=own, all_engines_coverage=_all_engines_coverage(results, own),
         group_bands=candidates, carried_coverage=carried_coverage(results, groups, own, candidates),
-        targets_pct=TARGETS_PCT, met=met, scatter_floors=scatter_floors(results), figure_errors=list(results),
+        targets_pct=TARGETS_PCT, met=met, scatter_floors=scatter_floors(results, run_kinds(clients, groups)), figure_errors=list(results),
     )
 
 
@@ -274,8 +285,10 @@ def markdown(v: PublicValidation, fit: PublicFit, command: str, plot: str | None
         "left once each figure's prediction is divided by its group's median held-out ratio. The factor is taken from "
         "the very figures it is scored on, so each column is a floor for a term constant over that group, not a "
         "prediction. The fit's figures are per GPU family and engine (and per operator, which each run mixes in its "
-        "own proportions); a source is one publication, its machines and its harness; a run leaves only the spread of "
-        "the metrics within one benchmark run.",
+        "own proportions); a kind of run is how the benchmark client offered the requests, the model's architecture and "
+        "whether the requests' lengths varied, the finest a term of the model could key on without knowing the "
+        "publication; a source is one publication, its machines and its harness; a run leaves only the spread of the "
+        "metrics within one benchmark run.",
         "",
         "| metric family | figures | held-out median abs error % | " + " | ".join(f"left, one factor per {g} %"
                                                                           for g in SCATTER_GROUPS) + " |",

@@ -470,7 +470,8 @@ def _public_json() -> str:
         by_engine=group_errors(rows, lambda r: r.engine), by_gpu=group_errors(rows, lambda r: r.hardware),
         by_source=group_errors(rows, lambda r: r.source_key), bands=bands(rows), targets_pct=TARGETS_PCT,
         met={g.group: g.held_out_median_abs_pct <= TARGETS_PCT[g.group] for g in by_family},
-        scatter_floors=scatter_floors(rows), figure_errors=rows,
+        scatter_floors=scatter_floors(rows, {r.run_key: "offline (every request at once), dense-fixed" for r in rows}),
+        figure_errors=rows,
     ).model_dump_json()
 
 

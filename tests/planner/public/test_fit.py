@@ -477,7 +477,8 @@ def test_scatter_floors_take_out_one_factor_per_group() -> None:
     """Known answer: every figure of a run is off by its run's factor, the two runs of each GPU family
     and engine by x1.2 and x0.9: one factor per run leaves nothing; one per family and engine leaves
     the runs' spread around their group's median, x1.2 / x0.9 apart: sqrt(1.2/0.9) - 1 = 15.5 % and
-    1 - sqrt(0.9/1.2) = 13.4 %, the median 14.4 %."""
+    1 - sqrt(0.9/1.2) = 13.4 %, the median 14.4 %. The two runs are of two kinds, so one factor per
+    family, engine and kind of run leaves nothing either; of one kind, it leaves what the family's does."""
     def figure(run: str, engine: str, ratio: float, i: int) -> FigureResult:
         return FigureResult(id=f"{run}-{i}", run_key=run, source_key=run.split("/")[0], metric="tpot_mean",
                             family="tpot_itl", measured=2.0, in_sample=2.0 * ratio, held_out=2.0 * ratio, publisher="p",
@@ -486,12 +487,17 @@ def test_scatter_floors_take_out_one_factor_per_group() -> None:
 
     results = [figure(f"{engine}-lab/run{j}", engine, ratio, i) for engine in ("vllm-0.11", "sglang-0.5")
                for j, ratio in enumerate((1.2, 0.9)) for i in range(3)]
-    (floor,) = scatter_floors(results)
+    kinds = {r.run_key: "offline (every request at once), dense-varied" if r.run_key.endswith("run0")
+             else "closed loop, 1-4 users, dense-fixed" for r in results}
+    (floor,) = scatter_floors(results, kinds)
     assert (floor.family, floor.figures) == ("tpot_itl", 12)
     assert floor.left_pct["run"] == pytest.approx(0.0, abs=1e-12)
+    assert floor.left_pct["GPU family x engine x kind of run"] == pytest.approx(0.0, abs=1e-12)
     half = math.sqrt(1.2 / 0.9)
     assert floor.left_pct["GPU family x engine"] == pytest.approx(100 * (half - 1 + 1 - 1 / half) / 2)
     assert floor.left_pct["source"] == pytest.approx(floor.left_pct["GPU family x engine"])  # a lab per engine
+    (one_kind,) = scatter_floors(results, dict.fromkeys(kinds, "offline (every request at once), dense-varied"))
+    assert one_kind.left_pct["GPU family x engine x kind of run"] == pytest.approx(floor.left_pct["GPU family x engine"])
 
 
 def test_an_engine_with_enough_figures_from_enough_sources_gets_bands_of_its_own() -> None:
