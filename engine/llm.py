@@ -103,15 +103,16 @@ def _device(name: str) -> torch.device:
 def _worker_pool(model: str, cfg: EngineConfig, device: torch.device) -> WorkerPool:
     """The ranks of a tensor-parallel engine, once the settings it cannot run are refused."""
     tp = cfg.tensor_parallel
-    one_process = {
-        "speculative": (cfg.speculative is not None, "drafts are proposed and verified in one process"),
-        "compile_model": (cfg.compile_model, "torch.compile of a step with collectives is not set up"),
-        "weight_dtype": (cfg.weight_dtype != "auto", "quantised weights are not sharded across ranks"),
+    # setting -> (whether it is asked for, the value to name, why it needs one process)
+    one_process: dict[str, tuple[bool, object, str]] = {
+        "speculative": (cfg.speculative is not None, cfg.speculative and cfg.speculative.method,
+                        "drafts are proposed and verified in one process"),
+        "compile_model": (cfg.compile_model, cfg.compile_model, "torch.compile of a step with collectives is not set up"),
+        "weight_dtype": (cfg.weight_dtype != "auto", cfg.weight_dtype, "quantised weights are not sharded across ranks"),
     }
-    for name, (asked, why) in one_process.items():
+    for name, (asked, value, why) in one_process.items():
         if asked:
-            raise InputError(name, getattr(cfg, name) if name != "speculative" else cfg.speculative.method,  # type: ignore[union-attr]
-                             f"runs with tensor_parallel=1 only ({why}); tensor_parallel={tp}")
+            raise InputError(name, value, f"runs with tensor_parallel=1 only ({why}); tensor_parallel={tp}")
     if device.type == "cuda":
         if device.index is not None:
             raise InputError("device", cfg.device, f"a tensor-parallel engine uses cuda:0..cuda:{tp - 1}; give 'cuda'")

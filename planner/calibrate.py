@@ -28,7 +28,8 @@ import platform
 import re
 import statistics
 import time
-from typing import TYPE_CHECKING, Literal
+from multiprocessing.queues import Queue
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -380,10 +381,10 @@ def _copy_rate(op: Callable[[int], None], counts: tuple[int, int], block_bytes: 
     return CopyRate(gb_s=block_bytes / per_block / 1e9, latency_us=max(0.0, small - counts[0] * per_block) * 1e6)
 
 
-def _echo(inbox: object, outbox: object) -> None:
+def _echo(inbox: Queue[Any], outbox: Queue[Any]) -> None:
     """A child process that sends back what it gets, until None."""
-    while (message := inbox.get()) is not None:  # type: ignore[attr-defined]
-        outbox.put(message)  # type: ignore[attr-defined]
+    while (message := inbox.get()) is not None:
+        outbox.put(message)
 
 
 def ipc_latency_s(reps: int) -> float:
@@ -643,12 +644,13 @@ def fit_cost_params(model: ModelConfig, hw: HardwareProfile, dep: Deployment,
     deps = {(tp, ep): dep.model_copy(update={"tensor_parallel": tp, "expert_parallel": ep}) for tp, ep in deployments}
     parallel = [s for s in steps if s.tensor_parallel > 1]
     fitted = {**_FITTED, **(_FITTED_PARALLEL if parallel else {})}
-    if parallel and all(s.comm_s is not None for s in parallel):
+    measured_comm_s = [s.comm_s for s in parallel if s.comm_s is not None]
+    if parallel and len(measured_comm_s) == len(parallel):
         # Measured, not fitted: from step totals alone the collectives and the ranks' slowdown
         # trade off (waiting for a slower rank grows with the computation), and the fit split them
         # 2-3x away from the communication share the ranks timed.
         unit = base.with_values({"collective_time_scale": 1.0})
-        ratios = [s.comm_s / priced for s in parallel  # type: ignore[operator]
+        ratios = [comm_s / priced for s, comm_s in zip(parallel, measured_comm_s, strict=True)
                   if (priced := CostModel(model, hw, deps[(s.tensor_parallel, s.expert_parallel)], unit)
                       .shape_cost(s.requests).comm_seconds) > 0]
         base = base.with_values({"collective_time_scale": float(np.median(ratios))})

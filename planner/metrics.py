@@ -339,7 +339,9 @@ class RunSummary(_Out):
             value = getattr(value, part)
             if value is None:  # a section the run does not have (kv_transfer without disaggregation)
                 return None
-        return float(value)  # type: ignore[arg-type]
+        if not isinstance(value, (int, float)):
+            raise TypeError(f"{path!r} is a section of the summary, not a figure")
+        return float(value)
 
 
 def latency_stats_ms(values_s: Sequence[float] | np.ndarray) -> LatencyStats:

@@ -87,8 +87,8 @@ def part_loss_pct(part: Part, dtype: str) -> float | None:
 
 def deployment_loss_pct(weight_dtype: str, kv_dtype: str) -> float | None:
     """Weights' plus KV cache's loss, in % of the 16-bit score; None when either has no figure."""
-    losses = part_loss_pct("weights", weight_dtype), part_loss_pct("kv", kv_dtype)
-    return None if None in losses else sum(losses)  # type: ignore[arg-type]
+    weights, kv = part_loss_pct("weights", weight_dtype), part_loss_pct("kv", kv_dtype)
+    return None if weights is None or kv is None else weights + kv
 
 
 def within_budget(weight_dtype: str, kv_dtype: str, max_loss_pct: float) -> bool:

@@ -912,9 +912,11 @@ def _parse_row(path: Path, line: int, row: Mapping[str, object]) -> _TraceRow:
         raw = row.get(field)
         if raw is None or raw == "" or isinstance(raw, bool):
             raise InputError(where(field), raw, "required: a number")
+        if not isinstance(raw, (int, float, str)):
+            raise InputError(where(field), raw, "must be a number")
         try:
-            value = float(raw)  # type: ignore[arg-type]
-        except (TypeError, ValueError, OverflowError):
+            value = float(raw)
+        except (ValueError, OverflowError):
             raise InputError(where(field), raw, "must be a number") from None
         if not math.isfinite(value) or (integer and value != int(value)):
             raise InputError(where(field), raw, "must be a finite " + ("integer" if integer else "number"))

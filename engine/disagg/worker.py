@@ -16,7 +16,7 @@ Every process stamps time on one clock: time.perf_counter() less an origin the r
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 import math
 from multiprocessing.queues import Queue
@@ -108,17 +108,17 @@ class ReceivedKV:
     """The decode runner's external KV source: staged transfers by request, timed."""
 
     receiver: KVReceiver
-    clock: object
+    clock: Callable[[], float]
     handles: dict[str, TransferHandle] = field(default_factory=dict)
     started: dict[str, float] = field(default_factory=dict)
     finished: dict[str, float] = field(default_factory=dict)
 
     def read(self, request_id: str, first_block: int, num_blocks: int) -> list:
-        self.started[request_id] = self.clock()  # type: ignore[operator]
+        self.started[request_id] = self.clock()
         return self.receiver.read(self.handles[request_id], first_block, num_blocks)
 
     def loaded(self, request_id: str) -> None:
-        self.finished[request_id] = self.clock()  # type: ignore[operator]
+        self.finished[request_id] = self.clock()
 
 
 def run_worker(spec: WorkerSpec, inbox: Queue[Any], outbox: Queue[Any]) -> None:

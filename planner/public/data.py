@@ -69,8 +69,9 @@ Metric = Literal[
 def metric_family(metric: Metric) -> MetricFamily:
     if metric.endswith("throughput"):
         return "throughput"
-    prefix = metric.split("_")[0]
-    return "tpot_itl" if prefix in ("tpot", "itl") else prefix  # type: ignore[return-value]
+    if metric.startswith(("tpot_", "itl_")):
+        return "tpot_itl"
+    return "ttft" if metric.startswith("ttft_") else "e2e"
 
 
 class _Data(BaseModel):
