@@ -965,6 +965,8 @@ def render_plan(r: PlanResult, wall_s: float) -> None:
                      if key in band.ranges]
             console.print(f"  if measured ({band.coverage:.0%} band of held-out errors): "
                           + ", ".join(f"{label} {low:,.1f}-{high:,.1f} ms" for label, (low, high) in shown))
+        if r.band_misses is not None:
+            console.print(f"  [bold yellow]caution:[/bold yellow] {r.band_misses}")
         if v.steady_state is not None:
             console.print(f"  {steady_line(v.steady_state)}")
         if (cap := r.capacity) is not None:

@@ -101,6 +101,8 @@ def _show(result: PlanResult) -> None:
                        f"{v.goodput.share:.1%}. Cost basis: {v.cost.basis}.")
             if result.verification_missed is not None:
                 st.warning(f"The verification missed the SLO: {result.verification_missed}.")
+            if result.band_misses is not None:
+                st.warning(f"Measured, it could miss the SLO: {result.band_misses}.")
             if (steady := v.steady_state) is not None:
                 st.caption(f"Steady state: {steady.requests_per_s:,.2f} req/s, {steady.output_tokens_per_s:,.0f} output "
                            f"tokens/s, mean batch {steady.mean_batch_requests or 0:,.1f} requests ({steady.basis}).")

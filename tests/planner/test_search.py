@@ -193,6 +193,32 @@ def test_a_plan_out_of_verifications_says_its_recommendation_missed(cache_dir, m
     assert "warning:" in capsys.readouterr().out
 
 
+def test_a_plan_says_which_targets_its_band_reaches_past(result: PlanResult, capsys: pytest.CaptureFixture[str]) -> None:
+    """Known answer: the band of held-out errors around the verification, set by hand, reaches past the TTFT
+    target and not the TPOT one: the plan names the one, with how far, and what sizing against it takes;
+    nothing is said of a verification that missed outright (verification_missed does) or has no band."""
+    v = result.verification
+    assert v is not None and v.goodput.slo_met and v.prediction_interval is not None
+    slo = SLO.parse(SLO_TEXT)
+    band = v.prediction_interval.model_copy(update={"ranges": {"ttft_ms.p99": (900.0, 1600.0),
+                                                               "tpot_ms.p99": (50.0, 99.0)}})
+    over = v.model_copy(update={"prediction_interval": band})
+    said = search.report.band_misses(slo, over, sized_at_confidence=False)
+    assert said is not None and "1 target (ttft_p99_ms up to 1,600.0 ms > 1,500)" in said and "tpot" not in said
+    assert "(confidence), e.g. 0.9" in said
+    assert "a higher one (confidence)" in (search.report.band_misses(slo, over, sized_at_confidence=True) or "")
+    missed = over.model_copy(update={"goodput": v.goodput.model_copy(update={"slo_met": False})})
+    assert search.report.band_misses(slo, missed, sized_at_confidence=False) is None
+    assert search.report.band_misses(slo, v.model_copy(update={"prediction_interval": None}),
+                                     sized_at_confidence=False) is None
+    # The plan's own: said exactly when the band's upper end is past a target.
+    highs = {name: v.prediction_interval.ranges[f"{name.split('_')[0]}_ms.{name.split('_')[1]}"][1]
+             for name in slo.targets}
+    assert (result.band_misses is not None) == any(highs[n] > limit for n, limit in slo.targets.items())
+    render_plan(result.model_copy(update={"band_misses": said}), 0.0)
+    assert "caution:" in capsys.readouterr().out
+
+
 def test_second_ask_comes_from_the_cache(result: PlanResult, cache_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_simulation(*args: object, **kwargs: object) -> None:
         raise AssertionError("simulate() called although every result is cached")
