@@ -442,6 +442,9 @@ def render_summary(s: RunSummary, deployment: str) -> None:
         lines.append(f"if measured ({band.coverage:.0%} band, basis below): " + ", ".join(
             f"{label} {r[key][0]:,.1f}-{r[key][1]:,.1f} {unit}" for label, key, unit in shown if key in r))
         lines.append(f"band basis: {band.basis}")
+        if g.slo_met and (past := s.targets_past_band()):
+            lines.append("[bold yellow]caution:[/bold yellow] it meets the SLO as predicted, but the band reaches past "
+                         + "; ".join(past) + ": measured, it could miss")
     for line in lines:
         console.print(line)
     if s.step_time:

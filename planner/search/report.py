@@ -305,7 +305,7 @@ def assemble(q: Question, shape: Shape, found: list[Searched], space: SearchSpac
         why_not=[p for p in answers if rec_dep is None or p.deployment.hardware != rec_dep.hardware],
         nearest_miss=None if recommended is not None else _nearest_miss(ranked, rejected, q.budget_usd_per_hour),
         verification_missed=_verification_missed(q, verification, len(stepped_up)) if verification is not None else None,
-        band_misses=band_misses(slo, verification, sized_at_confidence=q.pessimism is not None)
+        band_misses=band_misses(verification, sized_at_confidence=q.pessimism is not None)
         if verification is not None else None,
         capacity=capacity(recommended) if recommended is not None else None,
         quality=describe_quality(rec_dep.weight_dtype, rec_dep.kv_dtype) if rec_dep is not None else None,
@@ -458,26 +458,18 @@ def _verification_missed(q: Question, verification: RunSummary, stepped_up: int)
             "with longer probes (requests_per_probe) or headroom (headroom) before relying on this answer")
 
 
-def band_misses(slo: SLO, verification: RunSummary, *, sized_at_confidence: bool) -> str | None:
-    """The latency targets a verification that met the SLO as predicted could miss as measured: where the
-    upper end of the band of held-out errors around its figure (RunSummary.prediction_interval) is past
-    the target. None when it missed outright (verification_missed says so), has no band, or its whole
-    band is within every target."""
+def band_misses(verification: RunSummary, *, sized_at_confidence: bool) -> str | None:
+    """What to tell a user whose recommendation meets the SLO as predicted but could miss it as measured
+    (RunSummary.targets_past_band); None when it missed outright (verification_missed says so), has no
+    band, or its whole band is within every target."""
     band = verification.prediction_interval
-    if band is None or verification.goodput.slo_met is False:
-        return None
-    over = []
-    for name, limit_ms in slo.targets.items():
-        metric, quantile, _ = name.split("_")  # "ttft_p99_ms" -> the figure "ttft_ms.p99"
-        high = band.ranges.get(f"{metric}_ms.{quantile}", (0.0, 0.0))[1]
-        if high > limit_ms:
-            over.append(f"{name} up to {high:,.1f} ms > {limit_ms:,.0f}")
-    if not over:
+    past = verification.targets_past_band()
+    if band is None or not past or verification.goodput.slo_met is False:
         return None
     then = ("it was sized at the confidence given; a higher one (confidence) sizes further" if sized_at_confidence else
             "plan at a confidence (confidence), e.g. 0.9, to size against the band's pessimistic end")
     return (f"it meets the SLO as predicted, but the {band.coverage:.0%} band of held-out errors around its verification "
-            f"reaches past {len(over)} target{'s' if len(over) > 1 else ''} ({'; '.join(over)}): {then}")
+            f"reaches past {len(past)} target{'s' if len(past) > 1 else ''} ({'; '.join(past)}): {then}")
 
 
 def _assumptions(q: Question, shape: Shape, space: SearchSpace) -> list[str]:

@@ -17,7 +17,7 @@ from engine.catalog import resolve_model
 from engine.config import EngineKnobs
 from engine.errors import InputError
 from planner import search
-from planner.cli import main, render_plan
+from planner.cli import main, render_plan, render_summary
 from planner.costmodel.fitted import FittedModel
 from planner.engines import resolve_deployment
 from planner.hardware import get_hardware
@@ -203,13 +203,13 @@ def test_a_plan_says_which_targets_its_band_reaches_past(result: PlanResult, cap
     band = v.prediction_interval.model_copy(update={"ranges": {"ttft_ms.p99": (900.0, 1600.0),
                                                                "tpot_ms.p99": (50.0, 99.0)}})
     over = v.model_copy(update={"prediction_interval": band})
-    said = search.report.band_misses(slo, over, sized_at_confidence=False)
+    said = search.report.band_misses(over, sized_at_confidence=False)
     assert said is not None and "1 target (ttft_p99_ms up to 1,600.0 ms > 1,500)" in said and "tpot" not in said
     assert "(confidence), e.g. 0.9" in said
-    assert "a higher one (confidence)" in (search.report.band_misses(slo, over, sized_at_confidence=True) or "")
+    assert "a higher one (confidence)" in (search.report.band_misses(over, sized_at_confidence=True) or "")
     missed = over.model_copy(update={"goodput": v.goodput.model_copy(update={"slo_met": False})})
-    assert search.report.band_misses(slo, missed, sized_at_confidence=False) is None
-    assert search.report.band_misses(slo, v.model_copy(update={"prediction_interval": None}),
+    assert search.report.band_misses(missed, sized_at_confidence=False) is None
+    assert search.report.band_misses(v.model_copy(update={"prediction_interval": None}),
                                      sized_at_confidence=False) is None
     # The plan's own: said exactly when the band's upper end is past a target.
     highs = {name: v.prediction_interval.ranges[f"{name.split('_')[0]}_ms.{name.split('_')[1]}"][1]
@@ -217,6 +217,12 @@ def test_a_plan_says_which_targets_its_band_reaches_past(result: PlanResult, cap
     assert (result.band_misses is not None) == any(highs[n] > limit for n, limit in slo.targets.items())
     render_plan(result.model_copy(update={"band_misses": said}), 0.0)
     assert "caution:" in capsys.readouterr().out
+    # A simulation with an SLO says the same of its own band (RunSummary.targets_past_band).
+    assert over.targets_past_band() == ["ttft_p99_ms up to 1,600.0 ms > 1,500"]
+    render_summary(over, "the recommendation")
+    assert "caution:" in capsys.readouterr().out
+    render_summary(v.model_copy(update={"prediction_interval": band.model_copy(update={"ranges": {}})}), "none past")
+    assert "caution:" not in capsys.readouterr().out
 
 
 def test_second_ask_comes_from_the_cache(result: PlanResult, cache_dir, monkeypatch: pytest.MonkeyPatch) -> None:
