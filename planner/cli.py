@@ -1058,6 +1058,9 @@ def cmd_compare(args: argparse.Namespace) -> None:
     for side in (a, b):
         if side.capacity is not None:
             console.print(f"capacity of {side.path}: {side.capacity.basis}")
+        if side.summary.goodput.slo_met and (past := side.summary.targets_past_band()):
+            console.print(f"[bold yellow]caution:[/bold yellow] {side.path} meets the SLO as predicted, but its band "
+                          "reaches past " + "; ".join(past) + ": measured, it could miss")
     if banded:
         console.print("'if measured': the P10-P90 band of the fit's held-out errors around each prediction (both sides "
                       "share the simulator's biases, so their difference is surer than either band suggests)")
