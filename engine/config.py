@@ -189,7 +189,7 @@ class ModelConfig:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any], name: str = "") -> ModelConfig:
+    def from_hf_config(cls, cfg: object, name: str = "") -> ModelConfig:
         """Build from the parsed contents of an HF config.json; every value read is checked first."""
         if not isinstance(cfg, dict):
             raise InputError("model", type(cfg).__name__, "a config.json must be a JSON object")
@@ -256,7 +256,7 @@ class ModelConfig:
         if not path.exists():
             raise InputError("model", str(path), "no such file (expected a config.json or a folder holding one)")
         # A regular file of at most MAX_CONFIG_BYTES, checked before reading: a FIFO or a device never ends.
-        return cls.from_hf_config(load_json(path, "model", "MAX_CONFIG_BYTES"), name=name or path.parent.name)  # type: ignore[arg-type]
+        return cls.from_hf_config(load_json(path, "model", "MAX_CONFIG_BYTES"), name=name or path.parent.name)
 
     def first_layers(self, num_layers: int) -> ModelConfig:
         """The same model cut after its first `num_layers` layers (embedding, final norm and LM

@@ -231,12 +231,12 @@ def _load_gguf(
 def _safetensors_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        try:
-            weight_map = load_json(index, "checkpoint index")["weight_map"]  # type: ignore[index]
-            names = set(weight_map.values())
-        except (KeyError, TypeError, AttributeError):
-            raise InputError("checkpoint index", str(index), "is not a valid safetensors index (needs a weight_map object)") from None
-        files = [folder / str(name) for name in sorted(names, key=str)]
+        parsed = load_json(index, "checkpoint index")
+        weight_map = parsed.get("weight_map") if isinstance(parsed, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise InputError("checkpoint index", str(index),
+                             "is not a valid safetensors index (needs a weight_map object of tensor -> file name)")
+        files = [folder / name for name in sorted(set(weight_map.values()))]
         for file in files:
             if not file.is_file():
                 raise InputError("checkpoint shard", str(file), f"is listed in {index.name} but missing")

@@ -99,6 +99,10 @@ def test_sharded_checkpoint_loads_and_a_missing_shard_is_named(tmp_path: Path) -
     shards[-1].unlink()
     with pytest.raises(InputError, match=rf"{shards[-1].name}.*listed in model\.safetensors\.index\.json but missing"):
         load_model(str(folder))
+    for broken in ('["not", "an", "object"]', '{"metadata": {}}', '{"weight_map": {"lm_head.weight": ["a list"]}}'):
+        (folder / "model.safetensors.index.json").write_text(broken)
+        with pytest.raises(InputError, match="not a valid safetensors index"):
+            load_model(str(folder))
 
 
 def test_fused_experts_of_transformers_5_load_too(tmp_path: Path) -> None:
