@@ -442,9 +442,8 @@ def render_summary(s: RunSummary, deployment: str) -> None:
         lines.append(f"if measured ({band.coverage:.0%} band, basis below): " + ", ".join(
             f"{label} {r[key][0]:,.1f}-{r[key][1]:,.1f} {unit}" for label, key, unit in shown if key in r))
         lines.append(f"band basis: {band.basis}")
-        if g.slo_met and (past := s.targets_past_band()):
-            lines.append("[bold yellow]caution:[/bold yellow] it meets the SLO as predicted, but the band reaches past "
-                         + "; ".join(past) + ": measured, it could miss")
+        if (caution := s.band_caution()) is not None:
+            lines.append(f"[bold yellow]caution:[/bold yellow] {caution}")
     for line in lines:
         console.print(line)
     if s.step_time:
@@ -1058,9 +1057,8 @@ def cmd_compare(args: argparse.Namespace) -> None:
     for side in (a, b):
         if side.capacity is not None:
             console.print(f"capacity of {side.path}: {side.capacity.basis}")
-        if side.summary.goodput.slo_met and (past := side.summary.targets_past_band()):
-            console.print(f"[bold yellow]caution:[/bold yellow] {side.path} meets the SLO as predicted, but its band "
-                          "reaches past " + "; ".join(past) + ": measured, it could miss")
+        if (caution := side.summary.band_caution()) is not None:
+            console.print(f"[bold yellow]caution:[/bold yellow] {side.path}: {caution}")
     if banded:
         console.print("'if measured': the P10-P90 band of the fit's held-out errors around each prediction (both sides "
                       "share the simulator's biases, so their difference is surer than either band suggests)")

@@ -330,19 +330,23 @@ class RunSummary(_Out):
         None, description="The run stopped once it had missed its SLO for certain (a plan's capacity probe): every "
                           "figure covers only the requests finished by then, the slow ones still running left out")
 
-    def targets_past_band(self) -> list[str]:
-        """The SLO targets this run meets as predicted that its band of held-out errors reaches past (the
-        upper end of prediction_interval over the limit), each as 'ttft_p99_ms up to 1,377.9 ms > 1,000':
-        what a measurement could miss. Empty without a band."""
-        if self.prediction_interval is None:
-            return []
+    def band_caution(self) -> str | None:
+        """When this run meets its SLO as predicted but its band of held-out errors (prediction_interval)
+        reaches past a target: which targets and how far, the one wording every front end shows. None
+        without an SLO met, without a band, or with the whole band within every target."""
+        band = self.prediction_interval
+        if band is None or not self.goodput.slo_met:
+            return None
         past = []
         for c in self.goodput.checks:
             metric, quantile, _ = c.target.split("_")  # "ttft_p99_ms" -> the figure "ttft_ms.p99"
-            high = self.prediction_interval.ranges.get(f"{metric}_ms.{quantile}", (0.0, 0.0))[1]
-            if c.met and high > c.limit_ms:
+            high = band.ranges.get(f"{metric}_ms.{quantile}", (0.0, 0.0))[1]
+            if high > c.limit_ms:
                 past.append(f"{c.target} up to {high:,.1f} ms > {c.limit_ms:,.0f}")
-        return past
+        if not past:
+            return None
+        return (f"it meets the SLO as predicted, but the {band.coverage:.0%} band of held-out errors reaches past "
+                f"{len(past)} target{'s' if len(past) > 1 else ''} ({'; '.join(past)}): measured, it could miss it")
 
     def figure(self, path: str) -> float | None:
         """The figure at a dotted path, e.g. 'ttft_ms.p99', 'throughput.output_tokens_per_s',

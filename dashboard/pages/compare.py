@@ -195,9 +195,8 @@ def render() -> None:
     for side in [base, *(c.b for c in results)]:
         if side.capacity is not None:  # as the CLI prints it: how it was searched, or why there is none
             st.caption(f"Capacity of {side.path}: {side.capacity.basis}.")
-        if side.summary.goodput.slo_met and (past := side.summary.targets_past_band()):
-            st.warning(f"Measured, {side.path} could miss the SLO: it meets it as predicted, but its band reaches past "
-                       + "; ".join(past) + ".")
+        if (caution := side.summary.band_caution()) is not None:
+            st.warning(f"Measured, {side.path} could miss the SLO: {caution}.")
     deltas = pd.DataFrame([{"variant": c.b.path, "metric": m.metric, "change vs A (%)": m.delta_pct}
                            for c in results for m in c.metrics if m.metric in CHARTED and m.delta_pct is not None])
     if not deltas.empty:

@@ -84,9 +84,8 @@ def _if_measured(s: RunSummary) -> None:
     st.altair_chart(charts.prediction_bands(data), width="stretch")
     ui.table(data[["figure", "predicted", "low", "high"]], "Prediction intervals", key="sim.bands",
              caption=band.basis)
-    if s.goodput.slo_met and (past := s.targets_past_band()):
-        st.warning("Measured, it could miss the SLO: it meets it as predicted, but the band reaches past "
-                   + "; ".join(past) + ".")
+    if (caution := s.band_caution()) is not None:
+        st.warning(f"Measured, it could miss the SLO: {caution}.")
 
 
 def render() -> None:

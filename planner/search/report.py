@@ -460,16 +460,14 @@ def _verification_missed(q: Question, verification: RunSummary, stepped_up: int)
 
 def band_misses(verification: RunSummary, *, sized_at_confidence: bool) -> str | None:
     """What to tell a user whose recommendation meets the SLO as predicted but could miss it as measured
-    (RunSummary.targets_past_band); None when it missed outright (verification_missed says so), has no
-    band, or its whole band is within every target."""
-    band = verification.prediction_interval
-    past = verification.targets_past_band()
-    if band is None or not past or verification.goodput.slo_met is False:
+    (RunSummary.band_caution), and what to plan with; None when it met the SLO with its whole band, or
+    missed outright (verification_missed says so)."""
+    caution = verification.band_caution()
+    if caution is None:
         return None
     then = ("it was sized at the confidence given; a higher one (confidence) sizes further" if sized_at_confidence else
             "plan at a confidence (confidence), e.g. 0.9, to size against the band's pessimistic end")
-    return (f"it meets the SLO as predicted, but the {band.coverage:.0%} band of held-out errors around its verification "
-            f"reaches past {len(past)} target{'s' if len(past) > 1 else ''} ({'; '.join(past)}): {then}")
+    return f"{caution}; {then}"
 
 
 def _assumptions(q: Question, shape: Shape, space: SearchSpace) -> list[str]:

@@ -217,8 +217,9 @@ def test_a_plan_says_which_targets_its_band_reaches_past(result: PlanResult, cap
     assert (result.band_misses is not None) == any(highs[n] > limit for n, limit in slo.targets.items())
     render_plan(result.model_copy(update={"band_misses": said}), 0.0)
     assert "caution:" in capsys.readouterr().out
-    # A simulation with an SLO says the same of its own band (RunSummary.targets_past_band).
-    assert over.targets_past_band() == ["ttft_p99_ms up to 1,600.0 ms > 1,500"]
+    # A simulation with an SLO says the same of its own band, in the one wording (RunSummary.band_caution).
+    assert over.band_caution() == ("it meets the SLO as predicted, but the 80% band of held-out errors reaches past "
+                                   "1 target (ttft_p99_ms up to 1,600.0 ms > 1,500): measured, it could miss it")
     render_summary(over, "the recommendation")
     assert "caution:" in capsys.readouterr().out
     render_summary(v.model_copy(update={"prediction_interval": band.model_copy(update={"ranges": {}})}), "none past")
